@@ -1,0 +1,34 @@
+"""The pipeline's stages, in order: holdout, streams, assemble, validate. Each takes a `Context` (what one
+run knows: the recipe, the output layout, the split, the tokenizer) and is safe to run again after a kill."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokmix.recipe import Recipe
+from tokmix.shards import Layout
+from tokmix.sources import Split
+
+
+@dataclass
+class Context:
+    recipe: Recipe
+    layout: Layout
+    split: Split
+    tokenizer_path: str
+    backend: str
+    dtype: np.dtype
+    vocab_size: int
+    workers: int
+    mirrors: list[tuple[str, str]] = field(default_factory=list)
+    executor: str = "local"
+    log: Callable[[str], None] = print
+
+    @property
+    def threads_per_worker(self) -> int:
+        """Backend threads each worker may use, so workers x threads matches the cores."""
+        return max(1, (os.cpu_count() or 1) // self.workers)

@@ -1,0 +1,123 @@
+"""Small real corpora for the tests: documents cut from this machine's Python installation (docstrings as
+web-like prose, comments as educational prose, functions as Python code, C headers as other code),
+written as parquet files with a split file and a recipe, in the shape of the GPT-U-20M run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sysconfig
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+STREAMS = {  # name: (domain, share)
+    "dclm": ("dclm", 0.45),
+    "edu": ("edu", 0.35),
+    "code_py": ("code", 0.07),
+    "code_other": ("code", 0.13),
+}
+FILES_PER_STREAM = 4  # the last one is held out
+
+
+def _stdlib_files(pattern: str, limit: int) -> list[Path]:
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob(pattern))[:limit]
+
+
+def _documents() -> dict[str, list[str]]:
+    docstrings, comments, functions = [], [], []
+    for path in _stdlib_files("*.py", 120):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    docstrings.append(doc)
+            if isinstance(node, ast.FunctionDef) and node.end_lineno:
+                functions.append("\n".join(source.splitlines()[node.lineno - 1 : node.end_lineno]))
+        block = [line.strip("# ") for line in source.splitlines() if line.strip().startswith("#")]
+        comments += ["\n".join(block[i : i + 12]) for i in range(0, len(block), 12)]
+    include = Path(sysconfig.get_paths()["include"])
+    headers = [p.read_text(errors="replace") for p in sorted(include.rglob("*.h"))[:80]]
+    c_chunks = [c for h in headers for c in h.split("\n\n") if c.strip()]
+    return {"dclm": docstrings, "edu": comments, "code_py": functions, "code_other": c_chunks}
+
+
+def _with_edge_cases(name: str, texts: list[str]) -> list[str]:
+    """Empty texts, a literal <|endoftext|>, non-ASCII text and a long document, spread through a stream."""
+    extras = ["", "an end marker written out: <|endoftext|> is plain text here",
+              "Grüße aus Köln — naïve café, 東京, Привет мир, ٱلسَّلَامُ, emoji 🧪👩‍🔬", "",
+              f"{name} " + "long line " * 3000]
+    out = list(texts)
+    for i, extra in enumerate(extras):
+        out.insert((i + 1) * len(out) // (len(extras) + 1), extra)
+    return out
+
+
+def make_corpus(root: Path, doc_limit: int | None = None, rows_per_group: int = 64) -> dict[str, list[Path]]:
+    """Parquet files per stream under root/corpus/<stream>/part-<k>.parquet; returns them by stream."""
+    files = {}
+    for name, texts in _documents().items():
+        texts = _with_edge_cases(name, texts[:doc_limit])
+        folder = root / "corpus" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        per_file = -(-len(texts) // FILES_PER_STREAM)
+        files[name] = []
+        for k in range(FILES_PER_STREAM):
+            path = folder / f"part-{k}.parquet"
+            table = pa.table({"id": list(range(k * per_file, k * per_file + len(texts[k * per_file:][:per_file]))),
+                              "text": texts[k * per_file:][:per_file]})
+            pq.write_table(table, path, row_group_size=rows_per_group)
+            files[name].append(path)
+    return files
+
+
+def write_split(root: Path, files: dict[str, list[Path]]) -> Path:
+    split: dict = {}
+    for name, paths in files.items():
+        domain = STREAMS[name][0]
+        entry = split.setdefault(domain, {"holdout": [], "train": []})
+        entry["holdout"] += [str(p.relative_to(root)) for p in paths[-1:]]
+        entry["train"] += [str(p.relative_to(root)) for p in paths[:-1]]
+    path = root / "data" / "file_splits.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(split, indent=2))
+    return path
+
+
+def train_test_tokenizer(files: dict[str, list[Path]], path: Path, vocab: int = 800) -> Path:
+    """A byte-level BPE with <|endoftext|> at id 0, trained on train files only."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    texts = [t for paths in files.values() for p in paths[:-1] for t in pq.read_table(p)["text"].to_pylist() if t]
+    tok.train_from_iterator(texts, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+LAYOUT = {"seq_len": 64, "steps": 40, "seqs_per_step": 8, "margin_steps": 4, "shard_tokens": 6400,
+          "stream_slack": 1.002}
+HOLDOUT = {"tokens": 3000, "eval_windows": 10}
+
+
+def write_recipe(root: Path, tokenizer: str, decontaminate: bool = False, seed: int = 1234, **layout) -> Path:
+    lines = [f"seed = {seed}", "", "[tokenizer]", f'path = "{tokenizer}"', "", "[layout]"]
+    lines += [f"{k} = {v}" for k, v in {**LAYOUT, **layout}.items()]
+    lines += ["", "[holdout]", *(f"{k} = {v}" for k, v in HOLDOUT.items()), 'splits = "data/file_splits.json"',
+              f"decontaminate = {str(decontaminate).lower()}"]
+    for name, (domain, share) in STREAMS.items():
+        lines += ["", f"[streams.{name}]", f'domain = "{domain}"', f"share = {share}",
+                  f'files = ["corpus/{name}/*.parquet"]']
+    path = root / "recipe.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,162 @@
+"""The `tokmix` command: parse arguments, call the Python API, print. A user-facing failure is one line
+on stderr and a non-zero exit; --debug shows the traceback."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from tokmix.errors import TokmixError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Turn raw text and code into token shards at exact mixture shares.")
+console = Console()
+err = Console(stderr=True)
+
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'1GiB', '512M', '2g', '1073741824' -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a size such as 1GiB or 512MiB")
+    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
+
+
+def _fail(e: Exception, debug: bool) -> None:
+    if debug:
+        err.print_exception()
+    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def print_summary(out: Path, index: dict) -> None:
+    from tokmix.summary import holdout_table, mix_table, timing_table
+
+    console.print(mix_table(index))
+    console.print(holdout_table(index))
+    timings = Path(out) / "tokmix-state" / "timings.json"
+    if timings.exists():
+        console.print(timing_table(json.loads(timings.read_text()), index["total"]["tokens"]))
+
+
+@app.command()
+def run(
+    recipe: Path = typer.Argument(..., help="recipe TOML file"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="output directory [default: <recipe>-out]"),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="worker processes [default: cores]"),
+    blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
+    keep_streams: bool = typer.Option(False, "--keep-streams", help="keep the intermediates after validation"),
+    backend: str | None = typer.Option(None, "--tokenizer-backend",
+                                          help="auto | hf | tiktoken | fastokens (overrides the recipe)"),
+    max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
+    mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
+    restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
+) -> None:
+    """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate."""
+    from tokmix.recipe import load_recipe
+    from tokmix.runner import RunOptions
+    from tokmix.runner import run as run_recipe
+
+    out = out or Path(f"{recipe.stem}-out")
+    try:
+        options = RunOptions(max_memory=parse_size(max_memory), keep_streams=keep_streams, mirrors=mirror,
+                             debug=debug)
+        if workers is not None:
+            options.workers = workers
+        t0 = time.perf_counter()
+        index = run_recipe(load_recipe(recipe), out, blocks=blocks, backend=backend, restart=restart,
+                           options=options)
+    except TokmixError as e:
+        _fail(e, debug)
+    except KeyboardInterrupt:
+        err.print(f"interrupted; committed work is kept. Resume with the same command: tokmix run {recipe} "
+                  f"--out {out}")
+        raise typer.Exit(130) from None
+    print_summary(out, index)
+    console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out}")
+
+
+@app.command()
+def validate(out: Path = typer.Argument(..., help="output directory"),
+             debug: bool = typer.Option(False, "--debug")) -> None:
+    """Check an output directory: sizes, ids, overlaps, checksums, holdouts, shares."""
+    from tokmix.shards import read_index
+    from tokmix.stages.validate import share_warnings, validate_dir
+
+    try:
+        problems = validate_dir(out)
+    except (OSError, KeyError, ValueError) as e:
+        _fail(TokmixError(f"{out}: cannot validate ({e})"), debug)
+    for problem in problems:
+        err.print(problem, highlight=False, soft_wrap=True)
+    if problems:
+        raise typer.Exit(1)
+    index = read_index(out)
+    for warning in share_warnings(index):
+        console.print(f"warning: {warning}")
+    console.print(f"{out}: valid ({len(index['shards'])} shard(s), {index['blocks']:,} blocks, "
+                  f"{len(index.get('val', {}))} holdout(s))")
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("tokmix-demo"), "--out", "-o", help="where the corpus and the run go"),
+    workers: int | None = typer.Option(None, "--workers", "-w"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Build a small corpus from this machine's Python installation, train a tokenizer, run every stage."""
+    from tokmix.demo import build_demo_corpus
+    from tokmix.recipe import load_recipe
+    from tokmix.runner import RunOptions
+    from tokmix.runner import run as run_recipe
+
+    try:
+        t0 = time.perf_counter()
+        recipe_path = build_demo_corpus(out / "corpus")
+        console.print(f"demo corpus in {out / 'corpus'} ({time.perf_counter() - t0:.1f}s); recipe {recipe_path}")
+        options = RunOptions(debug=debug)
+        if workers is not None:
+            options.workers = workers
+        index = run_recipe(load_recipe(recipe_path), out / "run", options=options)
+    except TokmixError as e:
+        _fail(e, debug)
+    print_summary(out / "run", index)
+    console.print(f"demo done in {time.perf_counter() - t0:,.1f}s -> {out / 'run'}")
+
+
+@app.command()
+def export(
+    out: Path = typer.Argument(..., help="tokmix output directory"),
+    fmt: str = typer.Option(..., "--format", "-f", help="megatron | llmc"),
+    dest: Path = typer.Argument(..., help="megatron: output prefix; llmc: output directory"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Export the shards for another trainer: Megatron-LM indexed dataset or llm.c shards."""
+    from tokmix.export import export as export_run
+
+    try:
+        written = export_run(out, fmt, dest)
+    except TokmixError as e:
+        _fail(e, debug)
+    for path in written or []:
+        console.print(str(path))
+
+
+def main() -> None:  # pragma: no cover
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The recipe: parse a TOML file, validate it with clear messages, derive blocks and per-stream budgets,
+and fingerprint what determines the output so a resume with a changed recipe can be refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tokmix.errors import TokmixError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BACKEND_NAMES = ("auto", "hf", "tiktoken", "fastokens")
+SHARE_TOLERANCE = 1e-6
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenizerTrain(_Strict):
+    vocab_size: int = Field(gt=256)
+    min_frequency: int = Field(default=2, ge=1)
+    max_bytes: int = Field(default=1 << 30, gt=0, description="UTF-8 bytes of train text to learn from")
+
+
+class TokenizerSpec(_Strict):
+    path: str | None = None
+    train: TokenizerTrain | None = None
+    backend: Literal["auto", "hf", "tiktoken", "fastokens"] = "auto"
+    dtype: Literal["auto", "uint16", "uint32"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerSpec:
+        if (self.path is None) == (self.train is None):
+            raise ValueError("give exactly one of tokenizer.path and [tokenizer.train]")
+        return self
+
+
+class LayoutSpec(_Strict):
+    seq_len: int = Field(default=1024, gt=0)
+    steps: int = Field(gt=0)
+    seqs_per_step: int = Field(gt=0)
+    margin_steps: int = Field(default=0, ge=0)
+    shard_tokens: int = Field(default=500_000_000, gt=0)
+    stream_slack: float = Field(default=1.002, ge=1.0)
+    blocks: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _shard_holds_a_block(self) -> LayoutSpec:
+        if self.shard_tokens < self.seq_len:
+            raise ValueError(f"shard_tokens ({self.shard_tokens:,}) is smaller than one block ({self.seq_len})")
+        return self
+
+
+class HoldoutSpec(_Strict):
+    tokens: int = Field(gt=0)
+    eval_windows: int = Field(ge=0)
+    splits: str = "file_splits.json"
+    holdout_files: int = Field(default=1, ge=1)
+    decontaminate: bool = True
+
+
+class StreamSpec(_Strict):
+    domain: str = Field(min_length=1)
+    share: float
+    files: list[str] = Field(min_length=1)
+    text_field: str = "text"
+
+    @field_validator("share")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"share must be a positive number, got {v}")
+        return v
+
+
+class Recipe(_Strict):
+    seed: int
+    tokenizer: TokenizerSpec
+    layout: LayoutSpec
+    holdout: HoldoutSpec
+    streams: dict[str, StreamSpec] = Field(min_length=1)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _shares_sum_to_one(self) -> Recipe:
+        total = sum(s.share for s in self.streams.values())
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            shares = ", ".join(f"{n} {s.share}" for n, s in self.streams.items())
+            raise ValueError(f"stream shares sum to {total:.6g}, not 1 ({shares})")
+        for name in self.streams:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"stream name {name!r}: use letters, digits, '_' and '-' only")
+        for domain in self.domains:
+            if not domain.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"domain name {domain!r}: use letters, digits, '_' and '-' only")
+        return self
+
+    # ------------------------------------------------------------------ derived numbers
+    @property
+    def default_blocks(self) -> int:
+        return (self.layout.steps + self.layout.margin_steps) * self.layout.seqs_per_step
+
+    @property
+    def blocks(self) -> int:
+        return self.layout.blocks or self.default_blocks
+
+    @property
+    def train_tokens(self) -> int:
+        """Tokens of the whole train run: the blocks plus the one token the last block reads past them."""
+        return self.blocks * self.layout.seq_len + 1
+
+    @property
+    def blocks_per_shard(self) -> int:
+        return self.layout.shard_tokens // self.layout.seq_len
+
+    def budget(self, stream: str) -> int:
+        """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short."""
+        return int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack) + 1
+
+    @property
+    def domains(self) -> list[str]:
+        """Domains in the order their first stream appears in the recipe."""
+        return list(dict.fromkeys(s.domain for s in self.streams.values()))
+
+    def streams_of(self, domain: str) -> list[str]:
+        return [n for n, s in self.streams.items() if s.domain == domain]
+
+    def resolve(self, path: str) -> str:
+        """A recipe path: URLs as given, local paths relative to the recipe's directory."""
+        if "://" in path or Path(path).is_absolute():
+            return path
+        return str(self.base_dir / path)
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.resolve(self.tokenizer.path) if self.tokenizer.path else None
+
+    @property
+    def splits_path(self) -> str:
+        return self.resolve(self.holdout.splits)
+
+    # ------------------------------------------------------------------ identity
+    def output_fields(self) -> dict[str, Any]:
+        """Everything that can change the bytes written, with paths resolved (a moved recipe file with the
+        same sources is the same run)."""
+        data = self.model_dump(mode="json")
+        data["tokenizer"]["path"] = self.tokenizer_path
+        data["tokenizer"].pop("backend")  # every backend gives identical ids
+        data["holdout"]["splits"] = self.splits_path
+        data["layout"]["blocks"] = self.blocks
+        for name, stream in data["streams"].items():
+            stream["files"] = [self.resolve(f) for f in self.streams[name].files]
+        return data
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.output_fields(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def with_blocks(self, blocks: int | None) -> Recipe:
+        if blocks is None:
+            return self
+        layout = self.layout.model_copy(update={"blocks": blocks})
+        return self.model_copy(update={"layout": layout})
+
+    def with_backend(self, backend: str | None) -> Recipe:
+        if backend is None:
+            return self
+        if backend not in BACKEND_NAMES:
+            raise TokmixError(f"unknown tokenizer backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        spec = self.tokenizer.model_copy(update={"backend": backend})
+        return self.model_copy(update={"tokenizer": spec})
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "recipe"
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{source}: {where}: {message}{more}"
+
+
+def recipe_from_dict(data: dict[str, Any], base_dir: Path, source: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as e:
+        raise TokmixError(_describe(e, source)) from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file; relative paths in it are relative to its directory."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TokmixError(f"{path}: recipe file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TokmixError(f"{path}: not valid TOML: {e}") from None
+    return recipe_from_dict(data, path.resolve().parent, str(path))
+
+
+def recipe_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Readable lines of what changed between two `output_fields()` dicts."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        where = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += recipe_diff(a, b, where + ".")
+        elif a != b:
+            lines.append(f"{where}: {json.dumps(a)} -> {json.dumps(b)}")
+    return lines

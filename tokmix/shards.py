@@ -1,0 +1,186 @@
+"""The output format: file names in the output directory, token dtype, EOT id, block arithmetic, atomic
+writes and index.json. Every producer and consumer of shards goes through this module, and it imports
+nothing of the pipeline, so a training job that reads shards needs numpy alone.
+
+A shard of `blocks` blocks holds `blocks * seq_len + 1` tokens; its last token is repeated as the first
+token of the next shard, so block j of a shard is `tokens[j * seq_len : j * seq_len + seq_len + 1]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EOT_ID = 0
+EOT_TOKEN = "<|endoftext|>"
+INDEX_NAME = "index.json"
+STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
+STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
+CHECKSUM = "sha256"
+READ_CHUNK_BYTES = 64 << 20  # sequential reads of this size keep checksums and validation streaming
+
+
+def dtype_for_vocab(vocab_size: int, forced: str = "auto") -> np.dtype:
+    """uint16 while every id fits, uint32 beyond; `forced` pins one and refuses a vocabulary it cannot hold."""
+    if forced == "auto":
+        return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    dtype = np.dtype(forced)
+    if vocab_size > np.iinfo(dtype).max + 1:
+        raise ValueError(f"a vocabulary of {vocab_size:,} tokens does not fit {forced}")
+    return dtype
+
+
+def train_name(k: int) -> str:
+    return f"train_{k:03d}.bin"
+
+
+def val_name(domain: str) -> str:
+    return f"val_{domain}.bin"
+
+
+def shard_tokens(blocks: int, seq_len: int) -> int:
+    return blocks * seq_len + 1
+
+
+def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
+    """Blocks of each shard: full shards, then the remainder."""
+    full, rest = divmod(total_blocks, blocks_per_shard)
+    return [blocks_per_shard] * full + ([rest] if rest else [])
+
+
+class Layout:
+    """Where everything lives in one output directory."""
+
+    def __init__(self, out_dir: str | os.PathLike):
+        self.root = Path(out_dir)
+
+    @property
+    def index(self) -> Path:
+        return self.root / INDEX_NAME
+
+    @property
+    def streams(self) -> Path:
+        return self.root / STREAMS_DIR
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE_DIR
+
+    def train(self, k: int) -> Path:
+        return self.root / train_name(k)
+
+    def val(self, domain: str) -> Path:
+        return self.root / val_name(domain)
+
+    def stream(self, name: str) -> Path:
+        return self.streams / name
+
+    def read_index(self) -> dict[str, Any]:
+        return read_index(self.root)
+
+    def write_index(self, index: dict[str, Any]) -> None:
+        write_json(self.index, index)
+
+
+def read_index(out_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(out_dir) / INDEX_NAME
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _tmp_name(path: Path) -> Path:
+    # the pid keeps two writers (a killed run's leftover and its retry) from sharing a temporary file
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """Make a fully written file visible under its final name: data on disk first, then the rename."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    tmp = _tmp_name(path)
+    tmp.write_bytes(data)
+    commit(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_bytes(path, json.dumps(obj, indent=2).encode())
+
+
+def write_tokens(path: Path, tokens: np.ndarray) -> None:
+    write_bytes(path, tokens.tobytes())
+
+
+def write_npy(path: Path, array: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    write_bytes(path, buf.getvalue())
+
+
+class TokenFileWriter:
+    """Appends token arrays to a temporary file; `close()` commits it under its final name."""
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.tmp = _tmp_name(path)
+        self.f = open(self.tmp, "wb")
+        self.tokens = 0
+        self.hash = hashlib.new(CHECKSUM)
+
+    def write(self, tokens: np.ndarray) -> None:
+        data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
+        self.f.write(data)
+        self.hash.update(data)
+        self.tokens += len(tokens)
+
+    def close(self) -> str:
+        """Commit the file; returns its checksum."""
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        return self.hash.hexdigest()
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def read_tokens(path: Path, dtype: np.dtype | str, mmap: bool = True) -> np.ndarray:
+    if mmap:
+        if os.path.getsize(path) == 0:
+            return np.empty(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r")
+    return np.fromfile(path, dtype=dtype)
+
+
+def iter_token_chunks(path: Path, dtype: np.dtype | str, chunk_bytes: int = READ_CHUNK_BYTES):
+    """Large sequential reads of a token file, each chunk a whole number of tokens."""
+    dtype = np.dtype(dtype)
+    step = chunk_bytes - chunk_bytes % dtype.itemsize
+    with open(path, "rb") as f:
+        while data := f.read(step):
+            yield np.frombuffer(data, dtype=dtype)
+
+
+def file_checksum(path: Path) -> str:
+    h = hashlib.new(CHECKSUM)
+    with open(path, "rb") as f:
+        while data := f.read(READ_CHUNK_BYTES):
+            h.update(data)
+    return h.hexdigest()
+
+
+def remove_tmp_files(directory: Path) -> None:
+    """Temporary files left by a killed writer are never visible under a final name; sweep them on resume."""
+    if directory.is_dir():
+        for p in directory.glob("*.tmp-*"):
+            p.unlink(missing_ok=True)

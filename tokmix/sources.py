@@ -1,0 +1,388 @@
+"""Source files: find them (local paths, globs, any fsspec URL incl. hf://), split them into holdout and
+train (persisted in the split file), cut them into work units, and read documents out of a unit.
+
+Formats: parquet (only the text column, by row group), JSONL (.jsonl, .jsonl.gz, .jsonl.zst; a plain
+.jsonl is cut into byte ranges at newlines), and any other file as plain text, one document per file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.utils import glob_translate
+
+from tokmix.errors import TokmixError
+from tokmix.recipe import Recipe
+
+UNIT_BYTES = 64 << 20  # source bytes per work unit: the grain of parallelism and of resume
+BATCH_DOCS = 1024
+BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
+PARQUET_READ_ROWS = 1024
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSED = {".gz": "gzip", ".zst": "zstd"}
+
+
+# ---------------------------------------------------------------------------- file systems and mirrors
+def parse_mirrors(specs: list[str] | None) -> list[tuple[str, str]]:
+    """`hf://datasets/ORG/NAME=LOCAL_DIR` pairs: files under the prefix are read from the local copy."""
+    mirrors = []
+    for spec in specs or []:
+        prefix, sep, local = spec.partition("=")
+        if not sep or not prefix or not local:
+            raise TokmixError(f"--mirror {spec!r}: expected PREFIX=LOCAL_DIR, e.g. hf://datasets/org/name=/data/name")
+        mirrors.append((prefix.rstrip("/"), local.rstrip("/")))
+    return mirrors
+
+
+def remap(url: str, mirrors: list[tuple[str, str]]) -> str:
+    for prefix, local in mirrors:
+        if url == prefix or url.startswith(prefix + "/"):
+            return local + url[len(prefix) :]
+    return url
+
+
+def open_file(url: str, mirrors: list[tuple[str, str]], mode: str = "rb"):
+    return fsspec.open(remap(url, mirrors), mode).open()
+
+
+def file_size(url: str, mirrors: list[tuple[str, str]]) -> int:
+    fs, path = fsspec.core.url_to_fs(remap(url, mirrors))
+    return int(fs.size(path))
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _normalize(path: str) -> str:
+    return path if "://" in path else os.path.normpath(os.path.abspath(path))
+
+
+def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
+    """Files a resolved pattern names, sorted; a URL keeps its protocol, a local path stays a path."""
+    if not _has_magic(pattern):
+        return [_normalize(pattern)]
+    local = remap(pattern, mirrors)
+    fs, path = fsspec.core.url_to_fs(local)
+    found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+    if local == pattern:  # not mirrored: name files the way the pattern did
+        return [fs.unstrip_protocol(p) if "://" in pattern else _normalize(p) for p in found]
+    # mirrored: name files by their original URL so the split file does not depend on where the copy lives
+    root = remap(pattern.split("*")[0].rsplit("/", 1)[0], mirrors)
+    root_path = fsspec.core.url_to_fs(root)[1]
+    prefix = pattern.split("*")[0].rsplit("/", 1)[0]
+    return [prefix + p[len(root_path) :] for p in found]
+
+
+def matcher(patterns: list[str]) -> re.Pattern:
+    return re.compile("|".join(f"(?:{glob_translate(_normalize(p))})" for p in patterns))
+
+
+# ---------------------------------------------------------------------------- the holdout / train split
+Split = dict[str, dict[str, list[str]]]
+
+
+def _split_entry(recipe: Recipe, path: str) -> str:
+    """How the split file names a file: relative to the recipe's directory when it lies under it."""
+    if "://" in path:
+        return path
+    rel = os.path.relpath(path, recipe.base_dir)
+    return path if rel.startswith("..") else rel
+
+
+def create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
+    """Per stream, the last `holdout_files` files (in sorted order) are held out, the rest train."""
+    split: Split = {d: {"holdout": [], "train": []} for d in recipe.domains}
+    n_hold = recipe.holdout.holdout_files
+    for name, stream in recipe.streams.items():
+        files = list(dict.fromkeys(f for p in stream.files for f in expand(recipe.resolve(p), mirrors)))
+        if len(files) <= n_hold:
+            raise TokmixError(
+                f"stream {name}: {len(files)} file(s) match {stream.files}; need more than "
+                f"holdout_files={n_hold} to hold some out and train on the rest"
+            )
+        split[stream.domain]["holdout"] += [_split_entry(recipe, f) for f in files[-n_hold:]]
+        split[stream.domain]["train"] += [_split_entry(recipe, f) for f in files[:-n_hold]]
+    return split
+
+
+def load_or_create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
+    """The persisted split: used as given when it exists, written once when it does not."""
+    path = recipe.splits_path
+    fs, fpath = fsspec.core.url_to_fs(path)
+    if fs.exists(fpath):
+        try:
+            with fs.open(fpath, "r") as f:
+                split = json.load(f)
+        except json.JSONDecodeError as e:
+            raise TokmixError(f"split file {path}: not valid JSON: {e}") from None
+        _check_split_shape(split, path)
+        return split
+    split = create_split(recipe, mirrors)
+    fs.makedirs(fs._parent(fpath), exist_ok=True)
+    tmp = f"{fpath}.tmp-{os.getpid()}"
+    with fs.open(tmp, "w") as f:
+        json.dump(split, f, indent=2)
+    fs.mv(tmp, fpath)
+    return split
+
+
+def _check_split_shape(split: object, path: str) -> None:
+    ok = isinstance(split, dict) and all(
+        isinstance(v, dict)
+        and all(isinstance(v.get(k), list) and all(isinstance(x, str) for x in v[k]) for k in ("holdout", "train"))
+        for v in split.values()
+    )
+    if not ok:
+        raise TokmixError(f'split file {path}: expected {{domain: {{"holdout": [files], "train": [files]}}}}')
+
+
+def stream_files(recipe: Recipe, split: Split, stream: str, part: str) -> list[str]:
+    """The split file's `part` ("holdout"/"train") entries of the stream's domain that match its patterns,
+    in the split file's order: that order is the stream's canonical document order."""
+    spec = recipe.streams[stream]
+    if spec.domain not in split:
+        raise TokmixError(f"stream {stream}: split file {recipe.splits_path} has no domain {spec.domain!r}")
+    match = matcher([recipe.resolve(p) for p in spec.files])
+    files = [f for f in (recipe.resolve(e) for e in split[spec.domain][part]) if match.fullmatch(_normalize(f))]
+    if not files:
+        raise TokmixError(
+            f"stream {stream}: no {part} file in split file {recipe.splits_path} matches {spec.files}"
+        )
+    return [_normalize(f) for f in files]
+
+
+# ---------------------------------------------------------------------------- work units
+@dataclass(frozen=True)
+class Piece:
+    """A contiguous part of one file: parquet row groups [start, stop), JSONL bytes [start, stop), or the
+    whole file (start = 0, stop = -1) for compressed JSONL and plain text."""
+
+    path: str
+    kind: str  # "parquet" | "jsonl" | "text"
+    start: int = 0
+    stop: int = -1
+    first_row: int = 0  # row (parquet) number of the piece's first document, for messages
+
+
+@dataclass(frozen=True)
+class Unit:
+    stream: str
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+    def describe(self) -> list[list]:
+        return [[p.path, p.kind, p.start, p.stop] for p in self.pieces]
+
+
+def file_kind(path: str) -> str:
+    name = path.lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    stem, ext = os.path.splitext(name)
+    if ext in COMPRESSED:
+        name = stem
+    return "jsonl" if name.endswith(JSONL_SUFFIXES) else "text"
+
+
+def _file_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int, stream: str) -> Iterator[Piece]:
+    kind = file_kind(path)
+    try:
+        if kind == "parquet":
+            yield from _parquet_pieces(path, mirrors, unit_bytes)
+        elif kind == "jsonl" and not path.lower().endswith(tuple(COMPRESSED)):
+            size = file_size(path, mirrors)
+            for start in range(0, max(size, 1), unit_bytes):
+                yield Piece(path, kind, start, min(start + unit_bytes, size))
+        else:
+            yield Piece(path, kind)
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
+
+
+def _parquet_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int) -> Iterator[Piece]:
+    with open_file(path, mirrors) as f:
+        meta = pq.ParquetFile(f).metadata
+    start, size, row, first_row = 0, 0, 0, 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        size += rg.total_byte_size
+        row += rg.num_rows
+        if size >= unit_bytes or g == meta.num_row_groups - 1:
+            yield Piece(path, "parquet", start, g + 1, first_row)
+            start, size, first_row = g + 1, 0, row
+
+
+def plan_units(
+    stream: str, files: list[str], mirrors: list[tuple[str, str]], unit_bytes: int = UNIT_BYTES
+) -> Iterator[Unit]:
+    """The stream's work units in canonical order, planned lazily: only the files a run reaches are opened.
+    Small whole-file pieces are grouped so that 10,000 small files do not make 10,000 units."""
+    index, group, group_bytes = 0, [], 0
+    for path in files:
+        for piece in _file_pieces(path, mirrors, unit_bytes, stream):
+            if piece.stop == -1 and piece.kind == "text":
+                group.append(piece)
+                group_bytes += file_size(path, mirrors)
+                if group_bytes >= unit_bytes:
+                    yield Unit(stream, index, tuple(group))
+                    index, group, group_bytes = index + 1, [], 0
+                continue
+            if group:
+                yield Unit(stream, index, tuple(group))
+                index, group, group_bytes = index + 1, [], 0
+            yield Unit(stream, index, (piece,))
+            index += 1
+    if group:
+        yield Unit(stream, index, tuple(group))
+
+
+# ---------------------------------------------------------------------------- reading documents
+class SourceError(TokmixError):
+    pass
+
+
+def _bad(stream: str, path: str, where: str, what: str) -> SourceError:
+    return SourceError(f"stream {stream}: file {path}: {where}: {what}")
+
+
+def _parquet_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str]:
+    with open_file(piece.path, mirrors) as f:
+        pf = pq.ParquetFile(f)
+        if field not in pf.schema_arrow.names:
+            raise _bad(stream, piece.path, "schema", f"no column {field!r} (columns: {pf.schema_arrow.names})")
+        column_type = pf.schema_arrow.field(field).type
+        if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+            raise _bad(stream, piece.path, f"column {field!r}", f"type {column_type} is not a string type")
+        row = piece.first_row
+        groups = list(range(piece.start, piece.stop))
+        for batch in pf.iter_batches(batch_size=PARQUET_READ_ROWS, row_groups=groups, columns=[field]):
+            column = batch.column(0)
+            if column.null_count:
+                first = column.is_null().index(True).as_py()
+                raise _bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
+            yield from column.to_pylist()
+            row += len(column)
+
+
+def _json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise _bad(stream, path, where(), f"invalid JSON ({e})") from None
+    if not isinstance(record, dict) or field not in record:
+        raise _bad(stream, path, where(), f"no field {field!r}")
+    text = record[field]
+    if not isinstance(text, str):
+        kind = "null" if text is None else f"a {type(text).__name__}, not a string"
+        raise _bad(stream, path, where(), f"{field!r} is {kind}")
+    return text
+
+
+def _open_jsonl(piece: Piece, mirrors) -> io.BufferedIOBase:
+    raw = open_file(piece.path, mirrors)
+    codec = COMPRESSED.get(os.path.splitext(piece.path.lower())[1])
+    if codec == "gzip":
+        return gzip.GzipFile(fileobj=raw)
+    if codec == "zstd":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return raw
+
+
+def _line_number(piece: Piece, mirrors, offset: int) -> int:
+    """1-based line number of the line starting at byte `offset`; counted only when reporting an error."""
+    with open_file(piece.path, mirrors) as f:
+        return f.read(offset).count(b"\n") + 1
+
+
+def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str]:
+    ranged = piece.stop != -1
+    with _open_jsonl(piece, mirrors) as f:
+        offset, line_no = piece.start, 0
+        if ranged and piece.start > 0:
+            f.seek(piece.start - 1)
+            offset = piece.start - 1 + len(f.readline())  # the line under way belongs to the previous piece
+        try:
+            while not ranged or offset < piece.stop:
+                line = f.readline()
+                if not line:
+                    break
+                line_no += 1
+                if line.strip():
+                    where = (
+                        (lambda o=offset: f"line {_line_number(piece, mirrors, o)}")
+                        if ranged
+                        else (lambda n=line_no: f"line {n}")
+                    )
+                    yield _json_text(line, field, stream, piece.path, where)
+                offset += len(line)
+        except TokmixError:
+            raise
+        except Exception as e:  # EOFError, BadGzipFile, zstandard's ZstdError: a truncated or corrupt file
+            raise _bad(stream, piece.path, f"line {line_no + 1}", f"truncated or corrupt file ({e})") from None
+
+
+def _text_document(piece: Piece, stream: str, mirrors) -> str:
+    with open_file(piece.path, mirrors) as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _bad(stream, piece.path, f"byte {e.start}", "invalid UTF-8") from None
+
+
+def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors) -> Iterator[str]:
+    """Every document text of a unit (or one piece) in order, empty ones included."""
+    pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
+    for piece in pieces:
+        try:
+            if piece.kind == "parquet":
+                yield from _parquet_texts(piece, field, stream, mirrors)
+            elif piece.kind == "jsonl":
+                yield from _jsonl_texts(piece, field, stream, mirrors)
+            else:
+                yield _text_document(piece, stream, mirrors)
+        except FileNotFoundError:
+            raise _bad(stream, piece.path, "open", "file not found") from None
+        except (pa.ArrowException, OSError) as e:
+            raise _bad(stream, piece.path, "read", f"corrupt or unreadable ({e})") from None
+
+
+def iter_file_texts(paths: list[str], field: str, stream: str, mirrors) -> Iterator[str]:
+    """Documents of whole files in order (the holdout stage reads files this way)."""
+    for path in paths:
+        for piece in _file_pieces(path, mirrors, 1 << 62, stream):
+            yield from read_texts(piece, field, stream, mirrors)
+
+
+def batches(texts: Iterator[str]) -> Iterator[list[str]]:
+    """Group non-empty texts into tokenizer batches bounded in count and size."""
+    batch, size = [], 0
+    for text in texts:
+        if not text:
+            continue
+        batch.append(text)
+        size += len(text)
+        if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch

@@ -1,0 +1,238 @@
+"""Stage 3: interleave the streams' documents in a seeded random order (one stream label per document,
+shuffled with np.random.default_rng(seed); the i-th label s is stream s's i-th document) and cut the result
+into train shards. Each shard needs one contiguous range of each stream, so shards are written
+independently, in parallel, each committed atomically, and a resume rewrites only the missing ones."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokmix.errors import TokmixError
+from tokmix.executors import make_executor
+from tokmix.shards import EOT_ID, TokenFileWriter, read_tokens, remove_tmp_files, shard_blocks, write_json
+from tokmix.stages import Context
+from tokmix.stages.streams import unit_lengths, units_dir
+
+GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything one shard needs: its documents in interleave order as (stream, unit file, offset, length)."""
+
+    path: str
+    dtype: str
+    blocks: int
+    n_tokens: int
+    skip: int  # tokens of the first document before the shard starts
+    drop_first: bool  # the first token repeats the previous shard's last one and is counted there
+    streams: tuple[str, ...]
+    unit_files: tuple[tuple[str, ...], ...]  # per stream
+    doc_stream: np.ndarray
+    doc_unit: np.ndarray
+    doc_offset: np.ndarray
+    doc_length: np.ndarray
+
+
+def write_shard(task: ShardTask) -> dict:
+    """Gather the shard's documents from the unit files and commit the shard; returns its record."""
+    files: dict[tuple[int, int], np.ndarray] = {}
+    writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype))
+    remaining, skip, chunk, pending = task.n_tokens, task.skip, [], 0
+    try:
+        for s, u, off, n in zip(task.doc_stream.tolist(), task.doc_unit.tolist(),
+                                task.doc_offset.tolist(), task.doc_length.tolist()):
+            if (s, u) not in files:
+                files[s, u] = read_tokens(Path(task.unit_files[s][u]), task.dtype)
+            take = min(n - skip, remaining)
+            chunk.append(files[s, u][off + skip : off + skip + take])
+            remaining -= take
+            pending += take
+            skip = 0
+            if pending >= GATHER_TOKENS or remaining == 0:
+                writer.write(np.concatenate(chunk))
+                chunk, pending = [], 0
+            if remaining == 0:
+                break
+    except BaseException:
+        writer.abort()
+        raise
+    if writer.tokens != task.n_tokens:
+        writer.abort()
+        raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
+    checksum = writer.close()
+    return {
+        "file": Path(task.path).name,
+        "tokens": task.n_tokens,
+        "blocks": task.blocks,
+        "tokens_by_stream": _tokens_by_stream(task),
+        "checksum": checksum,
+    }
+
+
+def _tokens_by_stream(task: ShardTask) -> dict[str, int]:
+    """Tokens of each stream in the shard, without the leading overlap token (counted in the previous shard)."""
+    ends = np.cumsum(task.doc_length) - task.skip
+    starts = ends - task.doc_length
+    lo = 1 if task.drop_first else 0
+    inside = np.clip(np.minimum(ends, task.n_tokens) - np.maximum(starts, lo), 0, None)
+    counts = np.bincount(task.doc_stream, weights=inside, minlength=len(task.streams))
+    return {name: int(c) for name, c in zip(task.streams, counts)}
+
+
+class Interleave:
+    """The seeded document order over all streams, with where each document's tokens lie."""
+
+    def __init__(self, ctx: Context, metas: dict[str, dict]):
+        self.streams = tuple(ctx.recipe.streams)
+        lengths, units, offsets, self.unit_files = [], [], [], []
+        for name in self.streams:
+            meta = metas[name]
+            per_unit = [unit_lengths(ctx, name, u["name"]).astype(np.int64) for u in meta["units"]]
+            docs = meta["docs"]
+            lengths.append(np.concatenate(per_unit)[:docs])
+            units.append(np.repeat(np.arange(len(per_unit), dtype=np.int32), [len(x) for x in per_unit])[:docs])
+            offsets.append(np.concatenate([np.cumsum(x) - x for x in per_unit])[:docs])
+            self.unit_files.append(tuple(str(units_dir(ctx, name) / f"{u['name']}.tok") for u in meta["units"]))
+        order = np.concatenate([np.full(len(x), s, dtype=np.uint8) for s, x in enumerate(lengths)])
+        np.random.default_rng(ctx.recipe.seed).shuffle(order)
+        self.order = order
+        self.length = np.empty(len(order), dtype=np.int64)
+        self.unit = np.empty(len(order), dtype=np.int32)
+        self.offset = np.empty(len(order), dtype=np.int64)
+        for s in range(len(self.streams)):
+            at = np.flatnonzero(order == s)
+            self.length[at], self.unit[at], self.offset[at] = lengths[s], units[s], offsets[s]
+        self.ends = np.cumsum(self.length)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def documents_used(self, n_tokens: int) -> dict[str, int]:
+        """Documents of each stream with at least one token among the first `n_tokens`."""
+        last = int(np.searchsorted(self.ends, n_tokens - 1, side="right"))
+        counts = np.bincount(self.order[: last + 1], minlength=len(self.streams))
+        return {name: int(c) for name, c in zip(self.streams, counts)}
+
+    def shard_task(self, path: Path, dtype: np.dtype, start: int, blocks: int, seq_len: int, first: bool) -> ShardTask:
+        n_tokens = blocks * seq_len + 1
+        d0 = int(np.searchsorted(self.ends, start, side="right"))
+        d1 = int(np.searchsorted(self.ends, start + n_tokens - 1, side="right")) + 1
+        return ShardTask(
+            str(path), dtype.str, blocks, n_tokens,
+            skip=start - int(self.ends[d0] - self.length[d0]),
+            drop_first=not first,
+            streams=self.streams,
+            unit_files=tuple(self.unit_files),
+            doc_stream=self.order[d0:d1],
+            doc_unit=self.unit[d0:d1],
+            doc_offset=self.offset[d0:d1],
+            doc_length=self.length[d0:d1],
+        )
+
+
+def _record_path(ctx: Context, k: int) -> Path:
+    return ctx.layout.state / "shards" / f"{ctx.layout.train(k).name}.json"
+
+
+def _done(ctx: Context, k: int, n_tokens: int) -> dict | None:
+    """A shard's record when the shard is on disk, whole, from this recipe."""
+    path, shard = _record_path(ctx, k), ctx.layout.train(k)
+    if not (path.exists() and shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):
+        return None
+    return json.loads(path.read_text())
+
+
+def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict[str, int]]:
+    """Write every train shard not on disk yet; returns the shard records in order and the documents of each
+    stream that the shards use."""
+    recipe, layout = ctx.recipe, ctx.layout
+    seq_len = recipe.layout.seq_len
+    plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    starts = np.concatenate([[0], np.cumsum(plan)[:-1]]) * seq_len
+    records: list[dict | None] = [_done(ctx, k, b * seq_len + 1) for k, b in enumerate(plan)]
+    todo = [k for k, r in enumerate(records) if r is None]
+    for stale in sorted(layout.root.glob("train_*.bin"))[len(plan):]:
+        stale.unlink()  # a run with fewer blocks than an earlier one in this directory
+    used_path = layout.state / "documents_used.json"
+    if not todo:
+        return records, json.loads(used_path.read_text())
+    t0 = time.perf_counter()
+    (layout.state / "shards").mkdir(parents=True, exist_ok=True)
+    remove_tmp_files(layout.root)
+    interleave = Interleave(ctx, metas)
+    if interleave.total_tokens < recipe.train_tokens:
+        raise TokmixError(f"streams hold {interleave.total_tokens:,} tokens, fewer than the {recipe.train_tokens:,} "
+                          "the blocks need (stream_slack too small?)")
+    used = interleave.documents_used(recipe.train_tokens)
+    write_json(used_path, used)
+    tasks = {k: interleave.shard_task(layout.train(k), ctx.dtype, int(starts[k]), plan[k], seq_len, k == 0)
+             for k in todo}
+    with make_executor(ctx.executor, min(ctx.workers, len(todo))) as executor:
+        pending = {executor.submit(write_shard, task): k for k, task in tasks.items()}
+        while pending:
+            for future in executor.wait_any(set(pending)):
+                k = pending.pop(future)
+                records[k] = executor.result(future)
+                write_json(_record_path(ctx, k), records[k])
+                ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
+    ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")
+    return records, used
+
+
+def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int]) -> dict:
+    """index.json as the reference writes it, plus what tokmix adds (vocab size, checksums, decontamination)."""
+    recipe = ctx.recipe
+    names = list(recipe.streams)
+    by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
+    total = sum(by_stream.values())
+    by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
+    summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
+    return {
+        "tokenizer": ctx.tokenizer_path,
+        "vocab_size": ctx.vocab_size,
+        "dtype": ctx.dtype.name,
+        "seq_len": recipe.layout.seq_len,
+        "block": recipe.layout.seq_len + 1,
+        "stride": recipe.layout.seq_len,
+        "eot_id": EOT_ID,
+        "seed": recipe.seed,
+        "recipe_fingerprint": recipe.fingerprint(),
+        "mix": {
+            "method": "each stream tokenized to its token budget, documents interleaved in a seeded random order "
+            "(per-document sampling at fixed proportions)",
+            "target_share_by_stream": {n: s.share for n, s in recipe.streams.items()},
+            "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
+            "streams": summary,
+            "documents_used": used,
+        },
+        "blocks": recipe.blocks,
+        "train_steps": recipe.layout.steps,
+        "seqs_per_step": recipe.layout.seqs_per_step,
+        "margin_steps": recipe.layout.margin_steps if recipe.blocks == recipe.default_blocks else 0,
+        "shards": shards,
+        "total": {
+            "tokens": total,
+            "tokens_by_stream": by_stream,
+            "tokens_by_domain": by_domain,
+            "share_by_stream": {n: by_stream[n] / total for n in names},
+            "share_by_domain": {d: by_domain[d] / total for d in recipe.domains},
+        },
+        "decontamination": {
+            "enabled": recipe.holdout.decontaminate,
+            "dropped_by_stream": {n: metas[n]["dropped_holdout_duplicates"] for n in names},
+        },
+        "throughput": {
+            "tok_s_end_to_end_by_stream": {n: metas[n]["tok_s_end_to_end"] for n in names},
+            "tok_s_tokenizer_capacity_by_stream": {n: metas[n]["tok_s_tokenizer_capacity"] for n in names},
+            "num_proc": ctx.workers,
+            "backend": ctx.backend,
+        },
+        "val": val,
+    }

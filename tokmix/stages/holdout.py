@@ -1,0 +1,143 @@
+"""Stage 1: one holdout file per domain, `tokens + 1` tokens drawn from the domain's holdout files only,
+each stream contributing in proportion to its share within the domain, documents in a seeded shuffle.
+It also records a hash of every holdout document it read, so training can drop exact copies."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import time
+
+import numpy as np
+
+from tokmix.backends import clean_surrogates, make_encoder
+from tokmix.errors import TokmixError
+from tokmix.shards import CHECKSUM, EOT_ID, write_json, write_npy, write_tokens
+from tokmix.sources import iter_file_texts, stream_files
+from tokmix.stages import Context
+from tokmix.tokenizer import load_tokenizer, token_byte_lengths
+
+READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
+
+
+def text_hashes(texts: list[str]) -> np.ndarray:
+    """64-bit hashes of documents' exact UTF-8 bytes (no normalisation): the decontamination key."""
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
+    return np.frombuffer(digests, dtype=np.uint64)
+
+
+def hashes_path(ctx: Context, domain: str):
+    return ctx.layout.state / f"holdout_{domain}.hashes.npy"
+
+
+def holdout_hashes(ctx: Context) -> np.ndarray:
+    """Sorted hashes of every holdout document of every domain."""
+    parts = [np.load(hashes_path(ctx, d)) for d in ctx.recipe.domains]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+
+
+def _with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> list[np.ndarray]:
+    out, pos = [], 0
+    for n in lengths.tolist():
+        doc = np.empty(n + 1, dtype=dtype)
+        doc[0] = EOT_ID
+        doc[1:] = ids[pos : pos + n]
+        out.append(doc)
+        pos += n
+    return out
+
+
+def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: float) -> tuple[list, list[str]]:
+    """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
+    up to and including the one that crosses `budget` tokens."""
+    docs, texts, got = [], [], 0
+    field = ctx.recipe.streams[stream].text_field
+    reader = iter_file_texts(files, field, stream, ctx.mirrors)
+    while got < budget:
+        batch = [clean_surrogates(t) for t in itertools.islice(reader, READ_BATCH)]
+        if not batch:
+            break
+        ids, lengths = encoder.encode_batch(batch)
+        for text, doc in zip(batch, _with_eot(ids, lengths, ctx.dtype)):
+            docs.append((stream, doc))
+            texts.append(text)
+            got += len(doc)
+            if got >= budget:
+                break
+    return docs, texts
+
+
+def build_domain(ctx: Context, domain: str, encoder, byte_len: np.ndarray) -> dict:
+    recipe = ctx.recipe
+    need = recipe.holdout.tokens + 1
+    names = recipe.streams_of(domain)
+    total_share = sum(recipe.streams[n].share for n in names)
+    docs, texts = [], []
+    for name in names:
+        files = stream_files(recipe, ctx.split, name, "holdout")
+        got_docs, got_texts = _read_stream(ctx, encoder, name, files, need * recipe.streams[name].share / total_share)
+        docs += got_docs
+        texts += got_texts
+    random.Random(recipe.seed).shuffle(docs)
+    chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
+    for name, ids in docs:
+        take = min(len(ids), need - n)
+        chunks.append(ids[:take])
+        by_stream[name] += take
+        n += take
+        if n == need:
+            break
+    if n < need:
+        raise TokmixError(
+            f"holdout {domain}: its holdout files give only {n:,} of the {need:,} tokens asked for "
+            f"(streams {', '.join(names)}); hold out more files or lower [holdout] tokens"
+        )
+    tokens = np.concatenate(chunks)
+    targets = tokens[1:]
+    eval_targets = recipe.holdout.eval_windows * recipe.layout.seq_len
+    if eval_targets > len(targets):
+        raise TokmixError(
+            f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
+        )
+    write_npy(hashes_path(ctx, domain), np.unique(text_hashes(texts)))
+    write_tokens(ctx.layout.val(domain), tokens)
+    return {
+        "file": ctx.layout.val(domain).name,
+        "tokens": int(len(tokens)),
+        "targets": int(len(targets)),
+        "docs": len(chunks),
+        "bytes": int(byte_len[targets].sum()),
+        "eval_windows": recipe.holdout.eval_windows,
+        "eval_targets": eval_targets,
+        "eval_bytes": int(byte_len[targets[:eval_targets]].sum()),
+        "tokens_by_stream": by_stream,
+        "source_files": ctx.split[domain]["holdout"],
+        "checksum": hashlib.new(CHECKSUM, tokens.tobytes()).hexdigest(),
+    }
+
+
+def run_holdout(ctx: Context) -> dict:
+    """Build every domain's holdout that is not on disk yet; returns the index's `val` entry."""
+    layout = ctx.layout
+    index = layout.read_index()
+    val = index.get("val", {})
+    todo = [
+        d
+        for d in ctx.recipe.domains
+        if not (d in val and layout.val(d).exists() and hashes_path(ctx, d).exists())
+    ]
+    if not todo:
+        return val
+    encoder = make_encoder(ctx.tokenizer_path, ctx.backend)
+    byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
+    for domain in todo:
+        t0 = time.perf_counter()
+        val[domain] = entry = build_domain(ctx, domain, encoder, byte_len)
+        index["val"] = val
+        write_json(layout.index, index)
+        ctx.log(
+            f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} bytes "
+            f"({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
+        )
+    return val
