@@ -1,0 +1,325 @@
+"""The training side of an output directory: the blocks of each step and rank for a training loop (resumable,
+with the NaN guard's skips), and the holdout windows an evaluator turns into bits per byte. It imports numpy,
+the stdlib and tokmix.shards alone, so a training job never pulls in pyarrow, tokenizers or Ray.
+
+Batches are int64: torch's embedding and cross-entropy take int64 ids as they are, and a copy out of the
+memory map happens anyway, so widening there costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokmix import shards
+from tokmix.errors import TokmixError
+
+BATCH_DTYPE = np.int64
+STATE_VERSION = 1
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+def read_run_index(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """index.json of a finished run, or a TokmixError saying what is missing."""
+    index = shards.read_index(out_dir)
+    if not index:
+        raise TokmixError(
+            f"{out_dir}: no {shards.INDEX_NAME} (not a tokmix output directory, or the run has not started)"
+        )
+    for key in ("dtype", "seq_len"):
+        if key not in index:
+            raise TokmixError(f"{out_dir}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
+    seq_len = int(index["seq_len"])
+    # the readers below hard-code the block layout; refuse an index that says otherwise
+    if index.get("block", seq_len + 1) != seq_len + 1 or index.get("stride", seq_len) != seq_len:
+        raise TokmixError(
+            f"{out_dir}/{shards.INDEX_NAME}: block {index.get('block')} / stride {index.get('stride')} do not "
+            f"match seq_len {seq_len} (expected block = seq_len + 1, stride = seq_len)"
+        )
+    return index
+
+
+def check_token_file(path: Path, tokens: int, dtype: np.dtype) -> None:
+    """A token file must hold exactly the tokens the index records; a short one means a broken copy."""
+    if not path.is_file():
+        raise TokmixError(f"{path}: missing (listed in {shards.INDEX_NAME})")
+    size, want = path.stat().st_size, tokens * dtype.itemsize
+    if size != want:
+        raise TokmixError(
+            f"{path}: {size:,} bytes, but {shards.INDEX_NAME} records {tokens:,} {dtype.name} tokens ({want:,} bytes)"
+        )
+
+
+def bits_per_byte(sum_nll_nats: float, eval_bytes: int) -> float:
+    """Summed next-token loss (natural log) over a holdout's eval targets, in bits per UTF-8 byte of text."""
+    return sum_nll_nats / math.log(2) / eval_bytes
+
+
+class TrainBlocks:
+    """The run's train blocks, step by step. Step s is global blocks [s*B, (s+1)*B) with B = seqs_per_step, in
+    order; rank r of W takes the contiguous slice [s*B + r*B/W, s*B + (r+1)*B/W), so the blocks of a step and
+    their order do not depend on the world size. After `skip(n)`, logical step s reads physical step s + n."""
+
+    def __init__(self, out_dir: str | os.PathLike, rank: int = 0, world_size: int = 1):
+        self.root = Path(out_dir)
+        index = read_run_index(self.root)
+        for key in ("shards", "seqs_per_step", "train_steps"):
+            if not index.get(key):
+                raise TokmixError(f"{self.root}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
+        self.dtype = np.dtype(index["dtype"])
+        self.seq_len = int(index["seq_len"])
+        self.seqs_per_step = int(index["seqs_per_step"])
+        self.train_steps = int(index["train_steps"])
+        self.margin_steps = int(index.get("margin_steps", 0))
+        self.files = [self.root / s["file"] for s in index["shards"]]
+        counts = [int(s["blocks"]) for s in index["shards"]]
+        for path, s, n in zip(self.files, index["shards"], counts):
+            if int(s["tokens"]) != shards.shard_tokens(n, self.seq_len):
+                raise TokmixError(f"{path}: {s['tokens']:,} tokens recorded for {n:,} blocks of {self.seq_len}")
+            check_token_file(path, int(s["tokens"]), self.dtype)
+        # first global block of each shard; the last entry is the number of blocks of the run
+        self.first_block = np.cumsum([0, *counts])
+        self.blocks = int(self.first_block[-1])
+        if "blocks" in index and int(index["blocks"]) != self.blocks:
+            raise TokmixError(f"{self.root}: shards hold {self.blocks:,} blocks, index says {index['blocks']:,}")
+        self.rank, self.world_size = rank, world_size
+        self._rank_slice(rank, world_size)  # fail now, not at the first batch
+        self.step = 0  # the next logical step that iteration yields
+        self.skipped = 0  # steps skipped so far: logical step s reads physical step s + skipped
+        self._tokens: list[np.ndarray | None] = [None] * len(self.files)
+
+    # ------------------------------------------------------------------ blocks
+    def _shard(self, k: int) -> np.ndarray:
+        if self._tokens[k] is None:  # opened on first use, so a pickled loader carries no data
+            self._tokens[k] = shards.read_tokens(self.files[k], self.dtype)
+        return self._tokens[k]
+
+    def locate(self, j: int) -> tuple[int, int]:
+        """(shard number, first token) of global block j."""
+        if not 0 <= j < self.blocks:
+            raise TokmixError(f"block {j} does not exist: the run has {self.blocks:,} blocks")
+        k = int(np.searchsorted(self.first_block, j, side="right")) - 1
+        return k, (j - int(self.first_block[k])) * self.seq_len
+
+    def block(self, j: int) -> np.ndarray:
+        """Global block j as stored: seq_len + 1 tokens of the shard dtype."""
+        k, start = self.locate(j)
+        return np.array(self._shard(k)[start : start + self.seq_len + 1])
+
+    def _fill(self, first: int, count: int, x: np.ndarray, y: np.ndarray) -> None:
+        """Blocks [first, first + count) into x and y. Consecutive blocks of one shard are one contiguous span of
+        count*seq_len + 1 tokens, so each shard touched is a single slice; a span crosses shards at most a few times."""
+        S, row, j, end = self.seq_len, 0, first, first + count
+        while j < end:
+            k, start = self.locate(j)
+            n = min(end, int(self.first_block[k + 1])) - j
+            span = self._shard(k)[start : start + n * S + 1]
+            x[row : row + n] = span[:-1].reshape(n, S)
+            y[row : row + n] = span[1:].reshape(n, S)
+            row, j = row + n, j + n
+
+    # ------------------------------------------------------------------ steps and ranks
+    def _rank_slice(self, rank: int, world_size: int) -> tuple[int, int]:
+        if world_size < 1 or self.seqs_per_step % world_size:
+            raise TokmixError(
+                f"world_size {world_size} does not divide seqs_per_step {self.seqs_per_step}: "
+                "every rank must take the same number of blocks per step"
+            )
+        if not 0 <= rank < world_size:
+            raise TokmixError(f"rank {rank} is outside world_size {world_size}")
+        per_rank = self.seqs_per_step // world_size
+        return rank * per_rank, per_rank
+
+    @property
+    def physical_steps(self) -> int:
+        """Whole steps the shards hold: train_steps + margin_steps for a full run."""
+        return self.blocks // self.seqs_per_step
+
+    @property
+    def steps(self) -> int:
+        """Logical steps iteration yields: train_steps, or fewer if a short run's shards (or skips) run out."""
+        return max(0, min(self.train_steps, self.physical_steps - self.skipped))
+
+    def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
+        """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).
+        rank and world_size default to the loader's own."""
+        rank = self.rank if rank is None else rank
+        world_size = self.world_size if world_size is None else world_size
+        offset, per_rank = self._rank_slice(rank, world_size)
+        if step < 0:
+            raise TokmixError(f"step {step} is negative")
+        physical = step + self.skipped
+        if physical >= self.physical_steps:
+            raise TokmixError(
+                f"step {step}{f' (+{self.skipped} skipped)' if self.skipped else ''} is past the last block: the run "
+                f"has {self.blocks:,} blocks, {self.physical_steps:,} steps of {self.seqs_per_step}"
+            )
+        x = np.empty((per_rank, self.seq_len), dtype=BATCH_DTYPE)
+        y = np.empty_like(x)
+        self._fill(physical * self.seqs_per_step + offset, per_rank, x, y)
+        return x, y
+
+    def skip(self, n_steps: int) -> None:
+        """Move past n_steps of data (the NaN guard): it consumes the margin, and is refused past it."""
+        if n_steps < 0:
+            raise TokmixError(f"cannot skip {n_steps} steps")
+        if self.skipped + n_steps > self.margin_steps:
+            raise TokmixError(
+                f"cannot skip {n_steps} more steps: {self.skipped} of the run's {self.margin_steps} margin steps "
+                "are used, and skipping past the margin would run out of unseen blocks"
+            )
+        self.skipped += n_steps
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches of this loader's rank from `self.step` on. The step counter moves before a batch is handed
+        out, so a state_dict() taken while training on step s resumes at step s + 1."""
+        while self.step < self.steps:
+            batch = self.batch(self.step)
+            self.step += 1
+            yield batch
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, int]:
+        """Plain ints, JSON-safe. The blocks and seqs_per_step pin the run the state belongs to."""
+        return {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "skipped": self.skipped,
+            "blocks": self.blocks,
+            "seqs_per_step": self.seqs_per_step,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in ("blocks", "seqs_per_step"):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise TokmixError(
+                    f"loader state is for a run with {key} = {state[key]:,}, this one has {getattr(self, key):,}"
+                )
+        skipped = int(state.get("skipped", 0))
+        if not 0 <= skipped <= self.margin_steps:
+            raise TokmixError(f"loader state skipped {skipped} steps; the margin is {self.margin_steps}")
+        self.step, self.skipped = int(state["step"]), skipped
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a memmap pickles as its whole contents; a DataLoader worker reopens the files instead
+        state = self.__dict__.copy()
+        state["_tokens"] = [None] * len(self.files)
+        return state
+
+
+class HoldoutWindows:
+    """The eval windows of the holdouts: window i of a domain is tokens[i*S : i*S + S + 1] for i < eval_windows,
+    so the windows' targets are exactly the holdout's first eval_targets targets, whose UTF-8 size is eval_bytes.
+    `domain` given here is the default for the methods below."""
+
+    def __init__(self, out_dir: str | os.PathLike, domain: str | None = None):
+        self.root = Path(out_dir)
+        index = read_run_index(self.root)
+        self.val: dict[str, dict[str, Any]] = index.get("val") or {}
+        if not self.val:
+            raise TokmixError(f"{self.root}/{shards.INDEX_NAME} lists no holdouts")
+        self.dtype = np.dtype(index["dtype"])
+        self.seq_len = int(index["seq_len"])
+        self.domain = domain
+        self._tokens: dict[str, np.ndarray] = {}
+        if domain is not None:
+            self._entry(domain)
+
+    def domains(self) -> list[str]:
+        return list(self.val)
+
+    def _entry(self, domain: str | None) -> dict[str, Any]:
+        domain = self.domain if domain is None else domain
+        if domain is None:
+            raise TokmixError(f"name a holdout domain: one of {', '.join(self.val)}")
+        if domain not in self.val:
+            raise TokmixError(f"no holdout {domain!r} in {self.root}; the run has {', '.join(self.val)}")
+        return self.val[domain]
+
+    def path(self, domain: str | None = None) -> Path:
+        return self.root / self._entry(domain)["file"]
+
+    def _holdout(self, domain: str | None) -> np.ndarray:
+        entry, path = self._entry(domain), self.path(domain)
+        if path not in self._tokens:
+            check_token_file(path, int(entry["tokens"]), self.dtype)
+            windows, S = int(entry["eval_windows"]), self.seq_len
+            if int(entry["eval_targets"]) != windows * S or windows * S + 1 > int(entry["tokens"]):
+                raise TokmixError(
+                    f"{path}: {windows:,} eval windows of {S} need {windows * S + 1:,} tokens and eval_targets = "
+                    f"{windows * S:,}; the index records {entry['tokens']:,} and {entry['eval_targets']:,}"
+                )
+            self._tokens[path] = shards.read_tokens(path, self.dtype)
+        return self._tokens[path]
+
+    def eval_windows(self, domain: str | None = None) -> int:
+        return int(self._entry(domain)["eval_windows"])
+
+    def eval_targets(self, domain: str | None = None) -> int:
+        return int(self._entry(domain)["eval_targets"])
+
+    def eval_bytes(self, domain: str | None = None) -> int:
+        return int(self._entry(domain)["eval_bytes"])
+
+    def window(self, i: int, domain: str | None = None) -> np.ndarray:
+        """Eval window i as stored: seq_len + 1 tokens of the shard dtype."""
+        if not 0 <= i < self.eval_windows(domain):
+            raise TokmixError(f"eval window {i} does not exist: the holdout has {self.eval_windows(domain):,}")
+        S = self.seq_len
+        return np.array(self._holdout(domain)[i * S : i * S + S + 1])
+
+    def batches(
+        self, batch_size: int, domain: str | None = None, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]:
+        """(x, y) int64 batches of up to batch_size windows, in window order; the last one may be smaller. With
+        world_size > 1, rank r takes the contiguous windows [r*W//world_size, (r+1)*W//world_size): sum the
+        ranks' losses before bits_per_byte."""
+        if batch_size < 1:
+            raise TokmixError(f"batch_size {batch_size} must be at least 1")
+        if not 0 <= rank < world_size:
+            raise TokmixError(f"rank {rank} is outside world_size {world_size}")
+        tokens, S, W = self._holdout(domain), self.seq_len, self.eval_windows(domain)
+        for first in range(rank * W // world_size, (rank + 1) * W // world_size, batch_size):
+            n = min(batch_size, (rank + 1) * W // world_size - first)
+            span = tokens[first * S : (first + n) * S + 1]
+            yield span[:-1].reshape(n, S).astype(BATCH_DTYPE), span[1:].reshape(n, S).astype(BATCH_DTYPE)
+
+    def bits_per_byte(self, sum_nll_nats: float, domain: str | None = None) -> float:
+        """sum_nll_nats is the loss summed (not averaged) over all eval_targets targets of the domain's windows,
+        in nats; from a mean per-token loss pass mean * eval_targets(domain)."""
+        return bits_per_byte(sum_nll_nats, self.eval_bytes(domain))
+
+
+# ---------------------------------------------------------------------- optional PyTorch glue
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise TokmixError("PyTorch is not installed; the numpy batches need no torch") from None
+    return torch
+
+
+def to_torch(batch: Batch, device: Any = None) -> tuple[Any, Any]:
+    """A numpy (x, y) as torch tensors, without a copy on the CPU; pinned and sent asynchronously to a GPU."""
+    torch = _torch()
+    out = []
+    for a in batch:
+        t = torch.from_numpy(a)
+        if device is not None and torch.device(device).type == "cuda":
+            t = t.pin_memory().to(device, non_blocking=True)
+        elif device is not None:
+            t = t.to(device)
+        out.append(t)
+    return out[0], out[1]
+
+
+def torch_batches(loader: TrainBlocks, device: Any = None) -> Iterator[tuple[Any, Any]]:
+    """Iterate a TrainBlocks as torch tensors; skips, state_dict() and resume act on `loader` as usual."""
+    _torch()  # fail at the call, not at the first batch
+    return (to_torch(batch, device) for batch in loader)
