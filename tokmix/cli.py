@@ -16,8 +16,9 @@ from tokmix.errors import TokmixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw text and code into token shards at exact mixture shares.")
-console = Console()
-err = Console(stderr=True)
+# a log file or CI gets tables 140 columns wide rather than rich's default of 80
+console = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
