@@ -1,0 +1,172 @@
+"""The whole pipeline on a small real corpus: determinism across worker counts, resume after completion and
+after a deleted shard, the split file, recipe changes, a source that runs out, decontamination."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tokmix
+from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
+from tokmix import TokmixError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+
+
+def mtimes(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted(out.glob("*.bin"))}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    files = make_corpus(root)
+    write_split(root, files)
+    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
+    write_recipe(root, "tokenizer/tokenizer.json", decontaminate=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def two_workers(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("w2")
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, workers=2)
+    return out
+
+
+def test_one_and_two_workers_write_identical_bytes(corpus, two_workers, tmp_path):
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=1)
+    assert outputs(tmp_path) == outputs(two_workers)
+    assert len([n for n in outputs(tmp_path) if n.startswith("train_")]) == 4
+
+
+def test_index_matches_the_files(two_workers):
+    index = json.loads((two_workers / "index.json").read_text())
+    assert index["blocks"] == (40 + 4) * 8
+    assert sum(s["blocks"] for s in index["shards"]) == index["blocks"]
+    assert index["total"]["tokens"] == index["blocks"] * 64 + 1
+    for shard in index["shards"]:
+        assert (two_workers / shard["file"]).stat().st_size == 2 * shard["tokens"]
+    assert not (two_workers / "streams").exists(), "intermediates are removed after validation"
+    assert subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(two_workers)]).returncode == 0
+
+
+def test_a_second_run_after_completion_does_nothing(corpus, two_workers, capfd):
+    before = mtimes(two_workers)
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), two_workers, workers=2)
+    assert mtimes(two_workers) == before
+    assert "nothing to do" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("keep_streams", [True, False])
+def test_a_deleted_shard_is_rewritten_alone_and_identical(corpus, two_workers, tmp_path, keep_streams):
+    out = tmp_path / "out"
+    shutil.copytree(two_workers, out)
+    if keep_streams:  # intermediates still there: assemble alone rewrites the shard
+        tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, workers=2, keep_streams=True, restart=True)
+    want, before = outputs(out), mtimes(out)
+    (out / "train_002.bin").unlink()
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, workers=2, keep_streams=keep_streams)
+    assert outputs(out) == want
+    after = mtimes(out)
+    assert after.pop("train_002.bin") > before.pop("train_002.bin")
+    assert after == before
+
+
+def test_the_split_file_is_used_as_given_and_never_rewritten(corpus, tmp_path):
+    root = tmp_path / "c"
+    shutil.copytree(corpus, root)
+    split_path = root / "data" / "file_splits.json"
+    split = json.loads(split_path.read_text())
+    # hold out part-0 of dclm instead of part-3: the run must follow the file, whatever its order
+    split["dclm"] = {"holdout": ["corpus/dclm/part-0.parquet"],
+                     "train": ["corpus/dclm/part-3.parquet", "corpus/dclm/part-2.parquet", "corpus/dclm/part-1.parquet"]}
+    split_path.write_text(json.dumps(split, indent=1))
+    written = split_path.read_bytes()
+    index = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2)
+    assert split_path.read_bytes() == written
+    assert index["val"]["dclm"]["source_files"] == ["corpus/dclm/part-0.parquet"]
+
+
+def test_a_missing_split_file_is_created_once(corpus, tmp_path):
+    root = tmp_path / "c"
+    shutil.copytree(corpus, root)
+    (root / "data" / "file_splits.json").unlink()
+    tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2)
+    split = json.loads((root / "data" / "file_splits.json").read_text())
+    assert split["code"]["holdout"] == ["corpus/code_py/part-3.parquet", "corpus/code_other/part-3.parquet"]
+    assert split["dclm"]["train"] == [f"corpus/dclm/part-{k}.parquet" for k in range(3)]
+
+
+def test_resuming_with_a_changed_recipe_is_refused_with_a_diff(corpus, two_workers, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(two_workers, out)
+    text = (corpus / "recipe.toml").read_text()
+    changed = corpus / "changed.toml"
+    changed.write_text(text.replace("seed = 1234", "seed = 99").replace("share = 0.07", "share = 0.06")
+                       .replace("share = 0.13", "share = 0.14"))
+    with pytest.raises(TokmixError, match=r"seed: 1234 -> 99.*|.*share: 0.07 -> 0.06"):
+        tokmix.run(tokmix.load_recipe(changed), out, workers=2)
+    # what cannot change the bytes is not a change: workers, memory, the backend
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, workers=1, backend="hf", max_memory=2 << 30)
+    index = tokmix.run(tokmix.load_recipe(changed), out, workers=2, restart=True)
+    assert index["seed"] == 99
+
+
+def test_a_source_that_runs_out_names_the_stream_and_the_shortfall(corpus, tmp_path):
+    with pytest.raises(TokmixError, match=r"stream dclm: source files ran out at [\d,]+ tokens of a budget of "
+                                          r"[\d,]+; about [\d.,]+ MB more text"):
+        tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=2, blocks=20_000)
+    # the holdouts finished before the failure are kept
+    assert (tmp_path / "val_dclm.bin").exists()
+
+
+def test_holdout_copies_in_train_files_are_dropped_and_counted(corpus, tmp_path):
+    root = tmp_path / "c"
+    shutil.copytree(corpus, root)
+    held = pq.read_table(root / "corpus/edu/part-3.parquet")["text"].to_pylist()
+    planted = [t for t in held if len(t) > 40][:5]
+    train = root / "corpus/edu/part-0.parquet"
+    texts = planted + pq.read_table(train)["text"].to_pylist()
+    pq.write_table(pa.table({"text": texts}), train, row_group_size=64)
+    index = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2, keep_streams=True)
+    assert index["decontamination"]["dropped_by_stream"]["edu"] >= 5
+    # none of the planted documents' tokens reach a unit file: compare their encodings
+    from tokmix.backends import make_encoder
+
+    encoder = make_encoder(root / "tokenizer/tokenizer.json", "hf")
+    train_tokens = b"".join(p.read_bytes() for p in sorted((tmp_path / "out/streams/edu/units").glob("*.tok")))
+    for text in planted:
+        ids, _ = encoder.encode_batch([text])
+        assert bytes([0, 0]) + ids.astype("<u2").tobytes() not in train_tokens
+
+
+def test_cli_bad_input_is_one_line_and_debug_shows_the_traceback(corpus, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text((corpus / "recipe.toml").read_text().replace("share = 0.45", "share = 0.5"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(bad), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "shares sum to 1.05, not 1" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(bad), "--out", str(tmp_path / "o"),
+                           "--debug"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_memory_guard_restarts_and_gives_up_without_progress(corpus, tmp_path):
+    with pytest.raises(TokmixError, match="memory guard restarted the run 3 times without progress"):
+        tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=1, max_memory=1 << 20)
