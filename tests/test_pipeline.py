@@ -92,7 +92,7 @@ def test_the_split_file_is_used_as_given_and_never_rewritten(corpus, tmp_path):
     split = json.loads(split_path.read_text())
     # hold out part-0 of dclm instead of part-3: the run must follow the file, whatever its order
     split["dclm"] = {"holdout": ["corpus/dclm/part-0.parquet"],
-                     "train": ["corpus/dclm/part-3.parquet", "corpus/dclm/part-2.parquet", "corpus/dclm/part-1.parquet"]}
+                     "train": [f"corpus/dclm/part-{k}.parquet" for k in (3, 2, 1)]}
     split_path.write_text(json.dumps(split, indent=1))
     written = split_path.read_bytes()
     index = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2)

@@ -301,10 +301,47 @@ def _open_jsonl(piece: Piece, mirrors) -> io.BufferedIOBase:
     if codec == "gzip":
         return gzip.GzipFile(fileobj=raw)
     if codec == "zstd":
+        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
+    return raw
+
+
+class _ZstdFrames(io.RawIOBase):
+    """Decompresses every frame of a .zst file and, unlike zstandard's stream_reader, raises on a file that
+    ends inside a frame: a truncated download must not pass for a short file."""
+
+    def __init__(self, raw):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return raw
+        self.raw, self.zstd = raw, zstandard
+        self.frame, self.pending, self.started = zstandard.ZstdDecompressor().decompressobj(), b"", False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            if self.frame.eof:  # the next frame starts with what the last one left over, or with the next read
+                rest = self.frame.unused_data or self.raw.read(1 << 20)
+                if not rest:
+                    return 0  # the file ends where a frame ends
+                self.frame = self.zstd.ZstdDecompressor().decompressobj()
+                self.pending = self.frame.decompress(rest)
+                continue
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.started:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0  # an empty file: no documents
+            self.started = True
+            self.pending = self.frame.decompress(chunk)
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 def _line_number(piece: Piece, mirrors, offset: int) -> int:

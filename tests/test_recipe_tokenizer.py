@@ -1,0 +1,111 @@
+"""Recipe validation and the tokenizer checks: each mistake is one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from tokmix.errors import TokmixError
+from tokmix.recipe import load_recipe
+from tokmix.shards import dtype_for_vocab
+from tokmix.tokenizer import load_tokenizer, token_byte_lengths, token_dtype
+
+RECIPE = """
+seed = 1
+[tokenizer]
+path = "tok.json"
+[layout]
+seq_len = 128
+steps = 10
+seqs_per_step = 4
+margin_steps = 2
+shard_tokens = 1000
+[holdout]
+tokens = 100
+eval_windows = 0
+[streams.web]
+domain = "web"
+share = 0.6
+files = ["web/*.parquet"]
+[streams.code]
+domain = "code"
+share = 0.4
+files = ["code/*.jsonl"]
+"""
+
+
+def recipe_with(tmp_path: Path, old: str = "", new: str = ""):
+    path = tmp_path / "r.toml"
+    path.write_text(RECIPE.replace(old, new))
+    return load_recipe(path)
+
+
+def test_derived_numbers(tmp_path):
+    r = recipe_with(tmp_path)
+    assert r.blocks == (10 + 2) * 4 and r.train_tokens == 48 * 128 + 1
+    assert r.budget("web") == int(0.6 * r.train_tokens * 1.002) + 1
+    assert r.blocks_per_shard == 7 and r.domains == ["web", "code"]
+    assert r.tokenizer_path == str(tmp_path / "tok.json")
+    assert r.with_blocks(5).blocks == 5
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("share = 0.4", "share = 0.3", r"stream shares sum to 0.9, not 1"),
+    ("share = 0.4", "share = -0.4", r"streams.code.share: share must be a positive number"),
+    ("share = 0.4", "share = 0", r"streams.code.share: share must be a positive number"),
+    ("steps = 10", "", r"layout.steps: Field required"),
+    ("seq_len = 128", "seq_len = 128\nsequence = 3", r"layout.sequence: Extra inputs are not permitted"),
+    ('path = "tok.json"', "", r"give exactly one of tokenizer.path and \[tokenizer.train\]"),
+    ('domain = "web"', 'domain = "we b"', r"domain name 'we b'"),
+    ("[streams.code]", "[streams.web]", r"not valid TOML"),
+])
+def test_recipe_mistakes_are_one_clear_line(tmp_path, old, new, message):
+    with pytest.raises(TokmixError, match=message) as e:
+        recipe_with(tmp_path, old, new)
+    assert "\n" not in str(e.value)
+
+
+def test_fingerprint_ignores_what_cannot_change_the_bytes(tmp_path):
+    a = recipe_with(tmp_path)
+    assert a.fingerprint() == a.with_backend("hf").fingerprint()
+    assert a.fingerprint() != a.with_blocks(7).fingerprint()
+    assert a.fingerprint() != recipe_with(tmp_path, "seed = 1", "seed = 2").fingerprint()
+
+
+def make_tokenizer(path: Path, specials: list[str], vocab: int = 300) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, a tokenizer for tests"] * 10, trainer)
+    tok.save(str(path))
+    return path
+
+
+def test_tokenizer_checks(tmp_path):
+    good = load_tokenizer(str(make_tokenizer(tmp_path / "good.json", ["<|endoftext|>"])))
+    assert good.encode("a <|endoftext|> b").ids.count(0) == 0  # a literal marker is plain text
+    lengths = token_byte_lengths(good)
+    assert lengths[0] == 0 and lengths[good.token_to_id("h")] == 1
+    with pytest.raises(TokmixError, match=r"<\|endoftext\|> is id 1; tokmix needs it at id 0"):
+        load_tokenizer(str(make_tokenizer(tmp_path / "late.json", ["<pad>", "<|endoftext|>"])))
+    with pytest.raises(TokmixError, match=r"has no <\|endoftext\|> token"):
+        load_tokenizer(str(make_tokenizer(tmp_path / "none.json", ["<pad>"])))
+    (tmp_path / "corrupt.json").write_text(json.dumps({"model": 3})[:-3])
+    with pytest.raises(TokmixError, match=r"corrupt.json: not a valid tokenizer.json"):
+        load_tokenizer(str(tmp_path / "corrupt.json"))
+    with pytest.raises(TokmixError, match=r"file not found"):
+        load_tokenizer(str(tmp_path / "missing.json"))
+    assert token_dtype(good, "auto", "x") == np.uint16
+
+
+def test_dtype_follows_the_vocabulary():
+    assert dtype_for_vocab(65536) == np.uint16
+    assert dtype_for_vocab(65537) == np.uint32
+    assert dtype_for_vocab(100, "uint32") == np.uint32
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        dtype_for_vocab(70000, "uint16")

@@ -1,0 +1,133 @@
+"""Reading sources: every format, work units that cut files into pieces without losing or repeating a
+document, fsspec URLs (memory://, file://) and the hf:// mirror remapping, and bad input named precisely."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from tokmix.errors import TokmixError
+from tokmix.sources import expand, file_kind, parse_mirrors, plan_units, read_texts, remap
+
+TEXTS = [f"document {i}: " + "word " * (i % 17) + ("ünïcødé ✓" if i % 5 == 0 else "") for i in range(500)]
+TEXTS[7] = ""
+TEXTS[8] = "line one\nline two\r\nwith <|endoftext|> inside"
+
+
+def stream_of(files: list[str], unit_bytes: int, mirrors=()) -> list[str]:
+    return [t for unit in plan_units("s", files, list(mirrors), unit_bytes)
+            for t in read_texts(unit, "text", "s", list(mirrors))]
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    data = "".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)).encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("unit_bytes", [1 << 30, 997, 64])
+def test_parquet_and_jsonl_units_give_every_document_once_in_order(tmp_path, unit_bytes):
+    pq.write_table(pa.table({"text": TEXTS[:200]}), tmp_path / "a.parquet", row_group_size=16)
+    write_jsonl(tmp_path / "b.jsonl", TEXTS[200:300])
+    write_jsonl(tmp_path / "c.jsonl.gz", TEXTS[300:400])
+    write_jsonl(tmp_path / "d.jsonl.zst", TEXTS[400:])
+    files = [str(tmp_path / n) for n in ("a.parquet", "b.jsonl", "c.jsonl.gz", "d.jsonl.zst")]
+    assert stream_of(files, unit_bytes) == TEXTS
+    units = list(plan_units("s", files, [], unit_bytes))
+    assert len(units) == (4 if unit_bytes > 1e6 else len(units)) and len(units) >= 4
+    assert [u.index for u in units] == list(range(len(units)))
+
+
+def test_text_files_are_one_document_each_and_small_ones_share_a_unit(tmp_path):
+    for i in range(30):
+        (tmp_path / f"f{i:02d}.h").write_text(f"/* header {i} */\nint x{i};\n")
+    files = [str(p) for p in sorted(tmp_path.glob("*.h"))]
+    units = list(plan_units("s", files, [], unit_bytes=200))
+    assert 1 < len(units) < 30
+    assert stream_of(files, 200) == [Path(f).read_text() for f in files]
+    assert file_kind("x/y.H") == "text" and file_kind("a.jsonl.zst") == "jsonl"
+
+
+def test_fsspec_urls_and_the_hf_mirror(tmp_path):
+    memory = fsspec.filesystem("memory")
+    with memory.open("/bucket/data/part-0.parquet", "wb") as f:
+        pq.write_table(pa.table({"text": TEXTS[:50]}), f)
+    with memory.open("/bucket/data/part-1.jsonl", "wb") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[50:80]).encode())
+    found = expand("memory://bucket/data/*", [])
+    assert found == ["memory:///bucket/data/part-0.parquet", "memory:///bucket/data/part-1.jsonl"]
+    assert stream_of(found, 100) == TEXTS[:80]
+    # an air-gapped copy of a Hub dataset: hf:// names, local bytes
+    local = tmp_path / "copy" / "data"
+    local.mkdir(parents=True)
+    pq.write_table(pa.table({"text": TEXTS[:20]}), local / "train-0.parquet")
+    mirrors = parse_mirrors([f"hf://datasets/org/name={tmp_path / 'copy'}"])
+    assert remap("hf://datasets/org/name/data/train-0.parquet", mirrors) == str(local / "train-0.parquet")
+    assert expand("hf://datasets/org/name/data/*.parquet", mirrors) == ["hf://datasets/org/name/data/train-0.parquet"]
+    assert stream_of(["hf://datasets/org/name/data/train-0.parquet"], 1 << 20, mirrors) == TEXTS[:20]
+    assert stream_of([f"file://{local / 'train-0.parquet'}"], 1 << 20) == TEXTS[:20]
+
+
+def bad(tmp_path: Path, name: str, data: bytes) -> str:
+    (tmp_path / name).write_bytes(data)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("json", r"stream s: file .*bad\.jsonl: line 3: invalid JSON"),
+    ("field", r"stream s: file .*bad\.jsonl: line 2: no field 'text'"),
+    ("null", r"stream s: file .*bad\.jsonl: line 2: 'text' is null"),
+    ("number", r"stream s: file .*bad\.jsonl: line 2: 'text' is a int, not a string"),
+    ("gz", r"stream s: file .*bad\.jsonl\.gz: line \d+: truncated or corrupt file"),
+    ("zst", r"stream s: file .*bad\.jsonl\.zst: line \d+: truncated or corrupt file"),
+    ("utf8", r"stream s: file .*bad\.txt: byte 3: invalid UTF-8"),
+    ("parquet", r"stream s: file .*bad\.parquet: cannot read"),
+    ("column", r"stream s: file .*bad2\.parquet: schema: no column 'text'"),
+    ("null_row", r"stream s: file .*bad3\.parquet: row 2: 'text' is null"),
+    ("missing", r"stream s: file .*nope\.jsonl: not found"),
+])
+def test_bad_input_names_stream_file_and_row(tmp_path, case, message):
+    good = b'{"text": "a"}\n'
+    lines = {"json": good * 2 + b"{oops\n", "field": good + b'{"body": "x"}\n', "null": good + b'{"text": null}\n',
+             "number": good + b'{"text": 5}\n'}
+    if case in lines:
+        path = bad(tmp_path, "bad.jsonl", lines[case])
+    elif case == "gz":
+        data = gzip.compress(write_jsonl(tmp_path / "x.jsonl", TEXTS).read_bytes())
+        path = bad(tmp_path, "bad.jsonl.gz", data[: len(data) // 2])
+    elif case == "zst":
+        data = zstandard.ZstdCompressor().compress(write_jsonl(tmp_path / "x.jsonl", TEXTS).read_bytes())
+        path = bad(tmp_path, "bad.jsonl.zst", data[: len(data) // 2])
+    elif case == "utf8":
+        path = bad(tmp_path, "bad.txt", b"abc\xff\xfe")
+    elif case == "parquet":
+        pq.write_table(pa.table({"text": TEXTS}), tmp_path / "bad.parquet")
+        path = bad(tmp_path, "bad.parquet", (tmp_path / "bad.parquet").read_bytes()[:-100])
+    elif case == "column":
+        pq.write_table(pa.table({"body": ["x"]}), tmp_path / "bad2.parquet")
+        path = str(tmp_path / "bad2.parquet")
+    elif case == "null_row":
+        pq.write_table(pa.table({"text": ["a", "b", None]}), tmp_path / "bad3.parquet")
+        path = str(tmp_path / "bad3.parquet")
+    else:
+        path = str(tmp_path / "nope.jsonl")
+    with pytest.raises(TokmixError, match=message):
+        stream_of([path], 1 << 20)
+
+
+def test_zstd_files_of_several_frames_read_whole(tmp_path):
+    compressor = zstandard.ZstdCompressor()
+    lines = ["".join(json.dumps({"text": t}) + "\n" for t in part) for part in (TEXTS[:100], TEXTS[100:])]
+    (tmp_path / "multi.jsonl.zst").write_bytes(b"".join(compressor.compress(x.encode()) for x in lines))
+    assert stream_of([str(tmp_path / "multi.jsonl.zst")], 1 << 20) == TEXTS
