@@ -1,0 +1,373 @@
+"""Tokenizer backends that give exactly the ids of HF `tokenizers`, and the check that proves it on every run.
+
+HF is the oracle, and slow. fastokens and tiktoken are far faster (bench/backends.py), so the driver picks the
+fastest installed backend that reproduces HF on ADVERSARIAL_TEXTS plus a sample of the run's own documents
+(choose_backend); worker processes then build that backend by name, without re-checking (make_encoder).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from tokmix.errors import TokmixError
+
+BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "hf")  # fastest first
+_MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "hf": "tokenizers"}
+
+# The split HF's ByteLevel pre-tokenizer does with use_regex=True (GPT-2's pattern).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def clean_surrogates(text: str) -> str:
+    """Replace lone surrogates with U+FFFD (and join a split surrogate pair) so every backend sees valid text.
+
+    HF cannot encode them at all, so the pipeline cleans each document once, upstream of any encoder. Most text has
+    none: ASCII is a flag check, anything else one UTF-8 encode.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+_SHARED_PREFIX = "".join(f"row {i}: total = add(x{i}, 'y')  # ok\n" for i in range(150))  # ~5 KB
+
+# Small enough that checking all of them takes well under a second, even with HF.
+ADVERSARIAL_TEXTS: list[str] = [
+    "",
+    "<|endoftext|>",
+    "a literal <|endoftext|> inside text,<|endoftext|><|endoftext|>twice, a broken <|endoftext| and <|endoftext",
+    " " * 100_000 + "a",
+    "x" + "\n" * 5_000 + "y" + " \t" * 2_000 + "z",
+    "Windows lines\r\nend\r\n\r\nlike this\r\n \r\n",
+    "\tdef f():\n\t\treturn 1\t\t\n \t't \t's\n  're 've 'm 'll 'd 'S 'T 'Re don't",
+    "form\ffeed\f\f page\x0bvertical tab\f",
+    "emoji 👨‍👩‍👧‍👦 flags 🇩🇪🇯🇵 skin 👍🏽 keycap 1️⃣ astronaut 🧑🏿‍🚀 heart ❤️",
+    "combining e\u0301 a\u0308\u0304 Z\u0351\u0354\u0300 jamo \u1100\u1161\u11a8 h\u0336e\u0337",
+    "中文句子，带有标点。日本語のテキスト、カタカナ。한국어 문장입니다.",
+    "العربية: نص مع أرقام ١٢٣ وعلامات، وتشكيل مُتَحَرِّك",
+    "हिन्दी देवनागरी लिपि में पाठ। संयुक्ताक्षर क्ष त्र ज्ञ",
+    "unicode spaces:\u00a0nbsp\u2009thin\u3000ideographic\u2028ls\u2029ps\x85nel\u200bzwsp\ufeffbom",
+    "numbers 3.14159 1,000,000 ½ ² ① ١٢٣ ๑๒๓ 0x1F 1e-9",
+    "controls \x00\x01\x1b[31mred\x1b[0m \x1c\x1d\x1e\x1f \x7f",
+    "rare \ue000 private, \ufffe\uffff noncharacters, \U0010fffd, \U0001d400 math, \U00020000 ext B",
+    "lone surrogates \ud800 high, \udfff low, and a split pair \ud83d\ude00",
+    "trailing whitespace   ",
+    "   \n\n   ",
+    "a long line: " + "word, 123 and more; " * 5_000,
+    _SHARED_PREFIX + "x" * 700,  # two documents sharing 5 KB: whatever a backend caches must not leak across
+    _SHARED_PREFIX + " " * 700 + "y",
+]
+
+
+class Encoder(Protocol):
+    name: str
+    vocab_size: int
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids of all documents concatenated (np.uint32) and per-document token counts (np.int64).
+
+        No EOT inserted; the caller inserts it. The ids may be a read-only view of the backend's buffer.
+        """
+        ...
+
+
+def _size_thread_pools(threads: int | None) -> None:
+    """Size the Rust thread pools (HF and fastokens use rayon; fastokens has a second pool for BPE).
+
+    These libraries read the variables once, when a process first encodes, so `threads` holds for the first encoder
+    a process builds; workers of a process pool pass threads=1. None keeps each library's default, every core.
+    TOKENIZERS_PARALLELISM stays unset then, so HF still turns its threads off in a child forked after it ran.
+    """
+    if threads is None:
+        return
+    if threads < 1:
+        raise TokmixError(f"tokenizer threads must be at least 1, got {threads}")
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["FASTOKENS_BPE_THREADS"] = str(threads)
+    if threads == 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+class HFEncoder:
+    """The oracle: HF `tokenizers`, with a literal "<|endoftext|>" inside a document encoded as plain text."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer_path: str | Path, threads: int | None = None):
+        _size_thread_pools(threads)
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(tokenizer_path))
+        self._tok.encode_special_tokens = True
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        docs = [e.ids for e in self._tok.encode_batch_fast(texts)]
+        counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.uint32, count=int(counts.sum()))
+        return ids, counts
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self._tok.encode_batch_fast([text])[0].ids, dtype=np.uint32)
+
+
+class FastokensEncoder:
+    """fastokens on the unmodified tokenizer.json, through its flat batch API (no per-token Python objects)."""
+
+    name = "fastokens"
+
+    def __init__(self, tokenizer_path: str | Path, threads: int | None = None):
+        _size_thread_pools(threads)
+        import fastokens
+
+        # Built from the JSON text alone, exactly what HF reads; nothing beside the file is consulted.
+        self._tok = fastokens.Tokenizer.from_json_str(Path(tokenizer_path).read_text(encoding="utf-8"))
+        self.vocab_size = self._tok.vocab_size
+        # HF adds the post-processor's tokens (a template's BOS) by default. fastokens does too when asked, but that
+        # path measured ~30% slower, so it is only taken for a tokenizer that has tokens to add.
+        self._add_special = self._tok.num_special_tokens_to_add(False) > 0
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        # split_special_tokens: a literal "<|endoftext|>" is text, as with HF's encode_special_tokens (else id 0)
+        ids, offsets = self._tok.encode_batch_flat(
+            texts, add_special_tokens=self._add_special, split_special_tokens=True
+        )
+        counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
+        return np.frombuffer(ids, dtype=np.uint32), counts
+
+
+class NotApplicable(Exception):
+    """This backend cannot mirror this tokenizer; auto skips it."""
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: the character byte-level BPE writes for each byte in its vocabulary strings."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in table):
+        table[b] = chr(256 + n)
+    return table
+
+
+def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int]]:
+    """Mergeable ranks and special tokens for tiktoken from a parsed tokenizer.json; NotApplicable if tiktoken's
+    rank-ordered BPE cannot give HF's ids for it."""
+    pre, model = spec.get("pre_tokenizer") or {}, spec["model"]
+    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space"):
+        raise NotApplicable("the pre-tokenizer is not byte-level with the GPT-2 regex")
+    if spec.get("normalizer"):
+        raise NotApplicable(f"tiktoken has no {spec['normalizer'].get('type')} normalizer")
+    if (spec.get("post_processor") or {"type": "ByteLevel"})["type"] != "ByteLevel":
+        raise NotApplicable("the post-processor adds tokens")
+    if model.get("type") != "BPE" or any(
+        model.get(k) for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix")
+    ):
+        raise NotApplicable("the model is not plain BPE")
+    added = spec.get("added_tokens") or []
+    if any(not t["special"] for t in added):  # HF still matches these with encode_special_tokens
+        raise NotApplicable("it has added tokens that are not special")
+
+    to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    specials = {t["content"]: t["id"] for t in added}
+    vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
+    try:
+        ranks = {bytes(to_byte[c] for c in s): i for s, i in vocab.items()}
+    except KeyError:
+        raise NotApplicable("its vocabulary is not byte-level") from None
+    if len(ranks) != len(vocab) or any(bytes([b]) not in ranks for b in range(256)):
+        raise NotApplicable("its vocabulary is not the 256 bytes plus merges")
+    # tiktoken merges the adjacent pair whose result has the lowest rank, HF the pair whose merge comes first:
+    # the same only if merge results have ranks increasing in merge order, above their parts, and every non-byte
+    # token is some merge's result.
+    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges", [])]
+    previous = -1
+    for i, (a, b) in enumerate(merges):
+        rank = vocab.get(a + b, -1)
+        if rank <= max(vocab.get(a, rank), vocab.get(b, rank), previous):
+            raise NotApplicable(f"merge {i} ({a!r} + {b!r}) breaks tiktoken's rank order")
+        previous = rank
+    if len(merges) != len(ranks) - 256:
+        raise NotApplicable("some vocabulary tokens are not produced by any merge")
+    return ranks, specials
+
+
+class TiktokenEncoder:
+    """tiktoken on the vocabulary of a byte-level BPE tokenizer.json; a document it fails on is encoded by HF."""
+
+    name = "tiktoken"
+
+    def __init__(self, tokenizer_path: str | Path, threads: int | None = None):
+        _size_thread_pools(threads)  # for the HF fallback
+        import tiktoken
+
+        self._path = Path(tokenizer_path)
+        ranks, specials = _tiktoken_vocab(json.loads(self._path.read_text(encoding="utf-8")))
+        self._enc = tiktoken.Encoding(
+            f"tokmix:{self._path}", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+        )
+        self.vocab_size = self._enc.n_vocab
+        threads = threads or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tiktoken") if threads > 1 else None
+        self._hf: HFEncoder | None = None  # built on the first document tiktoken cannot encode
+        self._lock = threading.Lock()
+        self.hf_fallback_docs = 0
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        docs = list(self._pool.map(self._encode, texts)) if self._pool else [self._encode(t) for t in texts]
+        counts = np.fromiter((d.size for d in docs), dtype=np.int64, count=len(docs))
+        return (np.concatenate(docs) if docs else np.empty(0, dtype=np.uint32)), counts
+
+    def _encode(self, text: str) -> np.ndarray:
+        # tiktoken's regex gives up on a whitespace run of ~1M characters before a non-space (999,523 spaces pass):
+        # encode_to_numpy raises ValueError within ~0.03 s, encode_ordinary panics. Either way HF takes the document.
+        try:
+            return self._enc.encode_to_numpy(text, disallowed_special=())  # "<|endoftext|>" is plain text
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # a Rust panic is a BaseException (pyo3_runtime.PanicException), not an Exception
+            return self._oracle().encode(text)
+
+    def _oracle(self) -> HFEncoder:
+        with self._lock:
+            if self._hf is None:
+                self._hf = HFEncoder(self._path)
+            self.hf_fallback_docs += 1
+            return self._hf
+
+
+_ENCODERS = {"fastokens": FastokensEncoder, "tiktoken": TiktokenEncoder, "hf": HFEncoder}
+
+
+def installed_backends() -> list[str]:
+    return [name for name in BACKENDS if importlib.util.find_spec(_MODULE[name]) is not None]
+
+
+def make_encoder(tokenizer_path: str | Path, backend: str, threads: int | None = None) -> Encoder:
+    """Build the named backend with no exactness check (workers, after the driver's choose_backend)."""
+    _require(tokenizer_path, backend)
+    try:
+        return _build(backend, tokenizer_path, threads)
+    except NotApplicable as e:
+        raise TokmixError(f"tokenizer backend {backend!r} cannot serve {tokenizer_path}: {e}") from None
+
+
+def _require(tokenizer_path: str | Path, backend: str) -> None:
+    if backend != "auto" and backend not in BACKENDS:
+        raise TokmixError(f"unknown tokenizer backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    if backend != "auto" and backend not in installed_backends():
+        raise TokmixError(f"tokenizer backend {backend!r} is not installed (pip install {_MODULE[backend]})")
+    if not Path(tokenizer_path).is_file():
+        raise TokmixError(f"tokenizer file not found: {tokenizer_path}")
+
+
+def _build(backend: str, tokenizer_path: str | Path, threads: int | None) -> Encoder:
+    try:
+        return _ENCODERS[backend](tokenizer_path, threads)
+    except (NotApplicable, TokmixError):
+        raise
+    except Exception as e:  # e.g. fastokens: "unsupported normalizer type: NFKC"
+        raise NotApplicable(f"it cannot load the tokenizer ({_first_line(e)})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _preview(text: str) -> str:
+    return repr(text[:30]) + (f"... ({len(text):,} chars)" if len(text) > 30 else "")
+
+
+def _first_difference(
+    name: str, got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray], labels: Sequence[str]
+) -> str | None:
+    """None when the ids are identical, else where they first differ, as one line."""
+    (ids, counts), (want_ids, want_counts) = got, want
+    if len(counts) != len(want_counts):
+        return f"returned {len(counts)} documents for {len(want_counts)}"
+    if np.array_equal(counts, want_counts) and np.array_equal(ids, want_ids):
+        return None
+    ends, want_ends = np.cumsum(counts), np.cumsum(want_counts)
+    for i, label in enumerate(labels):
+        doc = ids[ends[i] - counts[i] : ends[i]]
+        want_doc = want_ids[want_ends[i] - want_counts[i] : want_ends[i]]
+        if np.array_equal(doc, want_doc):
+            continue
+        n = min(doc.size, want_doc.size)
+        differ = np.flatnonzero(doc[:n] != want_doc[:n])
+        k = int(differ[0]) if differ.size else n
+        at = f"HF {want_doc[k]}, {name} {doc[k]}" if k < n else f"HF has {want_doc.size} tokens, {name} {doc.size}"
+        return f"ids differ from HF on {label} at token {k} ({at})"
+    return "ids differ from HF"
+
+
+def _check(
+    name: str,
+    tokenizer_path: str | Path,
+    threads: int | None,
+    texts: list[str],
+    want: tuple[np.ndarray, np.ndarray],
+    vocab_size: int,
+    labels: list[str],
+) -> str | None:
+    """None when `name` reproduces HF on `texts`, else why not, as one line."""
+    try:
+        encoder = _build(name, tokenizer_path, threads)
+    except NotApplicable as e:
+        return f"not applicable: {e}"
+    if encoder.vocab_size != vocab_size:
+        return f"vocab size {encoder.vocab_size:,} differs from HF's {vocab_size:,}"
+    try:
+        got = encoder.encode_batch(texts)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # Rust panics included
+        return f"failed on the check texts ({_first_line(e)})"
+    return _first_difference(name, got, want, labels)
+
+
+def choose_backend(
+    tokenizer_path: str | Path, requested: str = "auto", sample_texts: Iterable[str] = (), threads: int | None = None
+) -> tuple[str, list[str]]:
+    """The backend to tokenize with, and one-line notices about the faster ones that were passed over.
+
+    "auto" picks the fastest installed backend whose ids equal HF's on ADVERSARIAL_TEXTS plus `sample_texts` (and
+    whose vocabulary size matches); a named backend must pass the same check or this raises TokmixError.
+    """
+    _require(tokenizer_path, requested)
+    try:
+        oracle = _build("hf", tokenizer_path, threads)
+    except NotApplicable as e:
+        raise TokmixError(f"HF tokenizers cannot load {tokenizer_path}: {e}") from None
+    if requested == "hf":
+        return "hf", []
+
+    samples = [clean_surrogates(t) for t in sample_texts]
+    texts = [clean_surrogates(t) for t in ADVERSARIAL_TEXTS] + samples
+    labels = [f"adversarial text {i} {_preview(t)}" for i, t in enumerate(ADVERSARIAL_TEXTS)]
+    labels += [f"sample document {i}" for i in range(len(samples))]
+    want = oracle.encode_batch(texts)
+
+    problems = []
+    for name in [requested] if requested != "auto" else [n for n in installed_backends() if n != "hf"]:
+        problem = _check(name, tokenizer_path, threads, texts, want, oracle.vocab_size, labels)
+        if problem is None:
+            return name, [f"{n}: {p} — falling back to {name}" for n, p in problems]
+        if requested != "auto":
+            raise TokmixError(f"tokenizer backend {name!r} cannot be used for {tokenizer_path}: {problem}")
+        problems.append((name, problem))
+    return "hf", [f"{n}: {p} — falling back to hf" for n, p in problems]
