@@ -5,6 +5,7 @@ resuming from the committed work). `python -m tokmix.runner OUT_DIR` is that chi
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -23,6 +24,7 @@ import psutil
 
 from tokmix.backends import choose_backend, clean_surrogates
 from tokmix.errors import TokmixError
+from tokmix.faults import fault_point
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
 from tokmix.sources import iter_file_texts, load_or_create_split, parse_mirrors, stream_files
@@ -37,6 +39,7 @@ RESTART_EXIT_CODE = 75
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3
 MEMORY_POLL_SECONDS = 0.25
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
 STAGES = ("tokenizer", "holdout", "streams", "assemble", "validate")
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against HF when choosing a backend
@@ -155,19 +158,26 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
             if fruitless >= MAX_FRUITLESS_RESTARTS:
                 raise TokmixError(f"the memory guard restarted the run {fruitless} times without progress: "
                                   f"raise --max-memory (now {options.max_memory / 2**20:,.0f} MiB) or lower --workers")
+            fault_point("runner:before-restart")
             log("restarting the stage process (memory guard); resuming from committed work")
     return layout.read_index()
 
 
 def _run_child(layout: Layout) -> int:
-    """The stages in a child process; Ctrl-C reaches it too (same process group), and it stops cleanly."""
+    """The stages in a child process. Ctrl-C reaches it too (same process group); SIGTERM to the supervisor
+    is passed on. Either way the child stops its workers and exits, and the run can be resumed."""
     proc = subprocess.Popen([sys.executable, "-m", "tokmix.runner", str(layout.root)])
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         proc.wait()
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------- the child: stages
@@ -248,6 +258,7 @@ def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
                     yield clean_surrogates(text)
 
     train_tokenizer(texts(), spec.vocab_size, spec.min_frequency, path)
+    fault_point("tokenizer:after-train")
     return str(path)
 
 
@@ -287,8 +298,10 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     t0 = time.perf_counter()
     shards, used = run_assemble(ctx, metas)
     index = build_index(ctx, val, metas, shards, used)
+    fault_point("assemble:before-index")
     ctx.layout.write_index(index)
     timings.add("assemble", time.perf_counter() - t0)
+    fault_point("validate:before")
     t0 = time.perf_counter()
     problems = validate_dir(ctx.layout.root)
     timings.add("validate", time.perf_counter() - t0)
@@ -305,18 +318,24 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     recipe = load_recorded_recipe(layout)
     if is_complete(layout, recipe):
         log(f"{layout.root}: already complete and validated; nothing to do")
-        return
-    remove_tmp_files(layout.root)
-    timings = Timings(layout)
-    run_pipeline(build_context(recipe, layout, options, timings), timings)
-    write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
+    else:
+        remove_tmp_files(layout.root)
+        timings = Timings(layout)
+        run_pipeline(build_context(recipe, layout, options, timings), timings)
+        write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
+        fault_point("cleanup:before")
     if not options.keep_streams:
         shutil.rmtree(layout.root / STREAMS_DIR, ignore_errors=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def child_main(out_dir: str) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
+    signal.signal(signal.SIGTERM, _interrupt)
     _start_memory_guard(options.max_memory)
     try:
         run_stages(layout, options)
@@ -325,6 +344,11 @@ def child_main(out_dir: str) -> int:
         message = str(e)
     except KeyboardInterrupt:
         message = f"interrupted; committed work is kept: run the same command again to resume ({layout.root})"
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        message = (f"no space left writing {e.filename or layout.root} ({e.strerror}); committed work is kept: "
+                   "free some space and run the same command again to resume")
     except Exception as e:  # a bug, not bad input: say so, with the traceback on --debug
         message = f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
     if options.debug:

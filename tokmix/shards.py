@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +142,13 @@ class TokenFileWriter:
         self.hash.update(data)
         self.tokens += len(tokens)
 
-    def close(self) -> str:
-        """Commit the file; returns its checksum."""
+    def close(self, before_commit: Callable[[], None] | None = None) -> str:
+        """Commit the file; returns its checksum. `before_commit` runs between writing and renaming."""
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
+        if before_commit:
+            before_commit()
         os.replace(self.tmp, self.path)
         return self.hash.hexdigest()
 

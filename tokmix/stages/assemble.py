@@ -14,6 +14,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
+from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, read_tokens, remove_tmp_files, shard_blocks, write_json
 from tokmix.stages import Context
 from tokmix.stages.streams import unit_lengths, units_dir
@@ -65,7 +66,7 @@ def write_shard(task: ShardTask) -> dict:
     if writer.tokens != task.n_tokens:
         writer.abort()
         raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
-    checksum = writer.close()
+    checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
     return {
         "file": Path(task.path).name,
         "tokens": task.n_tokens,
@@ -180,7 +181,9 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
             for future in executor.wait_any(set(pending)):
                 k = pending.pop(future)
                 records[k] = executor.result(future)
+                fault_point("assemble:after-rename")
                 write_json(_record_path(ctx, k), records[k])
+                fault_point("assemble:after-record")
                 ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
     ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")
     return records, used

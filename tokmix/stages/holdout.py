@@ -13,6 +13,7 @@ import numpy as np
 
 from tokmix.backends import clean_surrogates, make_encoder
 from tokmix.errors import TokmixError
+from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, EOT_ID, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files
 from tokmix.stages import Context
@@ -134,8 +135,10 @@ def run_holdout(ctx: Context) -> dict:
     for domain in todo:
         t0 = time.perf_counter()
         val[domain] = entry = build_domain(ctx, domain, encoder, byte_len)
+        fault_point("holdout:after-write")
         index["val"] = val
         write_json(layout.index, index)
+        fault_point("holdout:after-index")
         ctx.log(
             f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} bytes "
             f"({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"

@@ -20,6 +20,7 @@ import numpy as np
 from tokmix.backends import clean_surrogates, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
+from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, remove_tmp_files, write_bytes, write_json, write_npy
 from tokmix.sources import Unit, batches, plan_units, read_texts, stream_files
 from tokmix.stages import Context
@@ -91,9 +92,10 @@ def tokenize_unit(task: UnitTask) -> dict:
     except BaseException:
         writer.abort()
         raise
-    checksum = writer.close()
+    checksum = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
+    fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
         "name": unit.name,
@@ -170,7 +172,9 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
+    fault_point("streams:before-meta")
     write_json(meta_path(ctx, stream), meta)
+    fault_point("streams:after-meta")
     return meta
 
 
@@ -219,6 +223,7 @@ def tokenize_stream(ctx: Context, executor, stream: str) -> dict:
             unit = in_flight.pop(future)
             records[unit.index] = record = executor.result(future)
             new_tokens += record["tokens"]
+            fault_point("streams:after-unit")
         if time.perf_counter() - last_log > 10:
             last_log = time.perf_counter()
             done = resumed + new_tokens

@@ -1,0 +1,297 @@
+"""tokmix.backends: every installed backend gives HF's ids, on real text, adversarial text and a 50 MB document.
+
+The tokenizer is trained here the way tokmix trains one (byte-level BPE, "<|endoftext|>" = id 0) on text from this
+machine: Python stdlib sources and /usr/share/doc. HF `tokenizers` itself is the oracle, called directly.
+"""
+
+import json
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from tokmix.backends import (
+    ADVERSARIAL_TEXTS,
+    BACKENDS,
+    choose_backend,
+    clean_surrogates,
+    installed_backends,
+    make_encoder,
+)
+from tokmix.errors import TokmixError
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+FAST_BACKENDS = [b for b in BACKENDS if b != "hf"]
+EXTRA_ADVERSARIAL = [
+    " " * 1_000_000 + "a",  # tiktoken's regex gives up here: the document must go to HF
+    ("x = f(a, b)  # " * 20_000)[:300_000],  # one 300k-character line
+    "<|endoftext|>" * 1_000,
+]
+
+
+def require(backend: str) -> None:
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} is not installed")
+
+
+def real_documents(stdlib_chars: int, doc_chars: int) -> list[str]:
+    """Stdlib modules, then /usr/share/doc copyright files, stripped, deterministic order."""
+    docs, n = [], 0
+    for path in sorted(STDLIB.glob("*.py")):
+        docs.append(path.read_text(encoding="utf-8", errors="replace").strip())
+        n += len(docs[-1])
+        if n >= stdlib_chars:
+            break
+    n = 0
+    for path in sorted(Path("/usr/share/doc").glob("*/copyright")):
+        if n < doc_chars and path.is_file():
+            docs.append(path.read_text(encoding="utf-8", errors="replace").strip())
+            n += len(docs[-1])
+    return [d for d in docs if d]
+
+
+def hf_ids(path: Path, texts: list[str]) -> list[list[int]]:
+    """The oracle, exactly as the reference prepare_tokens.py calls it."""
+    tok = Tokenizer.from_file(str(path))
+    tok.encode_special_tokens = True
+    return [e.ids for e in tok.encode_batch_fast(texts)]
+
+
+def train_tokenizer(texts: list[str], path: Path) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return path
+
+
+def split_docs(ids: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    return [d.tolist() for d in np.split(ids, np.cumsum(counts)[:-1])]
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[str]:
+    return real_documents(stdlib_chars=3_000_000, doc_chars=1_000_000)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory, documents) -> Path:
+    path = train_tokenizer(documents[:200], tmp_path_factory.mktemp("tok") / "tokenizer.json")
+    assert Tokenizer.from_file(str(path)).token_to_id("<|endoftext|>") == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def documents_ids(tokenizer_path, documents) -> list[list[int]]:
+    return hf_ids(tokenizer_path, documents)
+
+
+@pytest.fixture(scope="module")
+def adversarial() -> list[str]:
+    return [clean_surrogates(t) for t in ADVERSARIAL_TEXTS + EXTRA_ADVERSARIAL]
+
+
+@pytest.fixture(scope="module")
+def adversarial_ids(tokenizer_path, adversarial) -> list[list[int]]:
+    return hf_ids(tokenizer_path, adversarial)
+
+
+def test_real_documents_are_a_few_megabytes(documents):
+    assert sum(map(len, documents)) > 3_500_000
+    assert len(documents) > 100
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_backend_matches_hf_on_real_documents(backend, tokenizer_path, documents, documents_ids):
+    require(backend)
+    encoder = make_encoder(tokenizer_path, backend)
+    for start in range(0, len(documents), 64):
+        got = split_docs(*encoder.encode_batch(documents[start : start + 64]))
+        for i, (ids, want) in enumerate(zip(got, documents_ids[start : start + 64])):
+            assert ids == want, f"{backend} differs from HF on document {start + i}"
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_backend_matches_hf_on_adversarial_texts(backend, tokenizer_path, adversarial, adversarial_ids):
+    require(backend)
+    encoder = make_encoder(tokenizer_path, backend)
+    ids, counts = encoder.encode_batch(adversarial)
+    for i, (got, want) in enumerate(zip(split_docs(ids, counts), adversarial_ids)):
+        assert got == want, f"{backend} differs from HF on adversarial text {i}: {adversarial[i][:40]!r}"
+    assert 0 not in ids, "a literal <|endoftext|> inside a document must never become the EOT id"
+    if backend == "tiktoken":
+        assert encoder.hf_fallback_docs == 1  # the 1M-space document, and only it
+
+
+def test_fifty_megabyte_document(tokenizer_path, documents, documents_ids):
+    """One ~50 MB document of real text: every backend, against HF.
+
+    HF takes ~40 s on 50 MB here, so its ids come from the pieces: documents joined by "\\n" (each starts and ends
+    with non-whitespace) split exactly at the joins under the GPT-2 regex, so HF(a + "\\n" + b) = HF(a) + HF("\\n")
+    + HF(b). The identity is checked against HF itself on a 1 MB prefix of the same construction.
+    """
+    newline = hf_ids(tokenizer_path, ["\n"])[0]
+    assert len(newline) == 1
+    one_round = np.concatenate([np.array(ids + newline, dtype=np.uint32) for ids in documents_ids])
+    rounds = -(-50_000_000 // (sum(map(len, documents)) + len(documents)))
+    document = "\n".join(documents * rounds)
+    want = np.tile(one_round, rounds)[:-1]
+    assert len(document) >= 50_000_000
+
+    prefix = "\n".join(documents[:40])
+    prefix_ids = np.concatenate([np.array(ids + newline, dtype=np.uint32) for ids in documents_ids[:40]])[:-1]
+    assert len(prefix) > 1_000_000 and hf_ids(tokenizer_path, [prefix])[0] == prefix_ids.tolist()
+
+    for backend in installed_backends():
+        if backend == "hf":
+            continue
+        start = time.perf_counter()
+        ids, counts = make_encoder(tokenizer_path, backend).encode_batch([document])
+        assert counts.tolist() == [want.size], backend
+        assert np.array_equal(ids, want), f"{backend} differs at token {np.argmax(ids[: want.size] != want)}"
+        print(f"{backend}: {want.size / 1e6:.1f}M tokens in {time.perf_counter() - start:.1f}s")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_encoder_shapes_and_dtypes(backend, tokenizer_path):
+    require(backend)
+    encoder = make_encoder(tokenizer_path, backend, threads=1)
+    assert encoder.name == backend and encoder.vocab_size == 2000
+    texts = ["hello world", "", "def f(x):\n    return x\n", "<|endoftext|>"]
+    ids, counts = encoder.encode_batch(texts)
+    assert ids.dtype == np.uint32 and ids.ndim == 1
+    assert counts.dtype == np.int64 and counts.shape == (len(texts),)
+    assert counts[1] == 0 and int(counts.sum()) == ids.size
+    assert [d for d in split_docs(ids, counts)] == hf_ids(tokenizer_path, texts)
+    ids, counts = encoder.encode_batch([])
+    assert ids.shape == (0,) and counts.shape == (0,)
+    assert ids.dtype == np.uint32 and counts.dtype == np.int64
+
+
+def test_clean_surrogates():
+    ascii_text, valid = "plain ascii", "naïve café 👍"
+    assert clean_surrogates(ascii_text) is ascii_text
+    assert clean_surrogates(valid) is valid
+    assert clean_surrogates("a\ud800b\udfffc") == "a\ufffdb\ufffdc"
+    assert clean_surrogates("split pair \ud83d\ude00") == "split pair 😀"
+    for text in ADVERSARIAL_TEXTS:
+        clean_surrogates(text).encode("utf-8")  # raises on a surrogate left behind
+
+
+def test_adversarial_texts_check_quickly(tokenizer_path):
+    start = time.perf_counter()
+    hf_ids(tokenizer_path, [clean_surrogates(t) for t in ADVERSARIAL_TEXTS])
+    assert time.perf_counter() - start < 1.0
+
+
+def test_auto_picks_fastokens(tokenizer_path, documents):
+    require("fastokens")
+    assert choose_backend(tokenizer_path, "auto", documents[:50]) == ("fastokens", [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_named_backend_passes_the_check(backend, tokenizer_path, documents):
+    require(backend)
+    assert choose_backend(tokenizer_path, backend, documents[:20], threads=1) == (backend, [])
+
+
+def test_backends_that_cannot_serve_a_tokenizer_fall_back_with_notices(tmp_path, tokenizer_path):
+    """An NFKC normalizer: fastokens 0.3.5 cannot load it and tiktoken has none, so auto falls back to HF."""
+    spec = json.loads(tokenizer_path.read_text())
+    spec["normalizer"] = {"type": "NFKC"}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    name, notices = choose_backend(path, "auto", ["ﬁne ½ ① text"])
+    assert name == "hf"
+    fast = [b for b in FAST_BACKENDS if b in installed_backends()]
+    assert [n.split(":")[0] for n in notices] == fast
+    assert all(n.endswith("— falling back to hf") and "\n" not in n for n in notices)
+    for backend in fast:
+        with pytest.raises(TokmixError, match=f"'{backend}'"):
+            choose_backend(path, backend)
+
+
+def test_post_processor_tokens_are_added_as_hf_adds_them(tmp_path, tokenizer_path, documents):
+    """A template that prepends <s>: HF adds it by default, so fastokens must too; tiktoken has no templates."""
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.add_special_tokens(["<s>"])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert hf_ids(path, ["hi"])[0][0] == bos
+    if "fastokens" in installed_backends():
+        assert choose_backend(path, "auto", documents[:20]) == ("fastokens", [])
+        ids, counts = make_encoder(path, "fastokens").encode_batch(["hi", ""])
+        assert ids[0] == bos and counts.tolist() == [len(hf_ids(path, ["hi"])[0]), 1]
+    if "tiktoken" in installed_backends():
+        with pytest.raises(TokmixError, match="not applicable: the post-processor adds tokens"):
+            choose_backend(path, "tiktoken")
+
+
+def merge_order_tokenizer(path: Path) -> Path:
+    """Byte-level BPE whose merges are b+c, a+b, ab+c. HF encodes "abc" as [a, bc] (no merge joins a and bc);
+    tiktoken, which merges any adjacent pair whose concatenation is in the vocabulary, gives [abc]."""
+    vocab = {"<|endoftext|>": 0}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    merges = [["b", "c"], ["a", "b"], ["ab", "c"]]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path))
+    return path
+
+
+def test_tiktoken_disagreement_is_caught(tmp_path, monkeypatch):
+    path = merge_order_tokenizer(tmp_path / "tokenizer.json")
+    require("tiktoken")
+    a, bc = hf_ids(path, ["a", "bc"])
+    assert hf_ids(path, ["abc"]) == [a + bc]
+
+    with pytest.raises(TokmixError, match="ids differ from HF on sample document 1 at token 1"):
+        choose_backend(path, "tiktoken", ["xyz", "xabc"])
+    if "fastokens" in installed_backends():  # fastokens follows HF's merge list, so auto still runs fast
+        assert choose_backend(path, "auto", ["xyz", "xabc"]) == ("fastokens", [])
+
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # how Python spells "not installed"
+    name, notices = choose_backend(path, "auto", ["xyz", "xabc"])
+    assert name == "hf"
+    abc = Tokenizer.from_file(str(path)).token_to_id("abc")
+    assert notices == [
+        f"tiktoken: ids differ from HF on sample document 1 at token 1 (HF {a[0]}, tiktoken {abc}) — falling back to hf"
+    ]
+
+
+def test_unknown_or_missing_backend_is_a_tokmix_error(tokenizer_path, tmp_path, monkeypatch):
+    with pytest.raises(TokmixError, match="unknown tokenizer backend 'sentencepiece'"):
+        make_encoder(tokenizer_path, "sentencepiece")
+    with pytest.raises(TokmixError, match="unknown tokenizer backend"):
+        choose_backend(tokenizer_path, "fast")
+    with pytest.raises(TokmixError, match="tokenizer file not found"):
+        make_encoder(tmp_path / "missing.json", "hf")
+    with pytest.raises(TokmixError, match="threads must be at least 1"):
+        make_encoder(tokenizer_path, "hf", threads=0)
+
+    monkeypatch.setitem(sys.modules, "fastokens", None)
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    assert installed_backends() == ["hf"]
+    for backend in FAST_BACKENDS:
+        with pytest.raises(TokmixError, match=f"'{backend}' is not installed"):
+            make_encoder(tokenizer_path, backend)
+        with pytest.raises(TokmixError, match=f"'{backend}' is not installed"):
+            choose_backend(tokenizer_path, backend)
+    assert choose_backend(tokenizer_path, "auto") == ("hf", [])
