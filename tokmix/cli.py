@@ -51,8 +51,8 @@ def print_summary(out: Path, index: dict) -> None:
 @app.command()
 def run(
     recipe: Path = typer.Argument(..., help="recipe TOML file"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="output directory [default: <recipe>-out]"),
-    workers: int | None = typer.Option(None, "--workers", "-w", help="worker processes [default: cores]"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="output directory (default: <recipe>-out)"),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="worker processes (default: cores)"),
     blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
     keep_streams: bool = typer.Option(False, "--keep-streams", help="keep the intermediates after validation"),
     backend: str | None = typer.Option(None, "--tokenizer-backend",
@@ -150,6 +150,92 @@ def export(
         _fail(e, debug)
     for path in written or []:
         console.print(str(path))
+
+
+@app.command()
+def plan(
+    recipe: Path = typer.Argument(..., help="recipe TOML file"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="output directory (default: <recipe>-out)"),
+    blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
+    mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
+    sample: str = typer.Option("1MiB", help="text tokenized per stream (train and holdout) for the estimate"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
+) -> None:
+    """Show what a run of RECIPE would do and whether its sources suffice, in seconds (exit 1 if not).
+
+    Files, budgets, shards, holdouts, disk space, and each stream's token supply estimated from a tokenized
+    sample. Exits 1 when a stream is likely to run short, a holdout cannot be filled or the disk is too small.
+    """
+    from tokmix.plan import make_plan, render_plan
+    from tokmix.recipe import load_recipe
+
+    out = out or Path(f"{recipe.stem}-out")
+    try:
+        result = make_plan(load_recipe(recipe).with_blocks(blocks), mirror, out=out, sample_bytes=parse_size(sample))
+    except TokmixError as e:
+        _fail(e, debug)
+    console.print(render_plan(result))
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(out: Path = typer.Argument(..., help="output directory"),
+           debug: bool = typer.Option(False, "--debug")) -> None:
+    """What a run directory holds and what remains, from its files alone (safe while a run writes)."""
+    from tokmix.status import render_status
+    from tokmix.status import status as run_status
+
+    try:
+        console.print(render_status(run_status(out)))
+    except TokmixError as e:
+        _fail(e, debug)
+
+
+@app.command()
+def inspect(
+    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    shard: int | None = typer.Option(None, "--shard", "-s", help="decode a block of train shard K (with --block)"),
+    block: int = typer.Option(0, "--block", "-b", help="block J of the shard (or window J of --holdout)"),
+    holdout: str | None = typer.Option(None, "--holdout", help="decode eval window --block of this holdout"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Show a finished run's tables, or decode one block with its document starts marked.
+
+    Without options: the mix (requested vs realized shares), the holdouts and the shards with checksums.
+    --shard K --block J: block J of train shard K decoded to text, each <|endoftext|> shown as ⟦doc⟧;
+    --holdout DOMAIN --block J: eval window J of that holdout.
+    """
+    from tokmix.inspect import read_block, read_window, render_block, summary
+
+    try:
+        if shard is not None:
+            console.print(render_block(read_block(out, shard, block)))
+        elif holdout is not None:
+            console.print(render_block(read_window(out, holdout, block)))
+        else:
+            console.print(summary(out))
+    except TokmixError as e:
+        _fail(e, debug)
+
+
+@app.command()
+def report(
+    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    html: Path | None = typer.Option(None, "--html", "-o", help="where to write the report (default: OUT/report.html)"),
+    scan: bool | None = typer.Option(None, "--scan/--no-scan",
+                                     help="read the shards for document lengths and bytes per token "
+                                          "(default: only when the intermediates are gone)"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Write a self-contained HTML report of a finished run (plots need matplotlib)."""
+    from tokmix.report import write_report
+
+    try:
+        path = write_report(out, html or out / "report.html", scan=scan)
+    except TokmixError as e:
+        _fail(e, debug)
+    console.print(f"report -> {path}")
 
 
 def main() -> None:  # pragma: no cover

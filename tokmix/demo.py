@@ -4,12 +4,19 @@ build_demo_corpus() writes four streams in the formats tokmix reads (parquet, JS
 files), a holdout/train split and a recipe sized to what it wrote, so `tokmix run DEST/demo.toml` works on any
 machine with Python and no network. Same machine and scale -> the same files, byte for byte.
 
-Measured here (Python 3.11.7 from pyenv, 2 CPUs), scale 1.0, text bytes per stream (train / held-out file):
-  docstrings  1,500,007 in 4 parquet files  (1,125,008 / 374,999)
-  comments    2,000,020 in 6 JSONL files    (1,666,650 / 333,370)
-  code_py     4,000,043 in 4 parquet files  (3,000,022 / 1,000,021)
-  code_c        890,183 in 189 .h files     (  836,953 / 53,230)
-  total 8.39 MB, built in ~2.5 s. Recipe: shares 0.17/0.25/0.48/0.10, steps 239, shard_tokens 635,136 (4 shards).
+The split (file_splits.json) holds out the last file of each stream, as tokmix's own split would, except for
+code_c, where it holds out the largest header: one header is one document, and the last one in path order
+(weakrefobject.h, 1.2 KB) is far too small for its part of the code holdout.
+
+Measured here (Python 3.11.7 from pyenv, 2 CPUs), scale 1.0: text bytes per stream, held-out file in brackets
+  docstrings  1,191,654 in   4 parquet files  (298,978)     per module, 2/3 of the library (all it has)
+  comments    1,342,935 in   6 JSONL files    (223,882)     pydoc topics, LICENSE, IDLE notes, comment runs
+  code_py     5,016,102 in   4 parquet files  (1,309,584)   the other 1/3 of the library, then tests
+  code_c        890,183 in 189 header files   (53,230)      all of Python's include dir
+  8.4 MB of text, ~4 MB on disk, built in ~2.5 s of CPU. Recipe: shares 0.14/0.17/0.56/0.13 (prose 31%: the
+  library has no more docstrings), steps 127, shard_tokens 320,768 (4 shards); each stream is asked for ~60% of
+  its train text. Scale 0.25 is about the smallest that builds (~2 MB, under a second); above ~1.1 only code_py
+  grows.
 """
 
 import ast
@@ -375,8 +382,7 @@ def _recipe_text(n: dict) -> str:
     lines = [
         f"# tokmix demo recipe: written by tokmix.demo at scale {n['scale']} from Python {v.major}.{v.minor}."
         f"{v.micro}'s own files.",
-        "# Text bytes per stream (all files / the held-out file); tokens estimated at "
-        f"{BYTES_PER_TOKEN} bytes each:",
+        f"# Text bytes per stream (all files / the held-out file); tokens estimated at {BYTES_PER_TOKEN} bytes each:",
     ]
     for name in STREAMS:
         lines.append(

@@ -1,21 +1,35 @@
 """Where work units and shards run: a local process pool, or Ray tasks on a cluster. Both run the same
-top-level functions on the same arguments, so the executor never changes the output."""
+top-level functions on the same arguments, so the executor never changes the output. Ray is an optional
+extra, imported only by RayExecutor."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import multiprocessing as mp
 import os
+import re
+import socket
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 from tokmix.errors import TokmixError
 
+WORKER_ENV = {
+    # parallelism comes from the pool and the backend's own threads, not from HF's rayon pool per process
+    "TOKENIZERS_PARALLELISM": "false",
+    "ARROW_DEFAULT_MEMORY_POOL": "system",  # glibc gives arrow buffers back; jemalloc hoards
+}
+EXECUTORS = ("local", "ray")
+NO_RAY = "the Ray executor needs Ray: pip install 'tokmix[ray]'"
+RAY_MAX_RETRIES = 3  # reruns of a task whose worker process or node died; its writes are idempotent
+RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minutes: check it first
+
 
 def _init_worker() -> None:
-    # parallelism comes from the pool and the backend's own threads, not from HF's rayon pool per process
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arrow buffers back; jemalloc hoards
+    for name, value in WORKER_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 class LocalExecutor:
@@ -53,7 +67,106 @@ class LocalExecutor:
         self.close(cancel=exc[0] is not None)
 
 
-def make_executor(kind: str, workers: int) -> LocalExecutor:
-    if kind == "local":
-        return LocalExecutor(workers)
-    raise TokmixError(f"unknown executor {kind!r}; choose 'local'")
+class RayExecutor:
+    """Ray tasks, on a private local Ray instance (no address) or on a running cluster. Ray's fault tolerance
+    does the retrying: a task whose worker process or node dies is run again, up to RAY_MAX_RETRIES times
+    (unit and shard writes are atomic and idempotent, so a rerun is safe); an exception raised by the task
+    itself is bad input, not a crash, so it is never retried and surfaces as it was raised."""
+
+    def __init__(self, workers: int, address: str | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise TokmixError(NO_RAY) from None
+        self.ray, self.workers = ray, workers
+        self.names: dict = {}  # ObjectRef in flight -> its function's name, for cancel and messages
+        self.remotes: dict[Callable, Any] = {}
+        # ray's own convention: RAY_ADDRESS (set by `ray job submit`) when no address is given
+        self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.owns = not ray.is_initialized()  # a caller's own ray.init is used as it is, and left running
+        if self.owns:
+            self._init()
+
+    def _init(self) -> None:
+        where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
+        host_port = re.fullmatch(r"([\w.-]+):(\d+)", self.address or "")
+        if host_port:
+            try:
+                socket.create_connection((host_port[1], int(host_port[2])), timeout=RAY_CONNECT_SECONDS).close()
+            except OSError as e:
+                raise TokmixError(f"cannot reach {where}: {e.strerror or e}") from None
+        try:
+            if self.address:
+                self.ray.init(address=self.address, logging_level=logging.WARNING)
+            else:  # "local": a private instance, never a cluster someone else started on this machine
+                self.ray.init(
+                    address="local", num_cpus=self.workers, include_dashboard=False, logging_level=logging.WARNING
+                )
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise TokmixError(f"cannot start or reach {where}: {_first_line(e)}") from None
+
+    def submit(self, fn: Callable, *args: Any) -> Any:
+        if fn not in self.remotes:
+            # the function travels by reference (module and name): workers import tokmix themselves
+            self.remotes[fn] = self.ray.remote(fn).options(
+                max_retries=RAY_MAX_RETRIES, retry_exceptions=False, runtime_env={"env_vars": WORKER_ENV}
+            )
+        ref = self.remotes[fn].remote(*args)
+        self.names[ref] = fn.__name__
+        return ref
+
+    def wait_any(self, pending: set) -> set:
+        """At least one finished task; one at a time keeps what the driver holds at the window's size."""
+        ready, _ = self.ray.wait(list(pending), num_returns=1)
+        return set(ready)
+
+    def result(self, ref: Any) -> Any:
+        name = self.names.pop(ref, "a task")
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:  # raised by the task itself: re-raise the original
+            if isinstance(e.cause, TokmixError):
+                raise e.cause from None  # the one-line message, as the local executor gives it
+            if isinstance(e.cause, Exception):
+                raise e.cause from e  # a bug: its own type and message; --debug shows the worker's traceback
+            raise
+        except self.ray.exceptions.RayError as e:  # Ray gave up: retries spent, node lost, out of memory
+            raise TokmixError(
+                f"Ray could not run {name} (after up to {RAY_MAX_RETRIES} retries): "
+                f"{type(e).__name__}: {_first_line(e)}"
+            ) from e
+
+    def pids(self) -> list[int]:
+        return []  # Ray's worker processes belong to the raylets, not to this process
+
+    def close(self, cancel: bool = False) -> None:
+        if cancel:
+            for ref in self.names:
+                self.ray.cancel(ref)  # KeyboardInterrupt in the task: its writer removes its temporary file
+        self.names.clear()
+        if self.owns and self.ray.is_initialized():
+            self.ray.shutdown()  # a local instance stops; a cluster stays up, only this driver disconnects
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(cancel=exc[0] is not None)
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def check_executor(kind: str) -> None:
+    """Fail before any work is done when the executor is unknown or its extra is not installed."""
+    if kind not in EXECUTORS:
+        raise TokmixError(f"unknown executor {kind!r}; choose 'local' or 'ray'")
+    if kind == "ray" and importlib.util.find_spec("ray") is None:
+        raise TokmixError(NO_RAY)
+
+
+def make_executor(kind: str, workers: int, address: str | None = None) -> LocalExecutor | RayExecutor:
+    """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs."""
+    check_executor(kind)
+    return RayExecutor(workers, address) if kind == "ray" else LocalExecutor(workers)

@@ -1,7 +1,8 @@
 """Fault injection for the crash-safety tests: named points inside every stage where a run can be made to
 kill itself. `TOKMIX_FAULT=assemble:after-rename:3` SIGKILLs the whole process group (supervisor, stage
 process and workers) the 3rd time a process passes that point; `...:3:restart` instead exits the stage
-process with the restart code, as the memory guard does. Several specs may be given, comma-separated.
+process with the restart code, as the memory guard does, and `...:3:pause` writes "paused" to the FIFO
+named by TOKMIX_PAUSE_FIFO and waits for a signal. Several specs may be given, comma-separated.
 Without the variable a fault point costs one dictionary lookup."""
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ POINTS = (
 _counts: dict[str, int] = {}
 
 
+def exit_for_restart() -> None:
+    """End this stage process at once for the supervisor to start a fresh one: workers first, so that none
+    is left holding the output pipes or memory."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    sys.stdout.flush()
+    os._exit(RESTART_EXIT_CODE)
+
+
 def _specs() -> list[tuple[str, int, str]]:
     specs = []
     for spec in filter(None, os.environ.get("TOKMIX_FAULT", "").split(",")):
@@ -52,5 +64,10 @@ def fault_point(name: str) -> None:
         if point == name and _counts[name] == hit:
             sys.stdout.flush()
             if action == "restart":
-                os._exit(RESTART_EXIT_CODE)
+                exit_for_restart()
+            if action == "pause":  # tell the test through its FIFO, then wait for its signal
+                with open(os.environ["TOKMIX_PAUSE_FIFO"], "w") as f:
+                    f.write("paused")
+                while True:
+                    signal.pause()
             os.killpg(os.getpgid(0), signal.SIGKILL)

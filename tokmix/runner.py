@@ -24,10 +24,10 @@ import psutil
 
 from tokmix.backends import choose_backend, clean_surrogates
 from tokmix.errors import TokmixError
-from tokmix.faults import fault_point
+from tokmix.faults import RESTART_EXIT_CODE, exit_for_restart, fault_point
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
-from tokmix.sources import iter_file_texts, load_or_create_split, parse_mirrors, stream_files
+from tokmix.sources import UNIT_BYTES, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context
 from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
@@ -35,7 +35,6 @@ from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import load_tokenizer, token_dtype, train_tokenizer, vocab_size
 
-RESTART_EXIT_CODE = 75
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3
 MEMORY_POLL_SECONDS = 0.25
@@ -55,6 +54,8 @@ class RunOptions:
     mirrors: list[str] = field(default_factory=list)
     executor: str = "local"
     debug: bool = False
+    # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
+    unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
 
 
 def log(msg: str) -> None:
@@ -166,7 +167,9 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
 def _run_child(layout: Layout) -> int:
     """The stages in a child process. Ctrl-C reaches it too (same process group); SIGTERM to the supervisor
     is passed on. Either way the child stops its workers and exits, and the run can be resumed."""
-    proc = subprocess.Popen([sys.executable, "-m", "tokmix.runner", str(layout.root)])
+    # workers stopped on an error leave their pool's semaphores behind; the tracker's warning about it is noise
+    quiet = ["-W", "ignore:resource_tracker:UserWarning"]
+    proc = subprocess.Popen([sys.executable, *quiet, "-m", "tokmix.runner", str(layout.root)])
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
@@ -201,10 +204,7 @@ def _start_memory_guard(limit: int) -> None:
             if rss > limit or available < MIN_AVAILABLE_BYTES:
                 log(f"memory guard: process tree {rss / 2**20:,.0f} MiB (limit {limit / 2**20:,.0f}), "
                     f"machine available {available / 2**20:,.0f} MiB -> restarting from committed work")
-                for child in me.children(recursive=True):
-                    child.kill()
-                sys.stdout.flush()
-                os._exit(RESTART_EXIT_CODE)
+                exit_for_restart()
             time.sleep(MEMORY_POLL_SECONDS)
 
     threading.Thread(target=watch, daemon=True, name="memory-guard").start()
@@ -284,7 +284,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
         log(notice)
     timings.add("tokenizer", time.perf_counter() - t0)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
-                   options.executor, log)
+                   options.executor, log, options.unit_bytes)
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:

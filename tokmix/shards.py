@@ -138,7 +138,10 @@ class TokenFileWriter:
 
     def write(self, tokens: np.ndarray) -> None:
         data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
-        self.f.write(data)
+        try:
+            self.f.write(data)
+        except OSError as e:  # a full disk: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.hash.update(data)
         self.tokens += len(tokens)
 
@@ -183,7 +186,8 @@ def file_checksum(path: Path) -> str:
 
 
 def remove_tmp_files(directory: Path) -> None:
-    """Temporary files left by a killed writer are never visible under a final name; sweep them on resume."""
+    """Temporary files left by a killed writer are never visible under a final name; a resume sweeps them
+    from the whole output directory before anything else runs."""
     if directory.is_dir():
-        for p in directory.glob("*.tmp-*"):
+        for p in directory.rglob("*.tmp-*"):
             p.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokmix.recipe import Recipe
 from tokmix.shards import Layout
-from tokmix.sources import Split
+from tokmix.sources import UNIT_BYTES, Split
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Context:
     mirrors: list[tuple[str, str]] = field(default_factory=list)
     executor: str = "local"
     log: Callable[[str], None] = print
+    unit_bytes: int = UNIT_BYTES
 
     @property
     def threads_per_worker(self) -> int:

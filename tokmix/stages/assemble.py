@@ -15,7 +15,7 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
 from tokmix.faults import fault_point
-from tokmix.shards import EOT_ID, TokenFileWriter, read_tokens, remove_tmp_files, shard_blocks, write_json
+from tokmix.shards import EOT_ID, TokenFileWriter, read_tokens, shard_blocks, write_json
 from tokmix.stages import Context
 from tokmix.stages.streams import unit_lengths, units_dir
 
@@ -166,7 +166,6 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
         return records, json.loads(used_path.read_text())
     t0 = time.perf_counter()
     (layout.state / "shards").mkdir(parents=True, exist_ok=True)
-    remove_tmp_files(layout.root)
     interleave = Interleave(ctx, metas)
     if interleave.total_tokens < recipe.train_tokens:
         raise TokmixError(f"streams hold {interleave.total_tokens:,} tokens, fewer than the {recipe.train_tokens:,} "

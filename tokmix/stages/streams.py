@@ -21,7 +21,7 @@ from tokmix.backends import clean_surrogates, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
 from tokmix.faults import fault_point
-from tokmix.shards import EOT_ID, TokenFileWriter, remove_tmp_files, write_bytes, write_json, write_npy
+from tokmix.shards import EOT_ID, TokenFileWriter, write_bytes, write_json, write_npy
 from tokmix.sources import Unit, batches, plan_units, read_texts, stream_files
 from tokmix.stages import Context
 from tokmix.stages.holdout import holdout_hashes, text_hashes
@@ -183,7 +183,6 @@ def tokenize_stream(ctx: Context, executor, stream: str) -> dict:
     budget = recipe.budget(stream)
     directory = units_dir(ctx, stream)
     directory.mkdir(parents=True, exist_ok=True)
-    remove_tmp_files(directory)
     records = _committed(directory)
     files = stream_files(recipe, ctx.split, stream, "train")
     hashes = str(ctx.layout.state / "holdout.hashes.npy") if recipe.holdout.decontaminate else None
@@ -192,7 +191,7 @@ def tokenize_stream(ctx: Context, executor, stream: str) -> dict:
         return UnitTask(unit, recipe.streams[stream].text_field, ctx.tokenizer_path, ctx.backend, ctx.dtype.str,
                         str(directory), hashes, tuple(ctx.mirrors), max(1, ctx.threads_per_worker))
 
-    plan = plan_units(stream, files, ctx.mirrors)
+    plan = plan_units(stream, files, ctx.mirrors, ctx.unit_bytes)
     in_flight: dict = {}
     prefix, prefix_tokens, exhausted, new_tokens = 0, 0, False, 0
     window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
@@ -239,6 +238,12 @@ def run_streams(ctx: Context) -> dict[str, dict]:
     metas = {name: load_meta(ctx, name) for name in ctx.recipe.streams}
     todo = [name for name, meta in metas.items() if meta is None]
     if todo:
+        # units are numbered by how files were cut: a resume keeps the cut the run started with
+        cut = ctx.layout.state / "unit_bytes.json"
+        if cut.exists():
+            ctx.unit_bytes = json.loads(cut.read_text())
+        else:
+            write_json(cut, ctx.unit_bytes)
         if ctx.recipe.holdout.decontaminate:
             write_npy(ctx.layout.state / "holdout.hashes.npy", holdout_hashes(ctx))
         with make_executor(ctx.executor, ctx.workers) as executor:

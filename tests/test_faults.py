@@ -1,0 +1,155 @@
+"""Crash safety, for real: `tokmix run` in its own process group is SIGKILLed at named points inside every
+stage (TOKMIX_FAULT makes it kill its whole group there), run again until it finishes, and every output
+file is compared byte for byte with an uninterrupted run. Also: the restart protocol, Ctrl-C/SIGTERM, the
+lock, a full disk, and tokenizer training that never reads a holdout file."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.corpus import make_corpus, write_recipe, write_split
+from tokmix.faults import POINTS
+
+ROOT = Path(__file__).resolve().parents[1]
+UNIT_BYTES = 20_000  # several units per file, so kills land between units
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def tokmix_run(recipe: Path, out: Path, fault: str | None = None, **popen) -> subprocess.CompletedProcess:
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}
+    if fault:
+        env["TOKMIX_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--workers",
+                           "2"], capture_output=True, text=True, env=env, start_new_session=True, **popen)
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    files = {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+    files["tokenizer.json"] = (out / "tokenizer.json").read_bytes()
+    index = json.loads((out / "index.json").read_text())
+    for volatile in ("throughput", "tokenizer"):
+        index.pop(volatile)
+    for meta in index["mix"]["streams"].values():
+        for key in ("seconds_last_run", "tok_s_end_to_end", "tok_s_tokenizer_capacity"):
+            meta.pop(key)
+    files["index.json"] = json.dumps(index, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faults")
+    files = make_corpus(root, doc_limit=400, rows_per_group=16)
+    write_split(root, files)
+    recipe = write_recipe(root, "unused", decontaminate=True)
+    text = recipe.read_text().replace('path = "unused"', "[tokenizer.train]\nvocab_size = 600")
+    text = text.replace("[tokenizer]\n", "")
+    recipe.write_text(text)
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def clean(corpus, tmp_path_factory) -> dict[str, bytes]:
+    out = tmp_path_factory.mktemp("clean")
+    proc = tokmix_run(corpus, out)
+    assert proc.returncode == 0, proc.stderr
+    return outputs(out)
+
+
+KILLS = [f"{p}:1" for p in POINTS if p != "runner:before-restart"] + [
+    "streams:after-unit:3", "streams:unit-before-rename:4", "streams:unit-before-record:7",
+    "assemble:after-rename:2", "assemble:before-rename:3", "holdout:after-write:2",
+    # during the restart protocol: the stage process exits for a restart, then the supervisor is killed
+    "streams:after-unit:2:restart,runner:before-restart:1",
+]
+
+
+@pytest.mark.parametrize("fault", KILLS)
+def test_kill_anywhere_then_resume_ends_identical(corpus, clean, tmp_path, fault):
+    killed = tokmix_run(corpus, tmp_path, fault)
+    assert killed.returncode == -signal.SIGKILL, (fault, killed.returncode, killed.stderr[-2000:])
+    # a consumer never sees a half-written file under its final name
+    for path in tmp_path.glob("*.bin"):
+        index = json.loads((tmp_path / "index.json").read_text()) if (tmp_path / "index.json").exists() else {}
+        entry = next((s for s in index.get("shards", []) if s["file"] == path.name), None)
+        if entry:
+            assert path.stat().st_size == 2 * entry["tokens"]
+    resumed = tokmix_run(corpus, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert outputs(tmp_path) == clean
+    assert not list(tmp_path.rglob("*.tmp-*")), "temporary files are swept"
+
+
+def test_a_restart_exit_resumes_inside_the_same_command(corpus, clean, tmp_path):
+    proc = tokmix_run(corpus, tmp_path, "streams:after-unit:2:restart")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "restarting the stage process" in proc.stdout
+    assert outputs(tmp_path) == clean
+
+
+def test_sigterm_stops_cleanly_and_says_how_to_resume(corpus, clean, tmp_path):
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES), "TOKMIX_FAULT": "streams:after-unit:2:pause"}
+    fifo = tmp_path / "paused"
+    env["TOKMIX_PAUSE_FIFO"] = str(fifo)
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(corpus), "--out", str(tmp_path / "o"),
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    with open(fifo) as f:  # blocks until the stage process stands at the pause point
+        assert f.read() == "paused"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "committed work is kept" in stderr and "tokmix run" in stderr
+    assert tokmix_run(corpus, tmp_path / "o").returncode == 0
+    assert outputs(tmp_path / "o") == clean
+
+
+def test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over(corpus, clean, tmp_path):
+    state = tmp_path / "tokmix-state"
+    state.mkdir()
+    (state / "lock").write_text(f"{os.uname().nodename} {os.getpid()}")  # a live owner: this test process
+    proc = tokmix_run(corpus, tmp_path)
+    assert proc.returncode == 2
+    assert f"another tokmix run (pid {os.getpid()}) is writing this directory" in proc.stderr
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (state / "lock").write_text(f"{os.uname().nodename} {dead.pid}")
+    assert tokmix_run(corpus, tmp_path).returncode == 0
+    assert outputs(tmp_path) == clean
+
+
+def test_a_full_disk_is_one_clear_line_and_the_resumed_run_is_identical(corpus, clean, tmp_path):
+    def small_files() -> None:  # no file may grow past 11 kB: the tokenizer and holdouts fit, units do not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (11_000, 11_000))
+
+    proc = tokmix_run(corpus, tmp_path, preexec_fn=small_files)
+    assert proc.returncode == 2
+    assert "no space left writing" in proc.stderr and "committed work is kept" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    kept = sorted(p.name for p in tmp_path.glob("val_*.bin"))
+    assert kept, "the holdouts finished before the failure are kept"
+    assert tokmix_run(corpus, tmp_path).returncode == 0
+    assert outputs(tmp_path) == clean
+
+
+def test_tokenizer_training_never_reads_a_holdout_file(corpus, tmp_path):
+    root = tmp_path / "c"
+    shutil.copytree(corpus.parent, root)
+    split = json.loads((root / "data/file_splits.json").read_text())
+    for entry in split.values():
+        for name in entry["holdout"]:
+            (root / name).write_bytes(b"not a parquet file")  # unreadable: any read fails loudly
+    proc = tokmix_run(root / "recipe.toml", tmp_path / "o")
+    assert (tmp_path / "o" / "tokenizer.json").exists(), "training finished without touching holdout files"
+    assert proc.returncode == 2
+    assert "corpus/dclm/part-3.parquet" in proc.stderr and "stream dclm" in proc.stderr

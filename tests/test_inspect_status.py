@@ -1,0 +1,160 @@
+"""tokmix.status after a finished run and after a run killed mid-stream (from files alone), and tokmix.inspect's
+tables and decoded blocks against the tokenizer's own decoding of the shard slice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+from tokenizers import Tokenizer
+
+from tests.test_plan import TRAINED, recipe_variant, train_demo_tokenizer
+from tokmix.demo import build_demo_corpus
+from tokmix.errors import TokmixError
+from tokmix.inspect import DOC_MARKER, read_block, read_window, render_block, summary
+from tokmix.recipe import load_recipe
+from tokmix.runner import run
+from tokmix.shards import EOT_TOKEN, read_index, read_tokens
+from tokmix.status import render_status, status
+
+KILL_WAIT_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, Path]:
+    """(the demo recipe with a tokenizer trained beforehand, its finished run)"""
+    root = tmp_path_factory.mktemp("inspect")
+    trained = build_demo_corpus(root / "corpus")
+    tokenizer = train_demo_tokenizer(trained, root / "tokenizer.json")
+    recipe = recipe_variant(trained, "given.toml", {TRAINED: f'[tokenizer]\npath = "{tokenizer}"\n'})
+    out = root / "run"
+    run(load_recipe(recipe), out, workers=2)
+    return recipe, out
+
+
+def _text(renderable) -> str:
+    console = Console(record=True, width=160)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_status_of_a_finished_run(demo):
+    recipe, out = demo
+    st = status(out)
+    assert st.complete and st.validated and not st.running and st.lock is None
+    assert all(s.done and s.tokens >= s.budget for s in st.streams.values())
+    assert st.holdouts == {"prose": 20_001, "code": 20_001}
+    assert len(st.shards_written) == len(st.shards_planned) == 4
+    assert st.remaining() == []
+    assert "complete and validated" in _text(render_status(st))
+
+
+def test_status_of_a_run_killed_mid_stream(demo, tmp_path):
+    """kill -9 of the whole run while code_py is being tokenized: units take ~1 s each with HF on one worker,
+    so the kill lands between two of its units."""
+    recipe, _ = demo
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokmix.cli",
+            "run",
+            str(recipe),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--tokenizer-backend",
+            "hf",
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while not list(out.glob("streams/code_py/units/*.json")):
+            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before code_py committed a unit"
+            assert time.monotonic() < deadline, "no code_py unit committed in time"
+            time.sleep(0.01)
+        live = status(out)
+        assert live.running and live.lock[1] == proc.pid
+        assert "running: pid" in _text(render_status(live))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    st = status(out)
+    assert not st.running and st.lock is not None  # the killed run's lock is left behind, stale
+    assert not st.validated and not st.complete
+    assert st.holdouts["prose"] == st.holdouts["code"] == 20_001
+    assert st.streams["docstrings"].done and st.streams["comments"].done
+    code_py = st.streams["code_py"]
+    assert not code_py.done and code_py.units >= 1 and 0 < code_py.tokens < code_py.budget
+    assert not st.streams["code_c"].done and st.streams["code_c"].tokens == 0
+    assert st.shards_written == []
+    remaining = st.remaining()
+    assert remaining[0].startswith("stream code_py (") and remaining[-1] == "validate"
+    shown = _text(render_status(st))
+    assert "stale lock" in shown and "in progress" in shown and "remaining: stream code_py" in shown
+
+
+def test_status_of_a_directory_without_a_run(tmp_path):
+    with pytest.raises(TokmixError, match="no tokmix run here"):
+        status(tmp_path)
+
+
+def test_summary_shows_the_mix_holdouts_and_checksums(demo):
+    _, out = demo
+    shown = _text(summary(out))
+    index = read_index(out)
+    assert "requested" in shown and "realized" in shown and "val_prose.bin" in shown
+    for shard in index["shards"]:
+        assert shard["checksum"] in shown
+
+
+@pytest.mark.parametrize("shard, block", [(0, 0), (1, 5), (3, 624)])
+def test_a_decoded_block_is_the_tokenizers_decoding_of_the_shard_slice(demo, shard, block):
+    _, out = demo
+    index = read_index(out)
+    seq_len = index["seq_len"]
+    tokens = read_tokens(out / index["shards"][shard]["file"], index["dtype"])
+    want = np.array(tokens[block * seq_len : block * seq_len + seq_len + 1])
+    view = read_block(out, shard, block)
+    assert np.array_equal(view.tokens, want)
+    tok = Tokenizer.from_file(index["tokenizer"])
+    assert view.text.replace(DOC_MARKER, EOT_TOKEN) == tok.decode(want.tolist(), skip_special_tokens=False)
+    assert view.text.count(DOC_MARKER) == int((want == 0).sum()) == view.documents_started
+    assert DOC_MARKER in _text(render_block(view)) or view.documents_started == 0
+
+
+def test_the_first_block_starts_with_a_document(demo):
+    view = read_block(demo[1], 0, 0)
+    assert view.pieces[0] is None and view.text.startswith(DOC_MARKER)
+
+
+def test_a_holdout_window_decodes(demo):
+    _, out = demo
+    view = read_window(out, "prose", 1)
+    index = read_index(out)
+    seq_len = index["seq_len"]
+    tokens = read_tokens(out / "val_prose.bin", index["dtype"])
+    assert np.array_equal(view.tokens, tokens[seq_len : 2 * seq_len + 1])
+
+
+def test_out_of_range_blocks_are_clear_errors(demo):
+    _, out = demo
+    with pytest.raises(TokmixError, match=r"shard 4: the run has shards 0\.\.3"):
+        read_block(out, 4, 0)
+    with pytest.raises(TokmixError, match=r"block 625: train_003.bin has blocks 0\.\.624"):
+        read_block(out, 3, 625)
+    with pytest.raises(TokmixError, match="holdout 'web'"):
+        read_window(out, "web", 0)

@@ -1,0 +1,141 @@
+"""Look inside a finished run: the summary tables of index.json (mix, holdouts, shards with checksums) and one
+block of a train shard (or one eval window of a holdout) decoded back to text, with every document boundary
+(each <|endoftext|>, id 0) shown as a visible marker."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tokmix.errors import TokmixError
+from tokmix.shards import EOT_ID, read_index, read_tokens
+from tokmix.summary import holdout_table, mix_table
+
+DOC_MARKER = "⟦doc⟧"  # stands for each <|endoftext|>: the start of a document
+
+
+def _index(out_dir: str | os.PathLike) -> dict:
+    index = read_index(out_dir)
+    if not index.get("shards"):
+        raise TokmixError(f"{out_dir}: no index.json with shards (not a finished tokmix run)")
+    return index
+
+
+def shards_table(index: dict) -> Table:
+    table = Table(title="shards", title_justify="left")
+    for col in ("file", "blocks", "first block", "tokens", "sha256"):
+        table.add_column(col, justify="left" if col in ("file", "sha256") else "right")
+    first = 0
+    for shard in index["shards"]:
+        table.add_row(
+            shard["file"], f"{shard['blocks']:,}", f"{first:,}", f"{shard['tokens']:,}", shard.get("checksum", "")
+        )
+        first += shard["blocks"]
+    return table
+
+
+def summary(out_dir: str | os.PathLike) -> Group:
+    """The run's tables: the mix (requested vs realized shares), the holdouts, the shards with checksums."""
+    index = _index(out_dir)
+    return Group(mix_table(index), holdout_table(index), shards_table(index))
+
+
+# ---------------------------------------------------------------------------- decoding
+@dataclass
+class BlockView:
+    """One block (or eval window) of seq_len + 1 tokens, decoded: `pieces` alternate document text and EOTs
+    (None stands for an EOT), `text` is their concatenation with DOC_MARKER for each EOT."""
+
+    file: str
+    title: str
+    start: int  # token offset in the file
+    tokens: np.ndarray
+    pieces: list[str | None]
+
+    @property
+    def text(self) -> str:
+        return "".join(DOC_MARKER if p is None else p for p in self.pieces)
+
+    @property
+    def documents_started(self) -> int:
+        return int(np.count_nonzero(self.tokens == EOT_ID))
+
+
+def run_tokenizer(out_dir: Path, index: dict):
+    """The run's tokenizer: the path index.json records, or, for a moved directory, its own tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    recorded = Path(index["tokenizer"])
+    for path in (recorded, out_dir / "tokenizer.json", out_dir / recorded.name):
+        if path.is_file():
+            return Tokenizer.from_file(str(path))
+    raise TokmixError(f"tokenizer {recorded} not found (nor {out_dir / 'tokenizer.json'}); it decodes the tokens")
+
+
+def decode_pieces(tokenizer, tokens: np.ndarray) -> list[str | None]:
+    """Document texts between EOTs, each decoded on its own (a document boundary never splits a character)."""
+    pieces: list[str | None] = []
+    cuts = np.flatnonzero(tokens == EOT_ID)
+    start = 0
+    for cut in [*cuts.tolist(), len(tokens)]:
+        if cut > start:
+            pieces.append(tokenizer.decode(tokens[start:cut].tolist(), skip_special_tokens=False))
+        if cut < len(tokens):
+            pieces.append(None)
+        start = cut + 1
+    return pieces
+
+
+def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
+    """Block `block` of train shard `shard`: tokens[block * seq_len : block * seq_len + seq_len + 1]."""
+    out_dir, index = Path(out_dir), _index(out_dir)
+    shards = index["shards"]
+    if not 0 <= shard < len(shards):
+        raise TokmixError(f"shard {shard}: the run has shards 0..{len(shards) - 1}")
+    entry = shards[shard]
+    if not 0 <= block < entry["blocks"]:
+        raise TokmixError(f"block {block}: {entry['file']} has blocks 0..{entry['blocks'] - 1}")
+    seq_len = index["seq_len"]
+    tokens = read_tokens(out_dir / entry["file"], index["dtype"])
+    start = block * seq_len
+    first = sum(s["blocks"] for s in shards[:shard]) + block
+    title = f"{entry['file']} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
+    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + seq_len + 1]))
+
+
+def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockView:
+    """Eval window `window` of holdout `domain`, laid out as the train blocks are."""
+    out_dir, index = Path(out_dir), _index(out_dir)
+    val = index.get("val", {})
+    if domain not in val:
+        raise TokmixError(f"holdout {domain!r}: the run has {', '.join(val) or 'none'}")
+    entry, seq_len = val[domain], index["seq_len"]
+    windows = (entry["tokens"] - 1) // seq_len
+    if not 0 <= window < windows:
+        raise TokmixError(f"window {window}: {entry['file']} has windows 0..{windows - 1}")
+    tokens = read_tokens(out_dir / entry["file"], index["dtype"])
+    start = window * seq_len
+    title = f"{entry['file']} window {window}: tokens {start:,} to {start + seq_len:,}"
+    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + seq_len + 1]))
+
+
+def _view(out_dir: Path, index: dict, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:
+    return BlockView(file, title, start, tokens, decode_pieces(run_tokenizer(out_dir, index), tokens))
+
+
+def render_block(view: BlockView) -> Panel:
+    body = Text()
+    for piece in view.pieces:
+        if piece is None:
+            body.append(DOC_MARKER, style="bold black on yellow")
+        else:
+            body.append(piece)
+    subtitle = f"{len(view.tokens):,} tokens, {view.documents_started} document start(s) marked {DOC_MARKER}"
+    return Panel(body, title=view.title, title_align="left", subtitle=subtitle, subtitle_align="left")

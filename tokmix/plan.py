@@ -1,0 +1,668 @@
+"""The plan of a run, in seconds and without tokenizing everything: the files of every stream, budgets, shards,
+holdouts, the disk space the run needs, and each stream's token supply estimated from a tokenized sample, so a
+recipe that would run short fails here and not hours into a run. Nothing is written (not even the split file).
+
+Supply = tokens per byte measured on a sample x the bytes the files hold, per kind of file: parquet bytes are the
+text column's uncompressed size from the footers; JSONL and text bytes are file sizes, a compressed JSONL file's
+measured in compressed bytes (so the sample's compression ratio is part of its rate). A file the sample read
+whole counts with its real token count.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from tokmix.backends import choose_backend, clean_surrogates, make_encoder
+from tokmix.errors import TokmixError
+from tokmix.recipe import Recipe
+from tokmix.shards import Layout, dtype_for_vocab, shard_blocks, shard_tokens
+from tokmix.sources import (
+    COMPRESSED,
+    Piece,
+    Split,
+    _json_text,
+    create_split,
+    file_kind,
+    file_size,
+    load_or_create_split,
+    open_file,
+    parse_mirrors,
+    read_texts,
+    stream_files,
+)
+from tokmix.tokenizer import load_tokenizer, vocab_size
+
+SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
+SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
+MAX_SAMPLE_FILES = 64  # ... and opens at most this many (small text files: one document each)
+GUESS_BYTES_PER_TOKEN = 4.0  # the run trains its tokenizer: nothing to sample with yet
+READ_BYTES = 64 << 10
+FEED_BYTES = 4 << 10  # compressed bytes fed to a decompressor at a time: the grain of the compressed bytes count
+LIST_THREADS = 16  # sizes and parquet footers fetched in parallel: remote files are latency-bound
+PARQUET_LENGTH_BYTES = 4  # each plain-encoded string's length prefix, inside the column's uncompressed size
+
+
+# ---------------------------------------------------------------------------- what a plan holds
+@dataclass
+class Supply:
+    """Tokens (EOT included) that a list of files holds: measured on a sample, scaled to the files' size."""
+
+    files: int = 0
+    text_bytes: int = 0  # UTF-8 bytes of the documents
+    docs: int = 0
+    tokens: int = 0
+    sample_text_bytes: int = 0
+    sample_docs: int = 0
+    sample_tokens: int = 0
+    exact: bool = False  # the sample read every file whole: the numbers are counts, not estimates
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Text bytes per token, EOTs counted as tokens (as index.json's holdout bytes/targets)."""
+        return self.sample_text_bytes / max(self.sample_tokens, 1)
+
+
+@dataclass
+class StreamPlan:
+    name: str
+    domain: str
+    share: float
+    budget: int
+    train_files: list[str]
+    holdout_files: list[str]
+    train: Supply
+    holdout: Supply
+    holdout_need: int  # tokens this stream gives its domain's holdout
+
+    @property
+    def short(self) -> bool:
+        return self.train.tokens < self.budget
+
+    @property
+    def holdout_short(self) -> bool:
+        return self.holdout.tokens < self.holdout_need
+
+
+@dataclass
+class HoldoutPlan:
+    domain: str
+    tokens: int  # tokens of val_<domain>.bin: [holdout] tokens + 1
+    eval_targets: int
+    streams: list[str]
+    supply: int
+
+
+@dataclass
+class Disk:
+    path: Path  # the nearest existing folder of the output directory
+    free: int
+    intermediates: int  # streams/: every stream's budget of tokens, plus document lengths
+    shards: int
+    holdouts: int
+    written: int  # of those, already in the output directory (a resumed run)
+
+    @property
+    def needed(self) -> int:
+        return max(0, self.intermediates + self.shards + self.holdouts - self.written)
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    out: Path
+    split_note: str
+    tokenizer_note: str
+    dtype: np.dtype
+    streams: dict[str, StreamPlan]
+    holdouts: dict[str, HoldoutPlan]
+    shards: list[int]  # blocks of each shard
+    disk: Disk
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# ---------------------------------------------------------------------------- sampling files
+@dataclass
+class _FileSample:
+    texts: list[str]
+    used: int  # bytes of the file (in its measure) that the texts came from
+    whole: bool  # the texts are all of the file's documents
+
+
+def _measure(path: str) -> str:
+    """How a file's bytes are counted: its kind, and its codec for compressed JSONL."""
+    kind = file_kind(path)
+    codec = COMPRESSED.get(os.path.splitext(path.lower())[1])
+    return f"{kind}.{codec}" if kind == "jsonl" and codec else kind
+
+
+def _parquet_bytes(path: str, text_field: str, mirrors) -> int:
+    """Text bytes of the column from the footer alone: uncompressed size less the strings' length prefixes."""
+    with open_file(path, mirrors) as f:
+        meta = pq.ParquetFile(f).metadata
+    columns = [i for i in range(meta.num_columns) if meta.schema.column(i).path == text_field]
+    if not columns:
+        return 0  # the sample reports the missing column with the run's own message
+    total = 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        total += max(0, rg.column(columns[0]).total_uncompressed_size - PARQUET_LENGTH_BYTES * rg.num_rows)
+    return total
+
+
+def _file_bytes(path: str, text_field: str, stream: str, mirrors) -> int:
+    try:
+        if file_kind(path) == "parquet":
+            return _parquet_bytes(path, text_field, mirrors)
+        return file_size(path, mirrors)
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found") from None
+    except OSError as e:
+        raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
+
+
+def _sample_parquet(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
+    with open_file(path, mirrors) as f:
+        groups = pq.ParquetFile(f).metadata.num_row_groups
+    texts, used = [], 0
+    reader = read_texts(Piece(path, "parquet", 0, groups), text_field, stream, mirrors)
+    for text in reader:
+        if used >= limit:
+            reader.close()
+            return _FileSample(texts, used, False)
+        text = text[: limit * 2]  # one huge row alone does not decide the sample
+        texts.append(text)
+        used += len(text.encode("utf-8", "surrogatepass"))
+    return _FileSample(texts, used, True)
+
+
+class _Decompressor:
+    """Streaming gzip / zstd / identity over a raw prefix of a file, across gzip members and zstd frames."""
+
+    def __init__(self, codec: str | None):
+        self.codec = codec
+        self._new()
+
+    def _new(self) -> None:
+        if self.codec == "gzip":
+            self.obj = zlib.decompressobj(wbits=31)
+        elif self.codec == "zstd":
+            import zstandard
+
+            self.obj = zstandard.ZstdDecompressor().decompressobj()
+        else:
+            self.obj = None
+
+    def __call__(self, data: bytes) -> bytes:
+        if self.obj is None:
+            return data
+        out = [self.obj.decompress(data)]
+        while self.obj.eof and self.obj.unused_data:
+            rest = self.obj.unused_data
+            self._new()
+            out.append(self.obj.decompress(rest))
+        return b"".join(out)
+
+
+def _sample_jsonl(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
+    """The first whole lines of a JSONL file, decompressed, about `limit` bytes of them. A compressed file's
+    bytes used are the compressed bytes that gave the output (counted when the output last grew: a codec holds
+    back a block until it is whole), in proportion to the whole lines in that output."""
+    decompress = _Decompressor(COMPRESSED.get(os.path.splitext(path.lower())[1]))
+    data, fed, fed_at_output, eof, has_newline = bytearray(), 0, 0, False, False
+    try:
+        with open_file(path, mirrors) as raw:
+            while len(data) < limit or not has_newline:
+                chunk = raw.read(READ_BYTES)
+                if not chunk:
+                    eof = True
+                    break
+                for at in range(0, len(chunk), FEED_BYTES):
+                    fed += len(chunk[at : at + FEED_BYTES])
+                    new = decompress(chunk[at : at + FEED_BYTES])
+                    if new:
+                        fed_at_output = fed
+                        has_newline = has_newline or b"\n" in new
+                        data += new
+                        if len(data) >= limit and has_newline:
+                            break
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found") from None
+    except Exception as e:  # OSError, zlib.error, zstandard.ZstdError: unreadable or corrupt
+        raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
+    cut = len(data) if eof else data.rfind(b"\n") + 1
+    used = fed if eof else round(fed_at_output * cut / max(len(data), 1))
+    texts = []
+    for n, line in enumerate(bytes(data[:cut]).split(b"\n"), start=1):
+        if line.strip():
+            texts.append(_json_text(line, text_field, stream, path, lambda n=n: f"line {n}"))
+    return _FileSample(texts, used, eof)
+
+
+def _sample_text(path: str, stream: str, mirrors, limit: int) -> _FileSample:
+    try:
+        with open_file(path, mirrors) as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found") from None
+    whole = len(data) <= limit
+    return _FileSample([data[:limit].decode("utf-8", "replace")], min(len(data), limit), whole)
+
+
+def _sample_file(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
+    kind = file_kind(path)
+    if kind == "parquet":
+        return _sample_parquet(path, text_field, stream, mirrors, limit)
+    if kind == "jsonl":
+        return _sample_jsonl(path, text_field, stream, mirrors, limit)
+    return _sample_text(path, stream, mirrors, limit)
+
+
+def _spread(n: int) -> list[int]:
+    """File indices in sampling order: the first file, then the others in a fixed random order."""
+    rest = list(range(1, n))
+    random.Random(0).shuffle(rest)
+    return [0, *rest][:n]
+
+
+# ---------------------------------------------------------------------------- estimating supply
+@dataclass
+class _Count:
+    """Bytes in a file's measure, and what they hold."""
+
+    used: int = 0
+    text_bytes: int = 0
+    docs: int = 0
+    tokens: int = 0
+
+    def __iadd__(self, other: _Count) -> _Count:
+        self.used += other.used
+        self.text_bytes += other.text_bytes
+        self.docs += other.docs
+        self.tokens += other.tokens
+        return self
+
+    def scaled(self, n_bytes: int) -> _Count:
+        """What `n_bytes` more of the same hold, at this sample's rates."""
+        rate = n_bytes / max(self.used, 1)
+        return _Count(n_bytes, round(self.text_bytes * rate), round(self.docs * rate), round(self.tokens * rate))
+
+
+def _counter(encoder):
+    """texts -> (tokens of each non-empty document plus its EOT, documents, text bytes), by the encoder or,
+    without a tokenizer, by GUESS_BYTES_PER_TOKEN."""
+
+    def count(texts: list[str]) -> tuple[int, int, int]:
+        texts = [clean_surrogates(t) for t in texts if t]
+        n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+        if not texts:
+            return 0, 0, 0
+        if encoder is None:
+            return round(n_bytes / GUESS_BYTES_PER_TOKEN) + len(texts), len(texts), n_bytes
+        _, lengths = encoder.encode_batch(texts)
+        return int(lengths.sum()) + len(texts), len(texts), n_bytes
+
+    return count
+
+
+def _estimate_measure(
+    paths: list[str], sizes: list[int], text_field: str, stream: str, mirrors, count, limit: int
+) -> tuple[_Count, _Count, bool]:
+    """Files of one measure: (the estimate, the sample, whether the sample read them all whole)."""
+    per_file = max(1, limit // min(len(paths), SAMPLE_FILES))
+    sample, whole, read_whole = _Count(), _Count(), set()
+    for i in _spread(len(paths))[:MAX_SAMPLE_FILES]:
+        if sample.used >= limit:
+            break
+        got = _sample_file(paths[i], text_field, stream, mirrors, per_file)
+        tokens, docs, text_bytes = count(got.texts)
+        part = _Count(got.used, text_bytes, docs, tokens)
+        sample += part
+        if got.whole:
+            whole += part
+            read_whole.add(i)
+    rest = sum(n for i, n in enumerate(sizes) if i not in read_whole)
+    whole += sample.scaled(rest)
+    return whole, sample, len(read_whole) == len(paths)
+
+
+def estimate_supply(
+    files: Sequence[str], text_field: str, stream: str, mirrors, count, sample_bytes: int = SAMPLE_BYTES
+) -> Supply:
+    """The token supply of `files`, from a sample of about `sample_bytes` per part (split among the kinds of
+    file), spread over several files."""
+    with ThreadPoolExecutor(LIST_THREADS) as pool:
+        sizes = list(pool.map(lambda p: _file_bytes(p, text_field, stream, mirrors), files))
+    by_measure: dict[str, list[int]] = {}
+    for i, path in enumerate(files):
+        by_measure.setdefault(_measure(path), []).append(i)
+    supply = Supply(files=len(files), exact=True)
+    for members in by_measure.values():
+        estimate, sample, exact = _estimate_measure(
+            [files[i] for i in members],
+            [sizes[i] for i in members],
+            text_field,
+            stream,
+            mirrors,
+            count,
+            max(1, sample_bytes // len(by_measure)),
+        )
+        supply.text_bytes += estimate.text_bytes
+        supply.docs += estimate.docs
+        supply.tokens += estimate.tokens
+        supply.sample_text_bytes += sample.text_bytes
+        supply.sample_docs += sample.docs
+        supply.sample_tokens += sample.tokens
+        supply.exact = supply.exact and exact
+    return supply
+
+
+# ---------------------------------------------------------------------------- the plan
+def _split(recipe: Recipe, mirrors) -> tuple[Split, str]:
+    """The persisted split when there is one, else the one the run would write (computed, not written)."""
+    path = recipe.splits_path
+    fs, fpath = fsspec.core.url_to_fs(path)
+    if fs.exists(fpath):
+        return load_or_create_split(recipe, mirrors), f"{path} (exists; used as is)"
+    return create_split(recipe, mirrors), f"{path} (not there yet: computed here, the run writes it)"
+
+
+def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
+    """The tokenizer to sample with (None: guess), its vocabulary size, and how the estimate is made."""
+    if recipe.tokenizer_path:
+        return recipe.tokenizer_path, vocab_size(load_tokenizer(recipe.tokenizer_path)), recipe.tokenizer_path
+    vocab = recipe.tokenizer.train.vocab_size
+    earlier = out / "tokenizer.json"
+    if earlier.exists():
+        return str(earlier), vocab, f"trained by an earlier run of this directory ({earlier})"
+    note = f"trained by the run (vocab {vocab:,}); supply estimated at {GUESS_BYTES_PER_TOKEN:g} bytes/token"
+    return None, vocab, note
+
+
+def _encoder(path: str | None, backend: str):
+    if path is None:
+        return None, "no tokenizer yet"
+    name, _ = choose_backend(path, backend)
+    return make_encoder(path, name), name
+
+
+def _free_space(out: Path) -> tuple[Path, int]:
+    place = out.absolute()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    return place, shutil.disk_usage(place).free
+
+
+def _already_written(layout: Layout) -> int:
+    files = [*layout.root.glob("*.bin"), *layout.streams.glob("*/units/*.tok"), *layout.streams.glob("*/units/*.len")]
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPlan], shards: list[int]) -> Disk:
+    seq_len = recipe.layout.seq_len
+    intermediates = 0
+    for s in streams.values():
+        docs = s.budget * s.train.sample_docs / max(s.train.sample_tokens, 1)
+        intermediates += s.budget * itemsize + round(docs) * 4  # .tok and .len (uint32 per document)
+    place, free = _free_space(out)
+    return Disk(
+        path=place,
+        free=free,
+        intermediates=intermediates,
+        shards=sum(shard_tokens(b, seq_len) for b in shards) * itemsize,
+        holdouts=len(recipe.domains) * (recipe.holdout.tokens + 1) * itemsize,
+        written=_already_written(Layout(out)) if out.exists() else 0,
+    )
+
+
+def _problems(plan: Plan) -> list[str]:
+    problems = []
+    for s in plan.streams.values():
+        if s.short:
+            missing = s.budget / max(s.train.tokens, 1) - 1
+            problems.append(
+                f"stream {s.name} is likely to run short: its {len(s.train_files)} train file(s) hold "
+                f"{'' if s.train.exact else 'about '}{s.train.tokens:,} tokens, its budget is {s.budget:,} (about "
+                f"{missing:.0%} more text needed): add "
+                "train files or lower its share or the number of blocks"
+            )
+    for h in plan.holdouts.values():
+        for name in h.streams:
+            s = plan.streams[name]
+            if s.holdout_short:
+                problems.append(
+                    f"holdout {h.domain} cannot be filled: stream {name}'s {len(s.holdout_files)} holdout file(s) "
+                    f"hold {'' if s.holdout.exact else 'about '}{s.holdout.tokens:,} tokens, it must give "
+                    f"{s.holdout_need:,} of the holdout's "
+                    f"{h.tokens:,}: hold out more files (holdout_files) or lower [holdout] tokens"
+                )
+        if h.eval_targets > h.tokens - 1:
+            problems.append(
+                f"holdout {h.domain}: eval_windows x seq_len = {h.eval_targets:,} targets but the holdout has "
+                f"{h.tokens - 1:,}: lower eval_windows or raise [holdout] tokens"
+            )
+    d = plan.disk
+    if d.needed > d.free:
+        problems.append(
+            f"not enough disk space: the run writes about {_bytes(d.needed)} into {plan.out}, {d.path} has "
+            f"{_bytes(d.free)} free"
+        )
+    return problems
+
+
+def make_plan(
+    recipe: Recipe,
+    mirrors: Iterable = (),
+    *,
+    out: str | os.PathLike | None = None,
+    sample_bytes: int = SAMPLE_BYTES,
+) -> Plan:
+    """What a run of `recipe` into `out` would do and whether it is likely to succeed; reads samples of the
+    source files, writes nothing. `out` decides the free space checked and lets a recipe that trains its
+    tokenizer be estimated with the tokenizer an earlier run there trained."""
+    t0 = time.perf_counter()
+    mirrors = list(mirrors)
+    if mirrors and isinstance(mirrors[0], str):
+        mirrors = parse_mirrors(mirrors)
+    out = Path(out) if out is not None else Path(".")
+    split, split_note = _split(recipe, mirrors)
+    tokenizer_path, vocab, tokenizer_note = _tokenizer(recipe, out)
+    try:
+        dtype = dtype_for_vocab(vocab, recipe.tokenizer.dtype)
+    except ValueError as e:
+        raise TokmixError(f'tokenizer: {e}; use dtype = "auto" or "uint32"') from None
+    encoder, backend = _encoder(tokenizer_path, recipe.tokenizer.backend)
+    if encoder is not None:
+        tokenizer_note += f"; sample tokenized with {backend}"
+    count = _counter(encoder)
+
+    streams = {}
+    for name, spec in recipe.streams.items():
+        train = stream_files(recipe, split, name, "train")
+        hold = stream_files(recipe, split, name, "holdout")
+        in_domain = sum(recipe.streams[n].share for n in recipe.streams_of(spec.domain))
+        streams[name] = StreamPlan(
+            name=name,
+            domain=spec.domain,
+            share=spec.share,
+            budget=recipe.budget(name),
+            train_files=train,
+            holdout_files=hold,
+            train=estimate_supply(train, spec.text_field, name, mirrors, count, sample_bytes),
+            holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes),
+            holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * spec.share / in_domain)),
+        )
+    holdouts = {
+        d: HoldoutPlan(
+            domain=d,
+            tokens=recipe.holdout.tokens + 1,
+            eval_targets=recipe.holdout.eval_windows * recipe.layout.seq_len,
+            streams=recipe.streams_of(d),
+            supply=sum(streams[n].holdout.tokens for n in recipe.streams_of(d)),
+        )
+        for d in recipe.domains
+    }
+    shards = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    disk = _disk(recipe, out, dtype.itemsize, streams, shards)
+    plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk)
+    plan.problems = _problems(plan)
+    plan.seconds = time.perf_counter() - t0
+    return plan
+
+
+# ---------------------------------------------------------------------------- rendering
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} TiB"  # pragma: no cover
+
+
+def _shards_line(shards: list[int], seq_len: int) -> str:
+    groups: dict[int, int] = {}
+    for b in shards:
+        groups[b] = groups.get(b, 0) + 1
+    return " + ".join(f"{n} x {b:,} blocks ({shard_tokens(b, seq_len):,} tokens)" for b, n in groups.items())
+
+
+def _status(short: bool, exact: bool, ratio: float) -> Text:
+    if short:
+        return Text("SHORT", style="bold red")
+    if ratio > 0.9 and not exact:
+        return Text("tight", style="yellow")
+    return Text("ok", style="green")
+
+
+def streams_table(plan: Plan) -> Table:
+    table = Table(title="streams (train files)", title_justify="left")
+    for col in (
+        "stream",
+        "domain",
+        "share",
+        "budget",
+        "files",
+        "text",
+        "sampled",
+        "bytes/token",
+        "est. supply",
+        "budget/supply",
+        "",
+    ):
+        table.add_column(col, justify="left" if col in ("stream", "domain", "") else "right")
+    for s in plan.streams.values():
+        t = s.train
+        ratio = s.budget / max(t.tokens, 1)
+        table.add_row(
+            s.name,
+            s.domain,
+            f"{s.share:.2%}",
+            f"{s.budget:,}",
+            f"{t.files:,}",
+            _bytes(t.text_bytes),
+            "all" if t.exact else _bytes(t.sample_text_bytes),
+            f"{t.bytes_per_token:.3f}",
+            ("" if t.exact else "~") + f"{t.tokens:,}",
+            f"{ratio:.0%}",
+            _status(s.short, t.exact, ratio),
+        )
+    total_budget = sum(s.budget for s in plan.streams.values())
+    total_supply = sum(s.train.tokens for s in plan.streams.values())
+    table.add_section()
+    table.add_row(
+        "total",
+        "",
+        "",
+        f"{total_budget:,}",
+        f"{sum(s.train.files for s in plan.streams.values()):,}",
+        _bytes(sum(s.train.text_bytes for s in plan.streams.values())),
+        "",
+        "",
+        f"{total_supply:,}",
+        f"{total_budget / max(total_supply, 1):.0%}",
+        "",
+    )
+    return table
+
+
+def holdouts_table(plan: Plan) -> Table:
+    table = Table(title="holdouts (holdout files)", title_justify="left")
+    for col in ("domain", "stream", "files", "text", "gives", "est. supply", "eval targets", ""):
+        table.add_column(col, justify="left" if col in ("domain", "stream", "") else "right")
+    for h in plan.holdouts.values():
+        for k, name in enumerate(h.streams):
+            s = plan.streams[name]
+            table.add_row(
+                h.domain if k == 0 else "",
+                name,
+                f"{len(s.holdout_files):,}",
+                _bytes(s.holdout.text_bytes),
+                f"{s.holdout_need:,}",
+                ("" if s.holdout.exact else "~") + f"{s.holdout.tokens:,}",
+                f"{h.eval_targets:,}" if k == 0 else "",
+                _status(s.holdout_short, s.holdout.exact, s.holdout_need / max(s.holdout.tokens, 1)),
+            )
+        table.add_row("", "total", "", "", f"{h.tokens:,}", f"{h.supply:,}", "", "", end_section=True)
+    return table
+
+
+def disk_table(plan: Plan) -> Table:
+    d = plan.disk
+    table = Table(title=f"disk ({plan.dtype.name} tokens)", title_justify="left")
+    table.add_column("what")
+    table.add_column("bytes", justify="right")
+    table.add_row("intermediates (streams/: each stream's budget)", _bytes(d.intermediates))
+    table.add_row(f"train shards ({len(plan.shards)})", _bytes(d.shards))
+    table.add_row(f"holdouts ({len(plan.holdouts)})", _bytes(d.holdouts))
+    if d.written:
+        table.add_row("already written in the output directory", "-" + _bytes(d.written))
+    table.add_section()
+    table.add_row("needed", _bytes(d.needed))
+    style = "red" if d.needed > d.free else "green"
+    table.add_row(f"free on {d.path}", Text(_bytes(d.free), style=style))
+    return table
+
+
+def render_plan(plan: Plan) -> Group:
+    r = plan.recipe
+    head = Text()
+    head.append("split      ", style="bold").append(f"{plan.split_note}\n")
+    head.append("tokenizer  ", style="bold").append(f"{plan.tokenizer_note}\n")
+    head.append("train      ", style="bold").append(
+        f"{r.blocks:,} blocks x {r.layout.seq_len} tokens = {r.train_tokens:,} tokens ({plan.dtype.name}); "
+        f"stream budgets include stream_slack {r.layout.stream_slack}\n"
+    )
+    head.append("shards     ", style="bold").append(f"{_shards_line(plan.shards, r.layout.seq_len)}\n")
+    head.append("holdouts   ", style="bold").append(
+        f"{len(plan.holdouts)} x {r.holdout.tokens + 1:,} tokens, {r.holdout.eval_windows:,} eval windows each\n"
+    )
+    head.append("output     ", style="bold").append(f"{plan.out}")
+    parts: list = [head, streams_table(plan), holdouts_table(plan), disk_table(plan)]
+    for problem in plan.problems:
+        parts.append(Text.assemble(("problem: ", "bold red"), problem))
+    verdict = (
+        Text(f"plan ok ({plan.seconds:.1f}s)", style="bold green")
+        if plan.ok
+        else Text(f"plan: {len(plan.problems)} problem(s) ({plan.seconds:.1f}s)", style="bold red")
+    )
+    parts.append(verdict)
+    return Group(*parts)

@@ -1,0 +1,212 @@
+"""What a run directory holds, from its files alone (no process is asked): the holdouts written, each stream's
+committed units and tokens against its budget, the shards written against the plan, whether the run was
+validated, and whether a live process holds the directory's lock. Safe to call while a run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from rich.console import Group
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from tokmix.errors import TokmixError
+from tokmix.recipe import Recipe, recipe_from_dict
+from tokmix.shards import Layout, read_index, shard_blocks, shard_tokens
+
+
+@dataclass
+class StreamStatus:
+    name: str
+    domain: str
+    budget: int
+    tokens: int  # committed: the stream's record when done, else the sum over committed unit records
+    docs: int
+    units: int
+    done: bool
+
+
+@dataclass
+class Status:
+    out: Path
+    recipe: Recipe
+    lock: tuple[str, int] | None  # (host, pid) of the process holding the lock file, if there is one
+    running: bool  # the lock's process is alive (on this host)
+    tokenizer: bool
+    holdouts: dict[str, int | None]  # domain -> tokens written, None when not yet
+    streams: dict[str, StreamStatus]
+    shards_planned: list[int]  # blocks per shard
+    shards_written: list[str]
+    validated: bool
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.validated and len(self.shards_written) == len(self.shards_planned)
+
+    def remaining(self) -> list[str]:
+        """What a resumed run still has to do, in stage order."""
+        todo = []
+        if not self.tokenizer:
+            todo.append("train the tokenizer")
+        todo += [f"holdout {d}" for d, n in self.holdouts.items() if n is None]
+        todo += [
+            f"stream {s.name} ({max(s.budget - s.tokens, 0):,} tokens)" for s in self.streams.values() if not s.done
+        ]
+        missing = len(self.shards_planned) - len(self.shards_written)
+        if missing:
+            todo.append(f"{missing} shard(s)")
+        if not self.validated:
+            todo.append("validate")
+        return todo
+
+
+def _recorded_recipe(layout: Layout) -> Recipe:
+    path = layout.state / "recipe.json"
+    if not path.exists():
+        raise TokmixError(f"{layout.root}: no tokmix run here ({path} not found)")
+    data = json.loads(path.read_text())
+    return recipe_from_dict(data["recipe"], Path(data["base_dir"]), str(path))
+
+
+def _lock(layout: Layout) -> tuple[tuple[str, int] | None, bool]:
+    """The lock's owner and whether it is alive; a lock of another host counts as alive (it cannot be checked)."""
+    try:
+        parts = (layout.state / "lock").read_text().split()
+    except FileNotFoundError:
+        return None, False
+    if len(parts) != 2 or not parts[1].isdigit():
+        return None, False  # being written right now, or not tokmix's
+    host, pid = parts[0], int(parts[1])
+    return (host, pid), host != socket.gethostname() or psutil.pid_exists(pid)
+
+
+def _json(path: Path) -> dict | None:
+    """A committed JSON file, or None; a file that a writer is replacing right now reads as absent."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _stream_status(layout: Layout, recipe: Recipe, name: str, index: dict, validated: bool) -> StreamStatus:
+    spec, budget = recipe.streams[name], recipe.budget(name)
+    folder = layout.stream(name)
+    meta = _json(folder / "stream.json")
+    if meta is not None:
+        return StreamStatus(name, spec.domain, budget, meta["tokens"], meta["docs"], len(meta["units"]), True)
+    if validated and not folder.exists():  # intermediates removed after validation
+        meta = index.get("mix", {}).get("streams", {}).get(name, {})
+        return StreamStatus(name, spec.domain, budget, meta.get("tokens", budget), meta.get("docs", 0), 0, True)
+    tokens = docs = units = 0
+    for path in (folder / "units").glob("*.json"):
+        record = _json(path)
+        stem = path.with_suffix("")
+        if record and stem.with_suffix(".tok").exists() and stem.with_suffix(".len").exists():
+            tokens, docs, units = tokens + record["tokens"], docs + record["docs"], units + 1
+    return StreamStatus(name, spec.domain, budget, tokens, docs, units, False)
+
+
+def _shards_written(layout: Layout, plan: list[int], seq_len: int, itemsize: int) -> list[str]:
+    written = []
+    for k, blocks in enumerate(plan):
+        shard = layout.train(k)
+        record = layout.state / "shards" / f"{shard.name}.json"
+        if record.exists() and shard.exists() and shard.stat().st_size == shard_tokens(blocks, seq_len) * itemsize:
+            written.append(shard.name)
+    return written
+
+
+def status(out_dir: str | os.PathLike) -> Status:
+    """The state of the run in `out_dir`, read from its files."""
+    layout = Layout(out_dir)
+    recipe = _recorded_recipe(layout)
+    index = read_index(layout.root) if layout.index.exists() else {}
+    done = _json(layout.state / "done.json") or {}
+    validated = done.get("fingerprint") == recipe.fingerprint()
+    lock, running = _lock(layout)
+    val = index.get("val", {})
+    holdouts = {d: (val[d]["tokens"] if d in val and layout.val(d).exists() else None) for d in recipe.domains}
+    itemsize = 4 if index.get("dtype") == "uint32" or recipe.tokenizer.dtype == "uint32" else 2
+    plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    error = layout.state / "error.txt"
+    return Status(
+        out=layout.root,
+        recipe=recipe,
+        lock=lock,
+        running=running,
+        tokenizer=bool(recipe.tokenizer_path) or (layout.root / "tokenizer.json").exists(),
+        holdouts=holdouts,
+        streams={n: _stream_status(layout, recipe, n, index, validated) for n in recipe.streams},
+        shards_planned=plan,
+        shards_written=_shards_written(layout, plan, recipe.layout.seq_len, itemsize),
+        validated=validated,
+        error=error.read_text().strip() if error.exists() and not running else None,
+        timings=_json(layout.state / "timings.json") or {},
+    )
+
+
+# ---------------------------------------------------------------------------- rendering
+def _state(done: bool, started: bool) -> Text:
+    if done:
+        return Text("done", style="green")
+    return Text("in progress", style="yellow") if started else Text("not started", style="dim")
+
+
+def render_status(st: Status) -> Group:
+    if st.running:
+        head = Text.assemble(("running", "bold yellow"), f": pid {st.lock[1]} on {st.lock[0]} holds the lock")
+    elif st.lock:
+        head = Text.assemble(
+            ("not running", "bold"),
+            f" (stale lock of pid {st.lock[1]} on {st.lock[0]}: that process is gone; the next run takes it over)",
+        )
+    else:
+        head = Text.assemble(("not running", "bold"))
+    table = Table(title=f"{st.out}: recipe {st.recipe.fingerprint()}", title_justify="left")
+    for col in ("stage", "state", "progress", "", "detail"):
+        table.add_column(col, justify="right" if col == "progress" else "left")
+    table.add_row(
+        "tokenizer",
+        _state(st.tokenizer, False),
+        "",
+        "",
+        st.recipe.tokenizer_path or ("trained (tokenizer.json)" if st.tokenizer else "trained by the run"),
+    )
+    for domain, tokens in st.holdouts.items():
+        table.add_row(
+            f"holdout {domain}", _state(tokens is not None, False), f"{tokens:,}" if tokens is not None else "", "", ""
+        )
+    table.add_section()
+    for s in st.streams.values():
+        bar = ProgressBar(total=s.budget, completed=min(s.tokens, s.budget), width=20)
+        table.add_row(
+            f"stream {s.name}",
+            _state(s.done, s.units > 0),
+            f"{s.tokens:,} / {s.budget:,}",
+            bar,
+            ", ".join(
+                x for x in (f"{s.units:,} unit(s)" if s.units else "", f"{s.docs:,} docs" if s.docs else "") if x
+            ),
+        )
+    table.add_section()
+    n, planned = len(st.shards_written), len(st.shards_planned)
+    table.add_row(
+        "shards", _state(n == planned, n > 0), f"{n} / {planned}", ProgressBar(total=planned, completed=n, width=20), ""
+    )
+    table.add_row("validate", _state(st.validated, False), "", "", "")
+    parts: list = [head, table]
+    if st.error:
+        parts.append(Text.assemble(("last error: ", "bold red"), st.error))
+    if st.complete:
+        parts.append(Text("complete and validated", style="bold green"))
+    else:
+        parts.append(Text.assemble(("remaining: ", "bold"), "; ".join(st.remaining())))
+    return Group(*parts)
