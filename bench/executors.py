@@ -34,25 +34,35 @@ import tokmix
 
 SAMPLE_SECONDS = 0.1
 WORK = Path(__file__).resolve().parent / "work" / "executors"
+TRIVIAL_TASKS = 2000
 ROLES = ("stage process", "workers", "ray daemons", "other")
 
-# one executor's fixed cost, in a fresh process as the stage process pays it: start, run one trivial task per
-# worker (a worker process must start for it), shut down
-FIXED_COST = """
+# one executor's costs, in a fresh process as the stage process pays them: start, run one trivial task per worker
+# (a worker process must start for it), shut down; and the cost of one more trivial task through the window
+EXECUTOR_COSTS = """
 import os, sys, time
 from tokmix.executors import make_executor
-kind, workers, address = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None
+kind, workers, address, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4])
+
+def drain(pending, limit):
+    while len(pending) > limit:
+        for ref in ex.wait_any(pending):
+            pending.discard(ref)
+            ex.result(ref)
+
 t0 = time.perf_counter()
 ex = make_executor(kind, workers, address) if address else make_executor(kind, workers)
 t1 = time.perf_counter()
 pending = {ex.submit(os.path.join, "unit", str(i)) for i in range(workers)}
-while pending:
-    for ref in ex.wait_any(pending):
-        pending.discard(ref)
-        ex.result(ref)
+drain(pending, 0)
 t2 = time.perf_counter()
+for i in range(tasks):  # the coordinator's pattern: a window of 2 x workers, refilled as tasks finish
+    pending.add(ex.submit(os.path.join, "unit", str(i)))
+    drain(pending, 2 * workers - 1)
+drain(pending, 0)
+t3 = time.perf_counter()
 ex.close()
-print(t1 - t0, t2 - t1, time.perf_counter() - t2)
+print(t1 - t0, t2 - t1, time.perf_counter() - t3, (t3 - t2) / tasks)
 """
 
 
@@ -110,8 +120,16 @@ def run_once(recipe: Path, out: Path, executor: str, args: argparse.Namespace, t
     sampler = TreeSampler()
     sampler.start()
     t0 = time.perf_counter()
-    index = tokmix.run(tokmix.load_recipe(recipe), out, workers=args.workers, executor=executor,
-                       unit_bytes=int(args.unit_mb * 2**20), keep_streams=True, max_memory=64 << 30, **extra)
+    index = tokmix.run(
+        tokmix.load_recipe(recipe),
+        out,
+        workers=args.workers,
+        executor=executor,
+        unit_bytes=int(args.unit_mb * 2**20),
+        keep_streams=True,
+        max_memory=64 << 30,
+        **extra,
+    )
     wall = time.perf_counter() - t0
     sampler.stop()
     return {
@@ -126,21 +144,26 @@ def run_once(recipe: Path, out: Path, executor: str, args: argparse.Namespace, t
     }
 
 
-def fixed_cost(executor: str, args: argparse.Namespace) -> tuple[float, float, float]:
-    """Seconds to start the executor, to run its first task on every worker, and to close it."""
-    proc = subprocess.run([sys.executable, "-c", FIXED_COST, executor, str(args.workers), args.ray_address or ""],
-                          capture_output=True, text=True, check=True)
-    start, first, close = map(float, proc.stdout.split())
-    return start, first, close
+def executor_costs(executor: str, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """Seconds to start the executor, to run its first task on every worker, to close it, and per task."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXECUTOR_COSTS, executor, str(args.workers), args.ray_address or "", str(TRIVIAL_TASKS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    start, first, close, per_task = map(float, proc.stdout.split()[-4:])
+    return start, first, close, per_task
 
 
 def same_outputs(a: Path, b: Path) -> bool:
     names = sorted(p.name for p in a.glob("*.bin"))
     return names == sorted(p.name for p in b.glob("*.bin")) and all(
-        (a / n).read_bytes() == (b / n).read_bytes() for n in names)
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
 
 
-def report(runs: list[dict], fixed: dict[str, tuple[float, float, float]]) -> None:
+def report(runs: list[dict], costs: dict[str, tuple[float, float, float, float]]) -> None:
     mib = 2**20
     print(f"\n{'':28}" + "".join(f"{r['executor']:>14}" for r in runs))
     rows = [
@@ -154,11 +177,14 @@ def report(runs: list[dict], fixed: dict[str, tuple[float, float, float]]) -> No
         ("streams tok/s", lambda r: f"{r['tokens'] / r['stages']['streams']:,.0f}"),
         ("peak RSS, tree (MiB)", lambda r: f"{r['peak_rss'] / mib:,.0f}"),
         ("peak PSS, tree (MiB)", lambda r: f"{r['peak_pss'] / mib:,.0f}"),
-        *((f"  peak RSS {name} (MiB)", lambda r, n=name: f"{r['peak_rss_by_role'].get(n, 0) / mib:,.0f}")
-          for name in ROLES),
-        ("executor start (s)", lambda r: f"{fixed[r['executor']][0]:.2f}"),
-        ("first task per worker (s)", lambda r: f"{fixed[r['executor']][1]:.2f}"),
-        ("executor close (s)", lambda r: f"{fixed[r['executor']][2]:.2f}"),
+        *(
+            (f"  peak RSS {name} (MiB)", lambda r, n=name: f"{r['peak_rss_by_role'].get(n, 0) / mib:,.0f}")
+            for name in ROLES
+        ),
+        ("executor start (s)", lambda r: f"{costs[r['executor']][0]:.2f}"),
+        ("first task per worker (s)", lambda r: f"{costs[r['executor']][1]:.2f}"),
+        ("executor close (s)", lambda r: f"{costs[r['executor']][2]:.2f}"),
+        ("trivial task, in window (ms)", lambda r: f"{costs[r['executor']][3] * 1e3:.2f}"),
     ]
     for label, cell in rows:
         print(f"{label:28}" + "".join(f"{cell(r):>14}" for r in runs))
@@ -166,10 +192,12 @@ def report(runs: list[dict], fixed: dict[str, tuple[float, float, float]]) -> No
     units = ray["units"]
     work = ("streams", "assemble")
     diff = sum(ray["stages"][s] - local["stages"][s] for s in work)
-    fixed_diff = 2 * (sum(fixed["ray"]) - sum(fixed["local"]))  # each of the two stages opens its executor
+    fixed_diff = 2 * (sum(costs["ray"][:3]) - sum(costs["local"][:3]))  # each of the two stages opens one
     print(f"\nRay - local, streams + assemble: {diff:+.1f} s over {units} units = {diff / units * 1e3:+,.0f} ms/unit")
-    print(f"  of which starting and closing the executor twice: {fixed_diff:+.1f} s; "
-          f"the rest per unit: {(diff - fixed_diff) / units * 1e3:+,.0f} ms/unit")
+    print(
+        f"  of which starting and closing the executor twice: {fixed_diff:+.1f} s; "
+        f"the rest per unit: {(diff - fixed_diff) / units * 1e3:+,.0f} ms/unit"
+    )
 
 
 def main() -> None:
@@ -191,10 +219,12 @@ def main() -> None:
     for executor in ("local", "ray"):
         print(f"--- {executor}", flush=True)
         runs.append(run_once(args.recipe, WORK / executor, executor, args, trained if trained.exists() else None))
-    fixed = {executor: fixed_cost(executor, args) for executor in ("local", "ray")}
-    report(runs, fixed)
-    print(f"\noutputs identical: {same_outputs(WORK / 'local', WORK / 'ray')}; recipe {args.recipe}, "
-          f"{args.workers} workers, {psutil.cpu_count()} CPUs, units of {args.unit_mb:g} MB")
+    costs = {executor: executor_costs(executor, args) for executor in ("local", "ray")}
+    report(runs, costs)
+    print(
+        f"\noutputs identical: {same_outputs(WORK / 'local', WORK / 'ray')}; recipe {args.recipe}, "
+        f"{args.workers} workers, {psutil.cpu_count()} CPUs, units of {args.unit_mb:g} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def test_resuming_with_a_changed_recipe_is_refused_with_a_diff(corpus, two_worke
 
 def test_a_source_that_runs_out_names_the_stream_and_the_shortfall(corpus, tmp_path):
     with pytest.raises(TokmixError, match=r"stream dclm: source files ran out at [\d,]+ tokens of a budget of "
-                                          r"[\d,]+; about [\d.,]+ MB more text"):
+                                          r"[\d,]+; about [\d.,]+ [kM]B more text"):
         tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=2, blocks=20_000)
     # the holdouts finished before the failure are kept
     assert (tmp_path / "val_dclm.bin").exists()
@@ -170,3 +170,17 @@ def test_cli_bad_input_is_one_line_and_debug_shows_the_traceback(corpus, tmp_pat
 def test_memory_guard_restarts_and_gives_up_without_progress(corpus, tmp_path):
     with pytest.raises(TokmixError, match="memory guard restarted the run 3 times without progress"):
         tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=1, max_memory=1 << 20)
+
+
+def test_validate_names_the_file_and_block_of_a_flipped_byte(two_workers, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(two_workers, out)
+    shard = out / "train_001.bin"
+    data = bytearray(shard.read_bytes())
+    data[2 * (17 * 64 + 5)] ^= 0x01  # a bit of the 6th token of block 17
+    shard.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1
+    assert "train_001.bin: sha256 checksum differs from index.json" in proc.stderr
+    assert "block 17 (tokens 1,088-1,152)" in proc.stderr

@@ -1,13 +1,17 @@
-"""The Ray executor: the same recipe run as Ray tasks writes the same bytes as the local process pool, a Ray
-worker killed in the middle of a unit is rerun by Ray and changes nothing, and bad input still ends as one
-line. The Ray tests share one local Ray instance of 2 CPUs, started here; the stage process that tokmix runs
-connects to it by address, as it would to a cluster."""
+"""The Ray executor: the same recipe run as Ray tasks writes the same bytes as the local process pool, with or
+without an address; a Ray worker killed in the middle of a unit is rerun by Ray and changes nothing; SIGTERM
+still stops a run cleanly; bad input and a wrong address still end as one line. The tests share one local Ray
+instance of 2 CPUs, started here; the stage process that tokmix runs connects to it by address, as it would
+to a cluster. Needs the ray extra (skipped without it, but for the two tests that need no Ray)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,7 +26,7 @@ from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_
 from tokmix import TokmixError
 from tokmix.executors import make_executor
 
-BLOCKS = 1024  # about 60 units of 16 rows each across the four streams, so a kill lands inside one
+BLOCKS = 1024  # about 45 units of 16 rows each across the four streams, so a kill lands inside one
 UNIT_BYTES = 1  # every parquet row group is a unit
 RUN = {"workers": 2, "blocks": BLOCKS, "unit_bytes": UNIT_BYTES}
 KILL_DEADLINE_SECONDS = 60
@@ -66,8 +70,9 @@ def outputs(out: Path) -> dict[str, bytes]:
 
 
 def test_ray_writes_the_same_bytes_as_local(corpus, local_run, ray_address, tmp_path):
-    index = tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray",
-                       ray_address=ray_address, **RUN)
+    index = tokmix.run(
+        tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
+    )
     assert len(index["shards"]) > 1
     assert outputs(tmp_path) == outputs(local_run)
 
@@ -96,8 +101,9 @@ def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(corpus, loca
 
     def run() -> None:
         try:
-            tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray",
-                       ray_address=ray_address, **RUN)
+            tokmix.run(
+                tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
+            )
         except BaseException as e:  # handed to the test's thread
             failure.append(e)
 
@@ -117,6 +123,41 @@ def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(corpus, loca
     assert outputs(tmp_path) == outputs(local_run)
 
 
+def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(corpus, local_run, ray_address, tmp_path):
+    """ray.init makes SIGTERM a sys.exit; the executor puts tokmix's handler back, so a SIGTERM still ends the
+    stage process as an interruption with its work kept, and the same run resumes to the same bytes."""
+    fifo, out = tmp_path / "paused", tmp_path / "out"
+    os.mkfifo(fifo)
+    call = (
+        f"tokmix.run(tokmix.load_recipe({str(corpus / 'recipe.toml')!r}), {str(out)!r}, executor='ray', "
+        f"ray_address={ray_address!r}, **{RUN!r})"
+    )
+    env = {**os.environ, "TOKMIX_FAULT": "streams:after-unit:2:pause", "TOKMIX_PAUSE_FIFO": str(fifo)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import tokmix; {call}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    reader, said, deadline = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), b"", time.monotonic() + 60
+    while said != b"paused" and proc.poll() is None and time.monotonic() < deadline:
+        try:
+            said += os.read(reader, 16)
+        except BlockingIOError:  # the stage process has not reached the pause point yet
+            pass
+        time.sleep(0.01)
+    os.close(reader)
+    assert said == b"paused", proc.stderr.read() if proc.poll() is not None else "no pause within 60 s"
+    proc.send_signal(signal.SIGTERM)  # the supervisor passes it on to the stage process
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert (out / "tokmix-state/error.txt").read_text().startswith("interrupted; committed work is kept")
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, executor="ray", ray_address=ray_address, **RUN)
+    assert outputs(out) == outputs(local_run)
+
+
 def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(corpus, ray_address, tmp_path):
     """A broken JSONL line that only a worker reads (the driver's backend check reads the first documents)
     fails the task once, not RAY_MAX_RETRIES times, and reaches the user as the worker raised it."""
@@ -131,16 +172,22 @@ def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(corpus, ray_address
     recipe = root / "recipe.toml"
     recipe.write_text(recipe.read_text().replace('"corpus/dclm/*.parquet"', '"corpus/dclm/*"'))
     with pytest.raises(TokmixError) as failure:
-        tokmix.run(tokmix.load_recipe(recipe), tmp_path / "out", executor="ray", ray_address=ray_address,
-                   **{**RUN, "unit_bytes": 20_000})
+        tokmix.run(
+            tokmix.load_recipe(recipe),
+            tmp_path / "out",
+            executor="ray",
+            ray_address=ray_address,
+            **{**RUN, "unit_bytes": 20_000},
+        )
     assert re.fullmatch(r"stream dclm: file \S+/part-0\.jsonl: line 201: invalid JSON \(.*\)", str(failure.value))
     assert (tmp_path / "out/val_dclm.bin").exists()
 
 
 def test_an_unreachable_ray_address_is_one_line(corpus, ray_address, tmp_path):
     with pytest.raises(TokmixError, match=r"^cannot reach the Ray cluster at 127\.0\.0\.1:1: Connection refused$"):
-        tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address="127.0.0.1:1",
-                   **RUN)
+        tokmix.run(
+            tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address="127.0.0.1:1", **RUN
+        )
 
 
 def test_without_ray_the_executor_says_how_to_install_it(monkeypatch):

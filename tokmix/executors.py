@@ -9,7 +9,9 @@ import logging
 import multiprocessing as mp
 import os
 import re
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -89,12 +91,8 @@ class RayExecutor:
 
     def _init(self) -> None:
         where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
-        host_port = re.fullmatch(r"([\w.-]+):(\d+)", self.address or "")
-        if host_port:
-            try:
-                socket.create_connection((host_port[1], int(host_port[2])), timeout=RAY_CONNECT_SECONDS).close()
-            except OSError as e:
-                raise TokmixError(f"cannot reach {where}: {e.strerror or e}") from None
+        _check_reachable(self.address)
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             if self.address:
                 self.ray.init(address=self.address, logging_level=logging.WARNING)
@@ -104,6 +102,9 @@ class RayExecutor:
                 )
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise TokmixError(f"cannot start or reach {where}: {_first_line(e)}") from None
+        finally:  # ray.init makes SIGTERM a sys.exit; the stage process's own handler stops a run cleanly
+            if threading.current_thread() is threading.main_thread() and sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
 
     def submit(self, fn: Callable, *args: Any) -> Any:
         if fn not in self.remotes:
@@ -158,15 +159,35 @@ def _first_line(e: BaseException) -> str:
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
-def check_executor(kind: str) -> None:
-    """Fail before any work is done when the executor is unknown or its extra is not installed."""
+def _unknown(kind: str) -> TokmixError:
+    return TokmixError(f"unknown executor {kind!r}; choose " + " or ".join(map(repr, EXECUTORS)))
+
+
+def _check_reachable(address: str | None) -> None:
+    """A HOST:PORT address that nothing answers at fails now: ray.init would retry it for minutes."""
+    host_port = re.fullmatch(r"([\w.-]+):(\d+)", address or "")
+    if host_port:
+        try:
+            socket.create_connection((host_port[1], int(host_port[2])), timeout=RAY_CONNECT_SECONDS).close()
+        except OSError as e:
+            raise TokmixError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def check_executor(kind: str, address: str | None = None) -> None:
+    """Fail before any work is done when the executor is unknown, its extra is not installed or the Ray
+    address answers nothing."""
     if kind not in EXECUTORS:
-        raise TokmixError(f"unknown executor {kind!r}; choose 'local' or 'ray'")
+        raise _unknown(kind)
     if kind == "ray" and importlib.util.find_spec("ray") is None:
         raise TokmixError(NO_RAY)
+    if kind == "ray":
+        _check_reachable(address or os.environ.get("RAY_ADDRESS"))
 
 
 def make_executor(kind: str, workers: int, address: str | None = None) -> LocalExecutor | RayExecutor:
     """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs."""
-    check_executor(kind)
-    return RayExecutor(workers, address) if kind == "ray" else LocalExecutor(workers)
+    if kind == "local":
+        return LocalExecutor(workers)
+    if kind == "ray":
+        return RayExecutor(workers, address)
+    raise _unknown(kind)

@@ -30,7 +30,8 @@ class _Strict(BaseModel):
 class TokenizerTrain(_Strict):
     vocab_size: int = Field(gt=256)
     min_frequency: int = Field(default=2, ge=1)
-    max_bytes: int = Field(default=1 << 30, gt=0, description="UTF-8 bytes of train text to learn from")
+    # text to learn from; the trainer's tables grow with it (~256 MiB of text fits the default memory budget)
+    max_bytes: int = Field(default=256 << 20, gt=0)
 
 
 class TokenizerSpec(_Strict):

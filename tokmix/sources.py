@@ -8,6 +8,7 @@ Formats: parquet (only the text column, by row group), JSONL (.jsonl, .jsonl.gz,
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -15,13 +16,18 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import fsspec
-import pyarrow as pa
-import pyarrow.parquet as pq
-from fsspec.utils import glob_translate
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arrow buffers back; jemalloc hoards
 
-from tokmix.errors import TokmixError
-from tokmix.recipe import Recipe
+import fsspec  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from fsspec.utils import glob_translate  # noqa: E402
+
+from tokmix.backends import clean_surrogates, utf8_pieces  # noqa: E402
+from tokmix.errors import TokmixError  # noqa: E402
+from tokmix.recipe import Recipe  # noqa: E402
 
 UNIT_BYTES = 64 << 20  # source bytes per work unit: the grain of parallelism and of resume
 BATCH_DOCS = 1024
@@ -258,11 +264,32 @@ class SourceError(TokmixError):
     pass
 
 
+class HugeText:
+    """A document too large to hold as one Python string (200 MB of text with a single emoji is 800 MB as a
+    str): its UTF-8 bytes, which the tokenizing worker turns into str pieces one at a time."""
+
+    def __init__(self, data, path: str, stream: str):
+        self.data, self.path, self.stream = data, path, stream
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[str]:
+        try:
+            yield from utf8_pieces(self.data)
+        except UnicodeDecodeError as e:
+            where = f"byte {e.start} of a {len(self):,}-byte document"
+            raise _bad(self.stream, self.path, where, "invalid UTF-8") from None
+
+    def utf8(self):
+        return self.data
+
+
 def _bad(stream: str, path: str, where: str, what: str) -> SourceError:
     return SourceError(f"stream {stream}: file {path}: {where}: {what}")
 
 
-def _parquet_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str]:
+def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None) -> Iterator[str | HugeText]:
     with open_file(piece.path, mirrors) as f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
@@ -277,7 +304,12 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[s
             if column.null_count:
                 first = column.is_null().index(True).as_py()
                 raise _bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
-            yield from column.to_pylist()
+            if huge is None or pc.max(pc.binary_length(column)).as_py() <= huge:
+                yield from column.to_pylist()
+            else:  # documents past `huge` bytes stay Arrow bytes, never one Python string
+                for value in column:
+                    data = value.as_buffer()
+                    yield HugeText(data, piece.path, stream) if len(data) > huge else value.as_py()
             row += len(column)
 
 
@@ -292,7 +324,8 @@ def _json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
     if not isinstance(text, str):
         kind = "null" if text is None else f"a {type(text).__name__}, not a string"
         raise _bad(stream, path, where(), f"{field!r} is {kind}")
-    return text
+    # JSON may escape lone surrogates ("\ud800"); parquet and UTF-8 text files cannot hold them
+    return clean_surrogates(text)
 
 
 def _open_jsonl(piece: Piece, mirrors) -> io.BufferedIOBase:
@@ -363,58 +396,73 @@ def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str
                 if not line:
                     break
                 line_no += 1
-                if line.strip():
+                size = len(line)
+                if not line.isspace():  # (strip() would copy a 200 MB line)
                     where = (
                         (lambda o=offset: f"line {_line_number(piece, mirrors, o)}")
                         if ranged
                         else (lambda n=line_no: f"line {n}")
                     )
-                    yield _json_text(line, field, stream, piece.path, where)
-                offset += len(line)
+                    text = _json_text(line, field, stream, piece.path, where)
+                    del line  # a 200 MB line must not stay alive beside its text while it is tokenized
+                    yield text
+                offset += size
         except TokmixError:
             raise
         except Exception as e:  # EOFError, BadGzipFile, zstandard's ZstdError: a truncated or corrupt file
             raise _bad(stream, piece.path, f"line {line_no + 1}", f"truncated or corrupt file ({e})") from None
 
 
-def _text_document(piece: Piece, stream: str, mirrors) -> str:
+def _text_document(piece: Piece, stream: str, mirrors, huge: int | None) -> str | HugeText:
     with open_file(piece.path, mirrors) as f:
         data = f.read()
+    if huge is not None and len(data) > huge:
+        return HugeText(data, piece.path, stream)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _bad(stream, piece.path, f"byte {e.start}", "invalid UTF-8") from None
 
 
-def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors) -> Iterator[str]:
-    """Every document text of a unit (or one piece) in order, empty ones included."""
+def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
+               huge: int | None = None) -> Iterator[str | HugeText]:
+    """Every document text of a unit (or one piece) in order, empty ones included. With `huge`, a parquet or
+    plain-text document of more bytes comes as a HugeText (a JSONL line is always parsed whole)."""
     pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
     for piece in pieces:
         try:
             if piece.kind == "parquet":
-                yield from _parquet_texts(piece, field, stream, mirrors)
+                yield from _parquet_texts(piece, field, stream, mirrors, huge)
             elif piece.kind == "jsonl":
                 yield from _jsonl_texts(piece, field, stream, mirrors)
             else:
-                yield _text_document(piece, stream, mirrors)
+                yield _text_document(piece, stream, mirrors, huge)
         except FileNotFoundError:
             raise _bad(stream, piece.path, "open", "file not found") from None
         except (pa.ArrowException, OSError) as e:
             raise _bad(stream, piece.path, "read", f"corrupt or unreadable ({e})") from None
 
 
-def iter_file_texts(paths: list[str], field: str, stream: str, mirrors) -> Iterator[str]:
+def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
+                    huge: int | None = None) -> Iterator[str | HugeText]:
     """Documents of whole files in order (the holdout stage reads files this way)."""
     for path in paths:
         for piece in _file_pieces(path, mirrors, 1 << 62, stream):
-            yield from read_texts(piece, field, stream, mirrors)
+            yield from read_texts(piece, field, stream, mirrors, huge)
 
 
-def batches(texts: Iterator[str]) -> Iterator[list[str]]:
-    """Group non-empty texts into tokenizer batches bounded in count and size."""
+def batches(texts: Iterator[str], huge: int = 1 << 62) -> Iterator[list[str]]:
+    """Group non-empty texts into tokenizer batches bounded in count and size; a text longer than `huge`
+    characters is a batch alone."""
     batch, size = [], 0
     for text in texts:
         if not text:
+            continue
+        if len(text) > huge:
+            if batch:
+                yield batch
+            yield [text]
+            batch, size = [], 0
             continue
         batch.append(text)
         size += len(text)
@@ -423,3 +471,10 @@ def batches(texts: Iterator[str]) -> Iterator[list[str]]:
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def text_hashes(texts: list[str]) -> np.ndarray:
+    """64-bit hashes of documents' exact UTF-8 bytes (no normalisation): the decontamination key."""
+    digests = b"".join(hashlib.blake2b(t.utf8() if isinstance(t, HugeText) else t.encode("utf-8"),
+                                       digest_size=8).digest() for t in texts)
+    return np.frombuffer(digests, dtype=np.uint64)

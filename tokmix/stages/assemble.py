@@ -15,7 +15,16 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
 from tokmix.faults import fault_point
-from tokmix.shards import EOT_ID, TokenFileWriter, read_tokens, shard_blocks, write_json
+from tokmix.shards import (
+    EOT_ID,
+    TokenFileWriter,
+    block_fingerprints,
+    fingerprints_path,
+    read_tokens,
+    shard_blocks,
+    write_bytes,
+    write_json,
+)
 from tokmix.stages import Context
 from tokmix.stages.streams import unit_lengths, units_dir
 
@@ -28,6 +37,7 @@ class ShardTask:
 
     path: str
     dtype: str
+    seq_len: int
     blocks: int
     n_tokens: int
     skip: int  # tokens of the first document before the shard starts
@@ -67,6 +77,10 @@ def write_shard(task: ShardTask) -> dict:
         writer.abort()
         raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
     checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
+    path = Path(task.path)
+    marks = fingerprints_path(path.parent, path.name)
+    marks.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(marks, block_fingerprints(path, task.dtype, task.seq_len).tobytes())
     return {
         "file": Path(task.path).name,
         "tokens": task.n_tokens,
@@ -126,7 +140,7 @@ class Interleave:
         d0 = int(np.searchsorted(self.ends, start, side="right"))
         d1 = int(np.searchsorted(self.ends, start + n_tokens - 1, side="right")) + 1
         return ShardTask(
-            str(path), dtype.str, blocks, n_tokens,
+            str(path), dtype.str, seq_len, blocks, n_tokens,
             skip=start - int(self.ends[d0] - self.length[d0]),
             drop_first=not first,
             streams=self.streams,

@@ -11,21 +11,15 @@ import time
 
 import numpy as np
 
-from tokmix.backends import clean_surrogates, make_encoder
+from tokmix.backends import make_encoder
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, EOT_ID, write_json, write_npy, write_tokens
-from tokmix.sources import iter_file_texts, stream_files
+from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context
 from tokmix.tokenizer import load_tokenizer, token_byte_lengths
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
-
-
-def text_hashes(texts: list[str]) -> np.ndarray:
-    """64-bit hashes of documents' exact UTF-8 bytes (no normalisation): the decontamination key."""
-    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
-    return np.frombuffer(digests, dtype=np.uint64)
 
 
 def hashes_path(ctx: Context, domain: str):
@@ -56,7 +50,7 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: f
     field = ctx.recipe.streams[stream].text_field
     reader = iter_file_texts(files, field, stream, ctx.mirrors)
     while got < budget:
-        batch = [clean_surrogates(t) for t in itertools.islice(reader, READ_BATCH)]
+        batch = list(itertools.islice(reader, READ_BATCH))
         if not batch:
             break
         ids, lengths = encoder.encode_batch(batch)

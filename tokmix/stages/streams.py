@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.backends import clean_surrogates, make_encoder
+from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
 from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, write_bytes, write_json, write_npy
-from tokmix.sources import Unit, batches, plan_units, read_texts, stream_files
+from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context
-from tokmix.stages.holdout import holdout_hashes, text_hashes
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, EOT included
 UNITS_IN_FLIGHT_PER_WORKER = 2
@@ -64,17 +63,30 @@ def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarra
     return out
 
 
+def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> int:
+    """One huge document, encoded piece by piece (ids identical to encoding it whole, see document_pieces) and
+    written as it goes, so memory holds the text and one piece's ids; returns its token count."""
+    writer.write(np.array([EOT_ID], dtype=writer.dtype))
+    n = 0
+    for piece in text.pieces() if isinstance(text, HugeText) else document_pieces(text):
+        ids, _ = encoder.encode_batch([piece])
+        writer.write(ids)
+        n += len(ids)
+    return n
+
+
 def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it; returns its record."""
     unit, unit_dir = task.unit, Path(task.unit_dir)
     encoder = _cached(("encoder", task.tokenizer_path, task.backend, task.threads),
                       lambda: make_encoder(task.tokenizer_path, task.backend, task.threads))
     hashes = _cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
+    cut = _cached(("cut", task.tokenizer_path), lambda: can_cut_documents(task.tokenizer_path))
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype))
     lengths, dropped_at, kept, chars, encode_seconds = [], [], 0, 0, 0.0
+    huge = HUGE_DOC_CHARS if cut else 1 << 62
     try:
-        for batch in batches(read_texts(unit, task.text_field, unit.stream, task.mirrors)):
-            batch = [clean_surrogates(t) for t in batch]
+        for batch in batches(read_texts(unit, task.text_field, unit.stream, task.mirrors, huge), huge):
             if hashes is not None and len(hashes):
                 is_copy = np.isin(text_hashes(batch), hashes)
                 if is_copy.any():
@@ -83,9 +95,12 @@ def tokenize_unit(task: UnitTask) -> dict:
             if not batch:
                 continue
             t0 = time.perf_counter()
-            ids, lens = encoder.encode_batch(batch)
+            if isinstance(batch[0], HugeText) or len(batch[0]) > huge:
+                lens = np.array([_write_in_pieces(encoder, batch[0], writer)], dtype=np.int64)
+            else:
+                ids, lens = encoder.encode_batch(batch)
+                writer.write(with_eot(ids, lens, writer.dtype))
             encode_seconds += time.perf_counter() - t0
-            writer.write(with_eot(ids, lens, writer.dtype))
             lengths.append((lens + 1).astype(LENGTH_DTYPE))
             kept += len(batch)
             chars += sum(map(len, batch))
@@ -142,8 +157,9 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict]) -> T
     chars = sum(r["chars"] for r in records)
     more = ""
     if got:
-        missing_mb = (budget - got) * chars / got / 1e6
-        more = f"; about {missing_mb:,.1f} MB more text ({100 * (budget - got) / got:.0f}% more) is needed"
+        missing = (budget - got) * chars / got
+        size = f"{missing / 1e6:,.1f} MB" if missing >= 1e5 else f"{missing / 1e3:,.1f} kB"
+        more = f"; about {size} more text ({100 * (budget - got) / got:.0f}% more) is needed"
     return TokmixError(
         f"stream {stream}: source files ran out at {got:,} tokens of a budget of {budget:,}{more}: "
         "add train files or lower the stream's share or the number of blocks"
@@ -178,59 +194,110 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
     return meta
 
 
-def tokenize_stream(ctx: Context, executor, stream: str) -> dict:
-    recipe = ctx.recipe
-    budget = recipe.budget(stream)
-    directory = units_dir(ctx, stream)
-    directory.mkdir(parents=True, exist_ok=True)
-    records = _committed(directory)
-    files = stream_files(recipe, ctx.split, stream, "train")
-    hashes = str(ctx.layout.state / "holdout.hashes.npy") if recipe.holdout.decontaminate else None
+class StreamRun:
+    """One stream's progress: its lazily planned units, the committed ones, and the committed prefix."""
 
-    def task(unit: Unit) -> UnitTask:
-        return UnitTask(unit, recipe.streams[stream].text_field, ctx.tokenizer_path, ctx.backend, ctx.dtype.str,
-                        str(directory), hashes, tuple(ctx.mirrors), max(1, ctx.threads_per_worker))
+    def __init__(self, ctx: Context, stream: str):
+        self.ctx, self.name = ctx, stream
+        self.budget = ctx.recipe.budget(stream)
+        self.directory = units_dir(ctx, stream)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.records = _committed(self.directory)
+        self.plan = plan_units(stream, stream_files(ctx.recipe, ctx.split, stream, "train"), ctx.mirrors,
+                               ctx.unit_bytes)
+        self.prefix = self.prefix_tokens = self.new_tokens = self.in_flight = 0
+        self.exhausted = False
+        self.started = time.perf_counter()
+        self.hashes = str(ctx.layout.state / "holdout.hashes.npy") if ctx.recipe.holdout.decontaminate else None
+        committed = f", {len(self.records)} units already committed" if self.records else ""
+        ctx.log(f"{stream}: budget {self.budget:,} tokens{committed}")
 
-    plan = plan_units(stream, files, ctx.mirrors, ctx.unit_bytes)
-    in_flight: dict = {}
-    prefix, prefix_tokens, exhausted, new_tokens = 0, 0, False, 0
+    def advance(self) -> bool:
+        """Extend the committed prefix; True once it holds the budget."""
+        while self.prefix in self.records and self.prefix_tokens < self.budget:
+            self.prefix_tokens += self.records[self.prefix]["tokens"]
+            self.prefix += 1
+        return self.prefix_tokens >= self.budget
+
+    def wants_more(self) -> bool:
+        """Whether dispatching another unit may be needed: not while the units in flight, at this stream's
+        average so far, are expected to reach the budget (that would be work thrown away)."""
+        if self.exhausted:
+            return False
+        done = [r["tokens"] for r in self.records.values()]
+        expected = self.in_flight * (sum(done) / len(done)) if done else 0
+        return self.prefix_tokens + expected < self.budget or not done
+
+    def next_task(self) -> UnitTask | None:
+        """The next unit not committed yet, or None when the files are exhausted."""
+        for unit in self.plan:
+            record = self.records.get(unit.index)
+            if record is None:
+                self.in_flight += 1
+                return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
+                                self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
+                                tuple(self.ctx.mirrors), self.ctx.threads_per_worker)
+            if record["pieces"] != unit.describe():
+                raise TokmixError(f"stream {self.name}: unit {unit.name} was cut from other files or sizes than "
+                                  "now; the source files changed since this run started (use --restart)")
+            if self.advance():
+                return None
+        self.exhausted = True
+        return None
+
+    def committed(self, unit: Unit, record: dict) -> None:
+        self.records[unit.index] = record
+        self.in_flight -= 1
+        self.new_tokens += record["tokens"]
+
+    def out_of_source(self) -> TokmixError | None:
+        if self.exhausted and not self.in_flight and self.prefix_tokens < self.budget:
+            return _out_of_source(self.name, self.prefix_tokens, self.budget,
+                                  [self.records[i] for i in range(self.prefix)])
+        return None
+
+    def finish(self) -> dict:
+        seconds = time.perf_counter() - self.started
+        meta = _finish(self.ctx, self.name, self.budget, [self.records[i] for i in range(self.prefix)], seconds,
+                       self.new_tokens)
+        dropped = f", {meta['dropped_holdout_duplicates']:,} holdout copies dropped" if self.hashes else ""
+        self.ctx.log(f"{self.name}: done, {meta['tokens']:,} tokens, {meta['docs']:,} docs, "
+                     f"{meta['tok_s_end_to_end']:,} tok/s{dropped}")
+        return meta
+
+
+def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict]:
+    """All unfinished streams through one window of units in flight, earlier streams first, so every worker
+    stays busy until the last budget is reached (a stream's tail overlaps the next stream's start)."""
+    runs = [StreamRun(ctx, name) for name in names]
+    metas: dict[str, dict] = {}
+    pending: dict = {}
     window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
-    t0 = last_log = time.perf_counter()
-    resumed = sum(r["tokens"] for r in records.values())
-    ctx.log(f"{stream}: budget {budget:,} tokens" + (f", {len(records)} units already committed" if records else ""))
+    last_log = time.perf_counter()
     while True:
-        while prefix in records and prefix_tokens < budget:
-            prefix_tokens += records[prefix]["tokens"]
-            prefix += 1
-        if prefix_tokens >= budget:
-            break
-        while not exhausted and len(in_flight) < window:
-            unit = next(plan, None)
-            if unit is None:
-                exhausted = True
-            elif unit.index in records:
-                if records[unit.index]["pieces"] != unit.describe():
-                    raise TokmixError(f"stream {stream}: unit {unit.name} was cut from other files or sizes than "
-                                      "now; the source files changed since this run started (use --restart)")
-            else:
-                in_flight[executor.submit(tokenize_unit, task(unit))] = unit
-        if not in_flight:
-            if exhausted and prefix not in records:
-                raise _out_of_source(stream, prefix_tokens, budget, [records[i] for i in range(prefix)])
-            continue
-        for future in executor.wait_any(set(in_flight)):
-            unit = in_flight.pop(future)
-            records[unit.index] = record = executor.result(future)
-            new_tokens += record["tokens"]
+        for run in runs:
+            if run.name not in metas and run.advance():
+                metas[run.name] = run.finish()
+        active = [run for run in runs if run.name not in metas]
+        if not active:
+            return metas
+        for run in active:
+            while len(pending) < window and run.wants_more() and (task := run.next_task()):
+                pending[executor.submit(tokenize_unit, task)] = (run, task.unit)
+        if not pending:
+            failed = next((e for e in map(StreamRun.out_of_source, active) if e), None)
+            if failed:
+                raise failed
+            continue  # committed units alone reached a budget: finish it above
+        for future in executor.wait_any(set(pending)):
+            run, unit = pending.pop(future)
+            run.committed(unit, executor.result(future))
             fault_point("streams:after-unit")
         if time.perf_counter() - last_log > 10:
             last_log = time.perf_counter()
-            done = resumed + new_tokens
-            ctx.log(f"{stream}: {done:,} / {budget:,} tokens, {new_tokens / (last_log - t0):,.0f} tok/s")
-    meta = _finish(ctx, stream, budget, [records[i] for i in range(prefix)], time.perf_counter() - t0, new_tokens)
-    ctx.log(f"{stream}: done, {meta['tokens']:,} tokens, {meta['docs']:,} docs, {meta['tok_s_end_to_end']:,} tok/s"
-            + (f", {meta['dropped_holdout_duplicates']:,} holdout copies dropped" if hashes else ""))
-    return meta
+            for run in active:
+                rate = run.new_tokens / (last_log - run.started)
+                ctx.log(f"{run.name}: {run.prefix_tokens:,} / {run.budget:,} tokens committed, {rate:,.0f} tok/s")
 
 
 def run_streams(ctx: Context) -> dict[str, dict]:
@@ -245,9 +312,10 @@ def run_streams(ctx: Context) -> dict[str, dict]:
         else:
             write_json(cut, ctx.unit_bytes)
         if ctx.recipe.holdout.decontaminate:
+            from tokmix.stages.holdout import holdout_hashes  # here: workers need not import HF tokenizers
+
             write_npy(ctx.layout.state / "holdout.hashes.npy", holdout_hashes(ctx))
         with make_executor(ctx.executor, ctx.workers) as executor:
-            for name in todo:
-                metas[name] = tokenize_stream(ctx, executor, name)
+            metas.update(tokenize_streams(ctx, executor, todo))
             executor.close(cancel=True)  # units past a budget that are still running are not needed
     return metas

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.shards import CHECKSUM, EOT_ID, READ_CHUNK_BYTES, Layout, read_index
+from tokmix.shards import (
+    CHECKSUM,
+    EOT_ID,
+    READ_CHUNK_BYTES,
+    Layout,
+    block_fingerprints,
+    fingerprints_path,
+    read_index,
+)
 
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
 
@@ -49,7 +57,8 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
         if vocab is not None and got["max"] >= vocab:
             problems.append(f"{name}: token id {got['max']} out of range (vocabulary {vocab:,})")
         if "checksum" in shard and got["checksum"] != shard["checksum"]:
-            problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
+            problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)"
+                            + _where(root, name, dtype, seq_len))
         if k == 0 and got["first"] != EOT_ID:
             problems.append(f"{name}: does not start with <|endoftext|>")
         if previous_last is not None and got["first"] != previous_last:
@@ -60,6 +69,24 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             problems.append(f"{name}: tokens_by_stream sums to {counted:,}, expected {want - (k > 0):,}")
         previous_last = got["last"]
     return problems
+
+
+def _where(root: Path, name: str, dtype: np.dtype, seq_len: int) -> str:
+    """Which blocks changed, from the fingerprints written with the shard (when this directory has them)."""
+    marks = fingerprints_path(root, name)
+    if not marks.exists():
+        return ""
+    want = np.fromfile(marks, dtype=np.uint32)
+    got = block_fingerprints(root / name, dtype, seq_len)
+    if len(got) != len(want):
+        return ""
+    bad = np.flatnonzero(got != want)
+    if not len(bad):
+        return ""
+    last = len(want) - 1
+    blocks = [f"block {b} (tokens {b * seq_len:,}-{b * seq_len + seq_len:,})" if b < last else "its last token"
+              for b in bad[:3]]
+    return ": " + ", ".join(blocks) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
 def _check_holdouts(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -> list[str]:

@@ -1,0 +1,126 @@
+"""Peak memory of a whole `tokmix run` process tree on the two inputs that break naive tokenizers:
+one 200 MB document, and 10,000 small files. Also checks that the 200 MB document's ids equal encoding it
+whole (with fastokens, id-identical to HF; HF itself would need ~8 GB and minutes).
+
+    python bench/memory.py [--work bench/work/memory] [--doc-mb 200] [--files 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split  # noqa: E402
+
+
+def peak_tree_rss(cmd: list[str]) -> tuple[int, float, int]:
+    """Run cmd; sample the summed RSS of it and all its descendants every 20 ms. (peak bytes, seconds, rc)"""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    root, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            break
+        peak = max(peak, total)
+        time.sleep(0.02)
+    return peak, time.perf_counter() - t0, proc.returncode
+
+
+def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
+    files = make_corpus(work)
+    tok = train_test_tokenizer(files, work / "tokenizer" / "tokenizer.json")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join(p.read_text(errors="replace") for p in sorted(stdlib.rglob("*.py"))[:2000])
+    huge = (text * (doc_mb * 2**20 // len(text) + 1))[: doc_mb * 2**20]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    edu = files["edu"][0]
+    texts = pq.read_table(edu)["text"].to_pylist()
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts[:2] + [huge] + texts[2:]}), edu, row_group_size=64)
+    else:  # the document as a file of its own, first in the stream: .txt (one document) or one JSONL line
+        path = work / "corpus" / "edu" / ("part-0.txt" if fmt == "text" else "part-0.jsonl")
+        path.write_text(huge if fmt == "text" else json.dumps({"text": huge}) + "\n")
+        files["edu"].insert(0, path)
+    del texts
+    write_split(work, files)
+    recipe = write_recipe(work, "tokenizer/tokenizer.json", blocks=6_000)
+    if fmt != "parquet":
+        recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
+    out = work / "out"
+    peak, secs, rc = peak_tree_rss([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out),
+                                    "--workers", "2", "--keep-streams", "--restart"])
+    identical = None
+    if rc == 0:
+        from tokmix.backends import make_encoder
+
+        want, _ = make_encoder(tok, "fastokens").encode_batch([huge])
+        tokens = np.concatenate([np.fromfile(u, np.uint16) for u in sorted((out / "streams/edu/units").glob("*.tok"))])
+        starts = np.flatnonzero(tokens == 0)
+        lengths = np.diff(np.append(starts, len(tokens)))
+        at = np.flatnonzero(lengths == len(want) + 1)
+        identical = bool(len(at) == 1 and np.array_equal(tokens[starts[at[0]] + 1:][: len(want)], want))
+    return {"case": f"one {doc_mb} MB document ({fmt})", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc,
+            "ids_identical_to_whole": identical}
+
+
+def many_files_case(work: Path, n_files: int) -> dict:
+    files = make_corpus(work)
+    train_test_tokenizer(files, work / "tokenizer" / "tokenizer.json")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    sources = [p.read_text(errors="replace") for p in sorted(stdlib.rglob("*.py"))[:n_files]]
+    folder = work / "corpus" / "code_py"
+    for p in folder.glob("*.parquet"):
+        p.unlink()
+    for i in range(n_files):
+        (folder / f"f{i:05d}.py").write_text(sources[i % len(sources)])
+    files["code_py"] = sorted(folder.glob("*.py"))
+    split_path = write_split(work, files)
+    split = json.loads(split_path.read_text())  # hold out the last 500 small files, not one
+    moved = [str(p.relative_to(work)) for p in files["code_py"][-500:]]
+    split["code"]["holdout"] = [f for f in split["code"]["holdout"] if "code_py" not in f] + moved
+    split["code"]["train"] = [f for f in split["code"]["train"] if f not in moved]
+    split_path.write_text(json.dumps(split))
+    recipe = write_recipe(work, "tokenizer/tokenizer.json")
+    recipe.write_text(recipe.read_text().replace('files = ["corpus/code_py/*.parquet"]',
+                                                 'files = ["corpus/code_py/*.py"]'))
+    peak, secs, rc = peak_tree_rss([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out",
+                                    str(work / "out"), "--workers", "2", "--restart"])
+    return {"case": f"{n_files:,} small files", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "memory")
+    ap.add_argument("--doc-mb", type=int, default=200)
+    ap.add_argument("--files", type=int, default=10_000)
+    args = ap.parse_args()
+    rows = [huge_document_case(args.work / f"huge-{fmt}", args.doc_mb, fmt) for fmt in ("text", "parquet", "jsonl")]
+    rows.append(many_files_case(args.work / "files", args.files))
+    print(f"{'case':<36} {'peak RSS (tree)':>16} {'seconds':>8} {'exit':>5}  ids identical")
+    for r in rows:
+        print(f"{r['case']:<36} {r['peak_mib']:>12,.0f} MiB {r['seconds']:>8.1f} {r['exit']:>5}  "
+              f"{r.get('ids_identical_to_whole', '')}")
+
+
+if __name__ == "__main__":
+    main()
