@@ -184,3 +184,29 @@ def test_validate_names_the_file_and_block_of_a_flipped_byte(two_workers, tmp_pa
     assert proc.returncode == 1
     assert "train_001.bin: sha256 checksum differs from index.json" in proc.stderr
     assert "block 17 (tokens 1,088-1,152)" in proc.stderr
+
+
+def test_without_a_terminal_progress_is_plain_lines(corpus, tmp_path, capfd):
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=2, log_seconds=0)
+    out = capfd.readouterr().out
+    assert "\x1b[" not in out, "no terminal control codes in a log file"
+    import re
+
+    lines = re.findall(r"\] (\w+): ([\d,]+) / ([\d,]+) tokens committed \(\d+%\), process tree [\d,]+ MiB", out)
+    assert {name for name, _, _ in lines} == {"dclm", "edu", "code_py", "code_other"}
+
+
+def test_cli_exports_a_real_run_for_llmc_and_megatron(two_workers, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for fmt, dest in (("llmc", tmp_path / "llmc"), ("megatron", tmp_path / "mega" / "gptu")):
+        proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "export", str(two_workers), "--format", fmt,
+                               str(dest)], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+    import numpy as np
+
+    shard = np.fromfile(two_workers / "train_000.bin", dtype=np.uint16)
+    exported = (tmp_path / "llmc" / "tokmix_train_000.bin").read_bytes()
+    header = np.frombuffer(exported[:1024], dtype=np.int32)
+    assert (header[0], header[1], header[2]) == (20240520, 1, len(shard))
+    assert exported[1024:] == shard.tobytes()
+    assert (tmp_path / "mega" / "gptu.bin").stat().st_size > 0 and (tmp_path / "mega" / "gptu.idx").exists()

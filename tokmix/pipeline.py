@@ -24,6 +24,7 @@ import psutil
 from tokmix.backends import HUGE_DOC_CHARS, choose_backend
 from tokmix.errors import TokmixError
 from tokmix.faults import exit_for_restart, fault_point
+from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
@@ -44,17 +45,6 @@ SAMPLE_CHARS_PER_STREAM = 256 << 10
 def _start_memory_guard(limit: int) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
     Units commit atomically, so exiting at any moment loses only the units in flight."""
-    me = psutil.Process()
-
-    def tree_rss() -> int:
-        total = 0
-        for p in [me, *me.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:  # a worker that just exited
-                pass
-        return total
-
     def watch() -> None:
         while True:
             rss, available = tree_rss(), psutil.virtual_memory().available
@@ -174,8 +164,9 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     workers = max(1, options.workers)
     backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
     timings.add("tokenizer", time.perf_counter() - t0)
+    progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
-                   options.executor, log, options.unit_bytes)
+                   options.executor, progress.log, options.unit_bytes, progress)
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:
@@ -213,7 +204,11 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     else:
         remove_tmp_files(layout.root)
         timings = Timings(layout)
-        run_pipeline(build_context(recipe, layout, options, timings), timings)
+        ctx = build_context(recipe, layout, options, timings)
+        try:
+            run_pipeline(ctx, timings)
+        finally:
+            ctx.progress.stop()
         write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
         fault_point("cleanup:before")
     if not options.keep_streams:

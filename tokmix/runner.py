@@ -43,6 +43,7 @@ class RunOptions:
     debug: bool = False
     # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
     unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
+    log_seconds: float = 10.0  # without a terminal: a progress line per stream this often
 
 
 def log(msg: str) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tokmix.progress import RunProgress
 from tokmix.recipe import Recipe
 from tokmix.shards import Layout
 from tokmix.sources import UNIT_BYTES, Split
@@ -28,6 +29,7 @@ class Context:
     executor: str = "local"
     log: Callable[[str], None] = print
     unit_bytes: int = UNIT_BYTES
+    progress: RunProgress = field(default_factory=lambda: RunProgress(live=False))
 
     @property
     def threads_per_worker(self) -> int:

@@ -211,6 +211,11 @@ class StreamRun:
         self.hashes = str(ctx.layout.state / "holdout.hashes.npy") if ctx.recipe.holdout.decontaminate else None
         committed = f", {len(self.records)} units already committed" if self.records else ""
         ctx.log(f"{stream}: budget {self.budget:,} tokens{committed}")
+        ctx.progress.start(stream, self.budget, self.committed_tokens)
+
+    @property
+    def committed_tokens(self) -> int:
+        return sum(r["tokens"] for r in self.records.values())
 
     def advance(self) -> bool:
         """Extend the committed prefix; True once it holds the budget."""
@@ -273,7 +278,6 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
     metas: dict[str, dict] = {}
     pending: dict = {}
     window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
-    last_log = time.perf_counter()
     while True:
         for run in runs:
             if run.name not in metas and run.advance():
@@ -293,11 +297,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             run, unit = pending.pop(future)
             run.committed(unit, executor.result(future))
             fault_point("streams:after-unit")
-        if time.perf_counter() - last_log > 10:
-            last_log = time.perf_counter()
-            for run in active:
-                rate = run.new_tokens / (last_log - run.started)
-                ctx.log(f"{run.name}: {run.prefix_tokens:,} / {run.budget:,} tokens committed, {rate:,.0f} tok/s")
+            ctx.progress.update(run.name, run.committed_tokens, run.budget)
 
 
 def run_streams(ctx: Context) -> dict[str, dict]:
