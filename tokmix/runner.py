@@ -23,9 +23,7 @@ import psutil
 from tokmix.errors import TokmixError
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import Layout, write_json
-
-UNIT_BYTES = 64 << 20  # source bytes per work unit: the grain of parallelism and of resume
+from tokmix.shards import UNIT_BYTES, Layout, write_json
 
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3

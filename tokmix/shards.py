@@ -24,6 +24,7 @@ INDEX_NAME = "index.json"
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
 CHECKSUM = "sha256"
+UNIT_BYTES = 16 << 20  # intermediates: source bytes per work unit, the grain of parallelism and of resume
 READ_CHUNK_BYTES = 64 << 20  # sequential reads of this size keep checksums and validation streaming
 
 

@@ -28,13 +28,14 @@ from fsspec.utils import glob_translate  # noqa: E402
 from tokmix.backends import clean_surrogates, utf8_pieces  # noqa: E402
 from tokmix.errors import TokmixError  # noqa: E402
 from tokmix.recipe import Recipe  # noqa: E402
+from tokmix.shards import UNIT_BYTES  # noqa: E402
 
-UNIT_BYTES = 64 << 20  # source bytes per work unit: the grain of parallelism and of resume
 BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
 PARQUET_READ_ROWS = 1024
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSION_GUESS = 4  # text compresses about 4x with gzip or zstd: a compressed file's size for scheduling
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}
 
 
@@ -179,6 +180,7 @@ class Piece:
     start: int = 0
     stop: int = -1
     first_row: int = 0  # row (parquet) number of the piece's first document, for messages
+    size: int = 0  # source bytes it holds (uncompressed, estimated for compressed files): for scheduling
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,10 @@ class Unit:
     @property
     def name(self) -> str:
         return f"{self.index:06d}"
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.pieces)
 
     def describe(self) -> list[list]:
         return [[p.path, p.kind, p.start, p.stop] for p in self.pieces]
@@ -213,9 +219,10 @@ def _file_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int, str
         elif kind == "jsonl" and not path.lower().endswith(tuple(COMPRESSED)):
             size = file_size(path, mirrors)
             for start in range(0, max(size, 1), unit_bytes):
-                yield Piece(path, kind, start, min(start + unit_bytes, size))
+                yield Piece(path, kind, start, min(start + unit_bytes, size), size=min(unit_bytes, size - start))
         else:
-            yield Piece(path, kind)
+            compressed = path.lower().endswith(tuple(COMPRESSED))
+            yield Piece(path, kind, size=file_size(path, mirrors) * (COMPRESSION_GUESS if compressed else 1))
     except FileNotFoundError:
         raise TokmixError(f"stream {stream}: file {path}: not found") from None
     except (pa.ArrowInvalid, OSError) as e:
@@ -231,7 +238,7 @@ def _parquet_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int) 
         size += rg.total_byte_size
         row += rg.num_rows
         if size >= unit_bytes or g == meta.num_row_groups - 1:
-            yield Piece(path, "parquet", start, g + 1, first_row)
+            yield Piece(path, "parquet", start, g + 1, first_row, size)
             start, size, first_row = g + 1, 0, row
 
 
@@ -245,7 +252,7 @@ def plan_units(
         for piece in _file_pieces(path, mirrors, unit_bytes, stream):
             if piece.stop == -1 and piece.kind == "text":
                 group.append(piece)
-                group_bytes += file_size(path, mirrors)
+                group_bytes += piece.size
                 if group_bytes >= unit_bytes:
                     yield Unit(stream, index, tuple(group))
                     index, group, group_bytes = index + 1, [], 0

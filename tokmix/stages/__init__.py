@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tokmix.progress import RunProgress
 from tokmix.recipe import Recipe
-from tokmix.shards import Layout
-from tokmix.sources import UNIT_BYTES, Split
+from tokmix.shards import UNIT_BYTES, Layout
+from tokmix.sources import Split
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Context:
     log: Callable[[str], None] = print
     unit_bytes: int = UNIT_BYTES
     progress: RunProgress = field(default_factory=lambda: RunProgress(live=False))
+    pool: Any = None  # the executor the stages share, started once per stage process (tokmix.executors)
 
     @property
     def threads_per_worker(self) -> int:

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.executors import make_executor
 from tokmix.faults import fault_point
 from tokmix.shards import (
     EOT_ID,
@@ -188,16 +187,16 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     write_json(used_path, used)
     tasks = {k: interleave.shard_task(layout.train(k), ctx.dtype, int(starts[k]), plan[k], seq_len, k == 0)
              for k in todo}
-    with make_executor(ctx.executor, min(ctx.workers, len(todo))) as executor:
-        pending = {executor.submit(write_shard, task): k for k, task in tasks.items()}
-        while pending:
-            for future in executor.wait_any(set(pending)):
-                k = pending.pop(future)
-                records[k] = executor.result(future)
-                fault_point("assemble:after-rename")
-                write_json(_record_path(ctx, k), records[k])
-                fault_point("assemble:after-record")
-                ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
+    executor = ctx.pool
+    pending = {executor.submit(write_shard, task): k for k, task in tasks.items()}
+    while pending:
+        for future in executor.wait_any(set(pending)):
+            k = pending.pop(future)
+            records[k] = executor.result(future)
+            fault_point("assemble:after-rename")
+            write_json(_record_path(ctx, k), records[k])
+            fault_point("assemble:after-record")
+            ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
     ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")
     return records, used
 

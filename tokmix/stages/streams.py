@@ -19,7 +19,6 @@ import numpy as np
 
 from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces, make_encoder
 from tokmix.errors import TokmixError
-from tokmix.executors import make_executor
 from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, write_bytes, write_json, write_npy
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
@@ -118,6 +117,7 @@ def tokenize_unit(task: UnitTask) -> dict:
         "tokens": writer.tokens,
         "docs": kept,
         "chars": chars,
+        "size": unit.size,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
         "checksum": checksum,
@@ -205,7 +205,7 @@ class StreamRun:
         self.records = _committed(self.directory)
         self.plan = plan_units(stream, stream_files(ctx.recipe, ctx.split, stream, "train"), ctx.mirrors,
                                ctx.unit_bytes)
-        self.prefix = self.prefix_tokens = self.new_tokens = self.in_flight = 0
+        self.prefix = self.prefix_tokens = self.new_tokens = self.in_flight = self.in_flight_bytes = 0
         self.exhausted = False
         self.started = time.perf_counter()
         self.hashes = str(ctx.layout.state / "holdout.hashes.npy") if ctx.recipe.holdout.decontaminate else None
@@ -225,13 +225,14 @@ class StreamRun:
         return self.prefix_tokens >= self.budget
 
     def wants_more(self) -> bool:
-        """Whether dispatching another unit may be needed: not while the units in flight, at this stream's
-        average so far, are expected to reach the budget (that would be work thrown away)."""
+        """Whether another unit may be needed: not while the units in flight are expected to reach the budget
+        (more would be work thrown away). Expected tokens: source bytes in flight at this stream's tokens per
+        byte so far, or one token per 3 bytes before any unit is back (text runs 3.5-4.5 bytes per token)."""
         if self.exhausted:
             return False
-        done = [r["tokens"] for r in self.records.values()]
-        expected = self.in_flight * (sum(done) / len(done)) if done else 0
-        return self.prefix_tokens + expected < self.budget or not done
+        sized = [r for r in self.records.values() if r.get("size")]
+        per_byte = sum(r["tokens"] for r in sized) / sum(r["size"] for r in sized) if sized else 1 / 3
+        return self.prefix_tokens + self.in_flight_bytes * per_byte < self.budget
 
     def next_task(self) -> UnitTask | None:
         """The next unit not committed yet, or None when the files are exhausted."""
@@ -239,6 +240,7 @@ class StreamRun:
             record = self.records.get(unit.index)
             if record is None:
                 self.in_flight += 1
+                self.in_flight_bytes += unit.size
                 return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                                 self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                                 tuple(self.ctx.mirrors), self.ctx.threads_per_worker)
@@ -253,6 +255,7 @@ class StreamRun:
     def committed(self, unit: Unit, record: dict) -> None:
         self.records[unit.index] = record
         self.in_flight -= 1
+        self.in_flight_bytes -= unit.size
         self.new_tokens += record["tokens"]
 
     def out_of_source(self) -> TokmixError | None:
@@ -315,7 +318,5 @@ def run_streams(ctx: Context) -> dict[str, dict]:
             from tokmix.stages.holdout import holdout_hashes  # here: workers need not import HF tokenizers
 
             write_npy(ctx.layout.state / "holdout.hashes.npy", holdout_hashes(ctx))
-        with make_executor(ctx.executor, ctx.workers) as executor:
-            metas.update(tokenize_streams(ctx, executor, todo))
-            executor.close(cancel=True)  # units past a budget that are still running are not needed
+        metas.update(tokenize_streams(ctx, ctx.pool, todo))
     return metas
