@@ -51,7 +51,7 @@ def print_summary(out: Path, index: dict) -> None:
 @app.command()
 def run(
     recipe: Path = typer.Argument(..., help="recipe TOML file"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="output directory (default: <recipe>-out)"),
+    out: str | None = typer.Option(None, "--out", "-o", help="output directory or URL (default: <recipe>-out)"),
     workers: int | None = typer.Option(None, "--workers", "-w", help="worker processes (default: cores)"),
     blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
     keep_streams: bool = typer.Option(False, "--keep-streams", help="keep the intermediates after validation"),
@@ -60,30 +60,38 @@ def run(
     max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
+    work: Path | None = typer.Option(None, "--work", help="local working directory when --out is a URL "
+                                                          "(default: under ~/.cache/tokmix)"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
 ) -> None:
-    """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate."""
+    """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate.
+
+    --out may be a local path or an fsspec URL (s3://bucket/run, gs://..., file://...).
+    """
     from tokmix.recipe import load_recipe
     from tokmix.runner import RunOptions
     from tokmix.runner import run as run_recipe
 
-    out = out or Path(f"{recipe.stem}-out")
+    out_url = out if out and "://" in out else None
+    out = Path(out) if out and not out_url else Path(f"{recipe.stem}-out")
     try:
         options = RunOptions(max_memory=parse_size(max_memory), keep_streams=keep_streams, mirrors=mirror,
                              debug=debug)
         if workers is not None:
             options.workers = workers
         t0 = time.perf_counter()
-        index = run_recipe(load_recipe(recipe), out, blocks=blocks, backend=backend, restart=restart,
-                           options=options)
+        index = run_recipe(load_recipe(recipe), out_url or out, blocks=blocks, backend=backend, restart=restart,
+                           work=work, options=options)
     except TokmixError as e:
         _fail(e, debug)
     except KeyboardInterrupt:
         err.print(f"interrupted; committed work is kept. Resume with the same command: tokmix run {recipe} "
-                  f"--out {out}")
+                  f"--out {out_url or out}")
         raise typer.Exit(130) from None
-    print_summary(out, index)
-    console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out}")
+    from tokmix.publish import staging_dir
+
+    print_summary(staging_dir(out_url, work) if out_url else out, index)
+    console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out_url or out}")
 
 
 @app.command()

@@ -29,6 +29,7 @@ POINTS = (
     "validate:before",
     "cleanup:before",  # validated, intermediates not yet removed
     "runner:before-restart",  # the supervisor between a stage process's restart exit and the next start
+    "publish:before-move",  # an object uploaded under its temporary name, not yet moved to its final one
 )
 
 _counts: dict[str, int] = {}

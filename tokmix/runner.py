@@ -22,6 +22,7 @@ import psutil
 
 from tokmix.errors import TokmixError
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
+from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
 from tokmix.shards import UNIT_BYTES, Layout, write_json
 
@@ -114,12 +115,20 @@ def _progress_marker(layout: Layout) -> int:
 
 
 def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: str | None = None,
-        restart: bool = False, options: RunOptions | None = None, **option_values) -> dict:
-    """Run every stage of `recipe` that is not done yet into `out`; returns the index. Keyword arguments
-    not named here are RunOptions fields (workers=, max_memory=, keep_streams=, mirrors=, executor=)."""
+        restart: bool = False, work: str | Path | None = None, options: RunOptions | None = None,
+        **option_values) -> dict:
+    """Run every stage of `recipe` that is not done yet into `out`; returns the index. `out` may be an
+    fsspec URL (s3://, gs://, ...): the run then works in `work` (default: a folder under ~/.cache) and
+    publishes the validated files there. Keyword arguments not named here are RunOptions fields (workers=,
+    max_memory=, keep_streams=, mirrors=, executor=)."""
     options = options or RunOptions(**option_values)
     recipe = recipe.with_blocks(blocks).with_backend(backend)
-    layout = Layout(out)
+    if is_remote(out):
+        index = run(recipe, staging_dir(str(out), work), restart=restart, options=options)
+        uploaded = publish(staging_dir(str(out), work), str(out))
+        log(f"published {len(uploaded)} file(s) to {out}")
+        return index
+    layout = Layout(local_path(out))
     try:
         layout.state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
