@@ -35,10 +35,10 @@ from tokmix.sources import (
     COMPRESSED,
     Piece,
     Split,
-    _json_text,
     create_split,
     file_kind,
     file_size,
+    json_text,
     load_or_create_split,
     open_file,
     parse_mirrors,
@@ -254,7 +254,7 @@ def _sample_jsonl(path: str, text_field: str, stream: str, mirrors, limit: int) 
     texts = []
     for n, line in enumerate(bytes(data[:cut]).split(b"\n"), start=1):
         if line.strip():
-            texts.append(_json_text(line, text_field, stream, path, lambda n=n: f"line {n}"))
+            texts.append(json_text(line, text_field, stream, path, lambda n=n: f"line {n}"))
     return _FileSample(texts, used, eof)
 
 

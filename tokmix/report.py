@@ -44,10 +44,9 @@ class StreamFacts:
 def interleave_order(index: dict) -> np.ndarray:
     """The stream (its position in the recipe) of every document in the shards, in shard order: the
     assemble stage's seeded shuffle of one label per document of each stream."""
-    docs = [meta["docs"] for meta in index["mix"]["streams"].values()]
-    order = np.concatenate([np.full(n, s, dtype=np.uint8) for s, n in enumerate(docs)])
-    np.random.default_rng(index["seed"]).shuffle(order)
-    return order
+    from tokmix.stages.assemble import interleave_order as shuffled
+
+    return shuffled([meta["docs"] for meta in index["mix"]["streams"].values()], index["seed"])
 
 
 def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict:

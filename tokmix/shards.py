@@ -83,6 +83,10 @@ class Layout:
     def stream(self, name: str) -> Path:
         return self.streams / name
 
+    def shard_record(self, shard_file: str) -> Path:
+        """What the assemble stage recorded of a shard it committed (tokens by stream, checksum)."""
+        return self.state / "shards" / f"{shard_file}.json"
+
     def read_index(self) -> dict[str, Any]:
         return read_index(self.root)
 

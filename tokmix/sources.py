@@ -320,7 +320,7 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
             row += len(column)
 
 
-def _json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
+def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
     try:
         record = json.loads(line)
     except ValueError as e:
@@ -410,7 +410,7 @@ def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str
                         if ranged
                         else (lambda n=line_no: f"line {n}")
                     )
-                    text = _json_text(line, field, stream, piece.path, where)
+                    text = json_text(line, field, stream, piece.path, where)
                     del line  # a 200 MB line must not stay alive beside its text while it is tokenized
                     yield text
                 offset += size

@@ -118,7 +118,7 @@ def _shards_written(layout: Layout, plan: list[int], seq_len: int, itemsize: int
     written = []
     for k, blocks in enumerate(plan):
         shard = layout.train(k)
-        record = layout.state / "shards" / f"{shard.name}.json"
+        record = layout.shard_record(shard.name)
         if record.exists() and shard.exists() and shard.stat().st_size == shard_tokens(blocks, seq_len) * itemsize:
             written.append(shard.name)
     return written

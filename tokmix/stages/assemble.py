@@ -99,6 +99,14 @@ def _tokens_by_stream(task: ShardTask) -> dict[str, int]:
     return {name: int(c) for name, c in zip(task.streams, counts)}
 
 
+def interleave_order(docs_per_stream: list[int], seed: int) -> np.ndarray:
+    """The stream (its position in the recipe) of every document in train order: one label per document,
+    shuffled with np.random.default_rng(seed), as the reference does."""
+    order = np.concatenate([np.full(n, s, dtype=np.uint8) for s, n in enumerate(docs_per_stream)])
+    np.random.default_rng(seed).shuffle(order)
+    return order
+
+
 class Interleave:
     """The seeded document order over all streams, with where each document's tokens lie."""
 
@@ -113,9 +121,7 @@ class Interleave:
             units.append(np.repeat(np.arange(len(per_unit), dtype=np.int32), [len(x) for x in per_unit])[:docs])
             offsets.append(np.concatenate([np.cumsum(x) - x for x in per_unit])[:docs])
             self.unit_files.append(tuple(str(units_dir(ctx, name) / f"{u['name']}.tok") for u in meta["units"]))
-        order = np.concatenate([np.full(len(x), s, dtype=np.uint8) for s, x in enumerate(lengths)])
-        np.random.default_rng(ctx.recipe.seed).shuffle(order)
-        self.order = order
+        self.order = order = interleave_order([len(x) for x in lengths], ctx.recipe.seed)
         self.length = np.empty(len(order), dtype=np.int64)
         self.unit = np.empty(len(order), dtype=np.int32)
         self.offset = np.empty(len(order), dtype=np.int64)
@@ -152,7 +158,7 @@ class Interleave:
 
 
 def _record_path(ctx: Context, k: int) -> Path:
-    return ctx.layout.state / "shards" / f"{ctx.layout.train(k).name}.json"
+    return ctx.layout.shard_record(ctx.layout.train(k).name)
 
 
 def _done(ctx: Context, k: int, n_tokens: int) -> dict | None:
