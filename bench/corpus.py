@@ -50,6 +50,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tokmix.demo import comment_blocks  # noqa: E402  (the demo's comment extraction: one copy)
+
 SEED = 1234
 STREAMS = {"web": ("web", 0.45), "edu": ("edu", 0.35), "code_py": ("code", 0.07), "code_other": ("code", 0.13)}
 MB = 1_000_000
@@ -214,26 +217,6 @@ def _docstrings(tree: ast.AST) -> list[str]:
     return [d for d in found if d]
 
 
-CODING = re.compile(r"coding[:=]\s*[-\w.]+")
-
-
-def _comment_blocks(text: str) -> str:
-    blocks, run = [], []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#") and not stripped.startswith("#!") and not CODING.search(stripped):
-            body = stripped.lstrip("#").strip()
-            if body.strip("-=*~#_ "):
-                run.append(body)
-                continue
-        if run:
-            blocks.append("\n".join(run))
-            run = []
-    if run:
-        blocks.append("\n".join(run))
-    return "\n\n".join(blocks)
-
-
 def python_prose(path: str) -> list[str]:
     """A module's docstrings joined, and its comment runs joined: two documents."""
     source = _text(_raw(path))
@@ -243,7 +226,7 @@ def python_prose(path: str) -> list[str]:
         docstrings = "\n\n".join(_docstrings(ast.parse(source)))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         docstrings = ""
-    return [t for t in (docstrings, _comment_blocks(source)) if t]
+    return [t for t in (docstrings, comment_blocks(source)) if t]
 
 
 def pydoc_topics(path: str) -> list[str]:

@@ -121,3 +121,11 @@ def write_recipe(root: Path, tokenizer: str, decontaminate: bool = False, seed: 
     path = root / "recipe.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def make_inputs(root: Path, doc_limit: int | None = None, rows_per_group: int = 64, **recipe) -> Path:
+    """Corpus, split file, tokenizer and recipe under root; returns the recipe's path."""
+    files = make_corpus(root, doc_limit, rows_per_group)
+    write_split(root, files)
+    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
+    return write_recipe(root, "tokenizer/tokenizer.json", **recipe)

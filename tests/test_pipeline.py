@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokmix
-from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
+from tests.corpus import make_inputs
 from tokmix import TokmixError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +32,7 @@ def mtimes(out: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("corpus")
-    files = make_corpus(root)
-    write_split(root, files)
-    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
-    write_recipe(root, "tokenizer/tokenizer.json", decontaminate=True)
+    make_inputs(root, decontaminate=True)
     return root
 
 

@@ -14,18 +14,14 @@ import fsspec
 import pytest
 
 import tokmix
-from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
+from tests.corpus import make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pub")
-    files = make_corpus(root, doc_limit=600)
-    write_split(root, files)
-    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
-    return write_recipe(root, "tokenizer/tokenizer.json", blocks=120)
+    return make_inputs(tmp_path_factory.mktemp("pub"), doc_limit=600, blocks=120)
 
 
 def test_a_url_output_holds_the_same_bytes_as_a_local_run(recipe, tmp_path):

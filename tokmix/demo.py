@@ -168,7 +168,7 @@ def _docstring_docs(stdlib: Path, pool: list[str], target: int) -> list[Doc]:
     return _take(docs(), target)
 
 
-def _comment_blocks(text: str) -> str:
+def comment_blocks(text: str) -> str:
     """Runs of full-line `#` comments, '#' stripped, one paragraph per run; rulers and coding lines dropped."""
     blocks, run = [], []
     for line in text.splitlines():
@@ -209,7 +209,7 @@ def _comment_docs(stdlib: Path, pool: list[str], target: int) -> list[Doc]:
 
     def module_comments() -> Iterable[Doc]:
         for rel in pool:
-            text = _comment_blocks(_read(stdlib / rel) or "")
+            text = comment_blocks(_read(stdlib / rel) or "")
             if text:
                 yield rel, text
 
