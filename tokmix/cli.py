@@ -60,6 +60,9 @@ def run(
     max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) | ray"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use with --executor ray "
+                                                                       "(default: RAY_ADDRESS, else a local one)"),
     work: Path | None = typer.Option(None, "--work", help="local working directory when --out is a URL "
                                                           "(default: under ~/.cache/tokmix)"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
@@ -76,7 +79,7 @@ def run(
     out = Path(out) if out and not out_url else Path(f"{recipe.stem}-out")
     try:
         options = RunOptions(max_memory=parse_size(max_memory), keep_streams=keep_streams, mirrors=mirror,
-                             debug=debug)
+                             executor=executor, ray_address=ray_address, debug=debug)
         if workers is not None:
             options.workers = workers
         t0 = time.perf_counter()

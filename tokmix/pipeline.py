@@ -213,7 +213,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         timings = Timings(layout)
         ctx = build_context(recipe, layout, options, timings)
         # one pool for every stage, started before the holdout so its workers' imports overlap it
-        with make_executor(ctx.executor, ctx.workers) as ctx.pool:
+        with make_executor(ctx.executor, ctx.workers, options.ray_address) as ctx.pool:
             try:
                 run_pipeline(ctx, timings)
             finally:

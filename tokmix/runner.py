@@ -38,7 +38,8 @@ class RunOptions:
     max_memory: int = 1 << 30
     keep_streams: bool = False
     mirrors: list[str] = field(default_factory=list)
-    executor: str = "local"
+    executor: str = "local"  # local | ray
+    ray_address: str | None = None  # a running Ray cluster; without it --executor ray starts a local instance
     debug: bool = False
     # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
     unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
