@@ -43,12 +43,17 @@ MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart befor
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against HF when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
 
-def _start_memory_guard(limit: int) -> None:
+def _start_memory_guard(limit: int, with_workers: bool = True) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
-    Units commit atomically, so exiting at any moment loses only the units in flight."""
+    Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
+    are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
+    watches this process, the driver, alone."""
+    me = psutil.Process()
+
     def watch() -> None:
         while True:
-            rss, available = tree_rss(), psutil.virtual_memory().available
+            rss = tree_rss() if with_workers else me.memory_info().rss
+            available = psutil.virtual_memory().available
             if rss > limit or available < MIN_AVAILABLE_BYTES:
                 log(f"memory guard: process tree {rss / 2**20:,.0f} MiB (limit {limit / 2**20:,.0f}), "
                     f"machine available {available / 2**20:,.0f} MiB -> restarting from committed work")
@@ -228,7 +233,7 @@ def child_main(out_dir: str) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
     signal.signal(signal.SIGTERM, _interrupt)
-    _start_memory_guard(options.max_memory)
+    _start_memory_guard(options.max_memory, with_workers=options.executor == "local")
     try:
         run_stages(layout, options)
         return 0
