@@ -33,7 +33,7 @@ from tokmix.sources import HugeText, iter_file_texts, load_or_create_split, pars
 from tokmix.stages import Context
 from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
-from tokmix.stages.streams import run_streams
+from tokmix.stages.streams import run_streams, warm_up
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import load_tokenizer, token_dtype, train_tokenizer, vocab_size
 
@@ -48,11 +48,15 @@ def _start_memory_guard(limit: int, with_workers: bool = True) -> None:
     Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
     are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
     watches this process, the driver, alone."""
-    me = psutil.Process()
+    me, supervisor = psutil.Process(), psutil.Process(os.getppid())
 
     def watch() -> None:
         while True:
             rss = tree_rss() if with_workers else me.memory_info().rss
+            try:
+                rss += supervisor.memory_info().rss  # the budget is the whole tree, tokmix run included
+            except psutil.Error:
+                pass
             available = psutil.virtual_memory().available
             if rss > limit or available < MIN_AVAILABLE_BYTES:
                 log(f"memory guard: process tree {rss / 2**20:,.0f} MiB (limit {limit / 2**20:,.0f}), "
@@ -219,6 +223,8 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         ctx = build_context(recipe, layout, options, timings)
         # one pool for every stage, started before the holdout so its workers' imports overlap it
         with make_executor(ctx.executor, ctx.workers, options.ray_address) as ctx.pool:
+            for _ in range(ctx.workers):  # spawn happens at the first submit: start them now, not at streams
+                ctx.pool.submit(warm_up, ctx.tokenizer_path, ctx.backend, ctx.threads_per_worker)
             try:
                 run_pipeline(ctx, timings)
             finally:

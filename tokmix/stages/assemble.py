@@ -25,7 +25,7 @@ from tokmix.shards import (
     write_json,
 )
 from tokmix.stages import Context
-from tokmix.stages.streams import unit_lengths, units_dir
+from tokmix.stages.streams import release_worker_memory, unit_lengths, units_dir
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 
@@ -51,6 +51,7 @@ class ShardTask:
 
 def write_shard(task: ShardTask) -> dict:
     """Gather the shard's documents from the unit files and commit the shard; returns its record."""
+    release_worker_memory()
     files: dict[tuple[int, int], np.ndarray] = {}
     writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype))
     remaining, skip, chunk, pending = task.n_tokens, task.skip, [], 0

@@ -10,6 +10,8 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import time
 from dataclasses import dataclass
@@ -49,6 +51,22 @@ def _cached(key: tuple, build):
     if key not in _cache:
         _cache[key] = build()
     return _cache[key]
+
+
+def warm_up(tokenizer_path: str, backend: str, threads: int) -> None:
+    """Build a worker's encoder ahead of its first unit, while the holdout stage runs in the coordinator."""
+    _cached(("encoder", tokenizer_path, backend, threads), lambda: make_encoder(tokenizer_path, backend, threads))
+
+
+def release_worker_memory() -> None:
+    """Drop the encoder and its caches (~300 MiB after tokenizing) once a worker moves on to assembling."""
+    if _cache:
+        _cache.clear()
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap otherwise
+        except (OSError, AttributeError):
+            pass
 
 
 def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarray:
