@@ -69,7 +69,7 @@ def outputs(out: Path) -> dict[str, bytes]:
     return files
 
 
-def test_ray_writes_the_same_bytes_as_local(corpus, local_run, ray_address, tmp_path):
+def test_ray_writes_the_same_bytes_as_local(ray_address, corpus, local_run, tmp_path):
     index = tokmix.run(
         tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
     )
@@ -89,14 +89,14 @@ def _running_unit() -> psutil.Process | None:
     return None
 
 
-def test_without_an_address_the_stage_process_starts_its_own_ray(corpus, local_run, ray_address, tmp_path):
+def test_without_an_address_the_stage_process_starts_its_own_ray(ray_address, corpus, local_run, tmp_path):
     """`--executor ray` alone: a private Ray instance of --workers CPUs in the stage process, one per stage,
     within the default memory budget (the guard counts the driver; Ray's memory monitor watches the rest)."""
     tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", **RUN)
     assert outputs(tmp_path) == outputs(local_run)
 
 
-def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(corpus, local_run, ray_address, tmp_path):
+def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(ray_address, corpus, local_run, tmp_path):
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -123,7 +123,7 @@ def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(corpus, loca
     assert outputs(tmp_path) == outputs(local_run)
 
 
-def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(corpus, local_run, ray_address, tmp_path):
+def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, corpus, local_run, tmp_path):
     """ray.init makes SIGTERM a sys.exit; the executor puts tokmix's handler back, so a SIGTERM still ends the
     stage process as an interruption with its work kept, and the same run resumes to the same bytes."""
     fifo, out = tmp_path / "paused", tmp_path / "out"
@@ -158,7 +158,7 @@ def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(corpus, local_
     assert outputs(out) == outputs(local_run)
 
 
-def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(corpus, ray_address, tmp_path):
+def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(ray_address, corpus, tmp_path):
     """A broken JSONL line that only a worker reads (the driver's backend check reads the first documents)
     fails the task once, not RAY_MAX_RETRIES times, and reaches the user as the worker raised it."""
     root = tmp_path / "c"
@@ -183,7 +183,7 @@ def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(corpus, ray_address
     assert (tmp_path / "out/val_dclm.bin").exists()
 
 
-def test_an_unreachable_ray_address_is_one_line(corpus, ray_address, tmp_path):
+def test_an_unreachable_ray_address_is_one_line(ray_address, corpus, tmp_path):
     with pytest.raises(TokmixError, match=r"^cannot reach the Ray cluster at 127\.0\.0\.1:1: Connection refused$"):
         tokmix.run(
             tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address="127.0.0.1:1", **RUN

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from tokmix.errors import TokmixError
+from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
@@ -123,6 +124,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     publishes the validated files there. Keyword arguments not named here are RunOptions fields (workers=,
     max_memory=, keep_streams=, mirrors=, executor=)."""
     options = options or RunOptions(**option_values)
+    check_executor(options.executor, options.ray_address)  # before hours of holdout and streams, not after
     recipe = recipe.with_blocks(blocks).with_backend(backend)
     if is_remote(out):
         index = run(recipe, staging_dir(str(out), work), restart=restart, options=options)

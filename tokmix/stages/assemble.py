@@ -5,6 +5,7 @@ independently, in parallel, each committed atomically, and a resume rewrites onl
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from tokmix.shards import (
     write_json,
 )
 from tokmix.stages import Context
-from tokmix.stages.streams import release_worker_memory, unit_lengths, units_dir
+from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, release_worker_memory, unit_lengths, units_dir
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 
@@ -194,9 +195,13 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     write_json(used_path, used)
     tasks = {k: interleave.shard_task(layout.train(k), ctx.dtype, int(starts[k]), plan[k], seq_len, k == 0)
              for k in todo}
-    executor = ctx.pool
-    pending = {executor.submit(write_shard, task): k for k, task in tasks.items()}
-    while pending:
+    executor, queue, pending = ctx.pool, iter(tasks.items()), {}
+    window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers  # bounded: each task carries its documents' arrays
+    while True:
+        for k, task in itertools.islice(queue, window - len(pending)):
+            pending[executor.submit(write_shard, task)] = k
+        if not pending:
+            break
         for future in executor.wait_any(set(pending)):
             k = pending.pop(future)
             records[k] = executor.result(future)
