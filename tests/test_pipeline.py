@@ -207,3 +207,32 @@ def test_cli_exports_a_real_run_for_llmc_and_megatron(two_workers, tmp_path):
     assert (header[0], header[1], header[2]) == (20240520, 1, len(shard))
     assert exported[1024:] == shard.tobytes()
     assert (tmp_path / "mega" / "gptu.bin").stat().st_size > 0 and (tmp_path / "mega" / "gptu.idx").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (("corpus/edu/*.parquet", "corpus/edu/*.nothing"), r"stream edu: no train file in split file .* matches"),
+    (('domain = "edu"', 'domain = "prose"'), r"stream edu: split file .* has no domain 'prose'"),
+    (("[streams.code_other]", "[streams.edu]"), r"not valid TOML"),
+])
+def test_recipe_and_split_mistakes_are_one_line(corpus, tmp_path, change, message):
+    bad = corpus / "bad.toml"
+    bad.write_text((corpus / "recipe.toml").read_text().replace(*change))
+    with pytest.raises(TokmixError, match=message) as e:
+        tokmix.run(tokmix.load_recipe(bad), tmp_path, workers=1)
+    assert "\n" not in str(e.value)
+
+
+def test_a_glob_that_names_no_file_is_one_line_when_the_split_is_made(corpus, tmp_path):
+    root = tmp_path / "c"
+    shutil.copytree(corpus, root)
+    (root / "data" / "file_splits.json").unlink()
+    bad = root / "recipe.toml"
+    bad.write_text(bad.read_text().replace("corpus/edu/*.parquet", "corpus/edu/*.nothing"))
+    with pytest.raises(TokmixError, match=r"stream edu: 0 file\(s\) match \['corpus/edu/\*.nothing'\]"):
+        tokmix.run(tokmix.load_recipe(bad), tmp_path / "out", workers=1)
+
+
+def test_an_output_path_that_cannot_be_a_directory_is_one_line(corpus, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TokmixError, match=r"output directory .*a-file/out: cannot create it"):
+        tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path / "a-file" / "out", workers=1)
