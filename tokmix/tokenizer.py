@@ -3,7 +3,6 @@ files only (never holdout files), and the UTF-8 bytes each token id stands for (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,11 +71,3 @@ def train_tokenizer(texts: Iterator[str], vocab: int, min_frequency: int, out_pa
     tmp = out_path.with_name(out_path.name + ".tmp")
     tmp.write_text(tok.to_str(pretty=False))
     tmp.replace(out_path)
-
-
-def describe(path: str) -> dict:
-    """What index.json records about the tokenizer."""
-    with fsspec.open(path, "r") as f:
-        data = json.load(f)
-    model = data.get("model", {})
-    return {"path": path, "type": model.get("type"), "vocab_size": len(model.get("vocab", {}))}
