@@ -5,7 +5,6 @@ for a restart, losing only the work in flight."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import itertools
 import json
@@ -30,7 +29,7 @@ from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
 from tokmix.sources import HugeText, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
-from tokmix.stages import Context
+from tokmix.stages import Context, release_memory
 from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams, warm_up
@@ -156,14 +155,6 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
         log(notice)
     write_json(path, {"key": key, "backend": backend, "notices": notices})
     return backend
-
-
-def release_memory() -> None:
-    """Hand freed heap back to the OS (glibc keeps it otherwise), so the memory guard sees what is in use."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings) -> Context:

@@ -38,6 +38,17 @@ def dtype_for_vocab(vocab_size: int, forced: str = "auto") -> np.dtype:
     return dtype
 
 
+def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Flat ids of several documents -> the same documents each prefixed with EOT, in `dtype`."""
+    out = np.empty(len(ids) + len(lengths), dtype=dtype)
+    starts = np.cumsum(lengths + 1) - (lengths + 1)
+    is_text = np.ones(len(out), dtype=bool)
+    is_text[starts] = False
+    out[starts] = EOT_ID
+    out[is_text] = ids
+    return out
+
+
 def train_name(k: int) -> str:
     return f"train_{k:03d}.bin"
 

@@ -3,6 +3,7 @@ run knows: the recipe, the output layout, the split, the tokenizer) and is safe 
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,3 +38,11 @@ class Context:
     def threads_per_worker(self) -> int:
         """Backend threads each worker may use, so workers x threads matches the cores."""
         return max(1, (os.cpu_count() or 1) // self.workers)
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it otherwise), so the memory guard sees what is in use."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

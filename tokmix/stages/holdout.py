@@ -14,7 +14,7 @@ import numpy as np
 from tokmix.backends import make_encoder
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import CHECKSUM, EOT_ID, write_json, write_npy, write_tokens
+from tokmix.shards import CHECKSUM, with_eot, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context
 from tokmix.tokenizer import load_tokenizer, token_byte_lengths
@@ -32,17 +32,6 @@ def holdout_hashes(ctx: Context) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
 
-def _with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> list[np.ndarray]:
-    out, pos = [], 0
-    for n in lengths.tolist():
-        doc = np.empty(n + 1, dtype=dtype)
-        doc[0] = EOT_ID
-        doc[1:] = ids[pos : pos + n]
-        out.append(doc)
-        pos += n
-    return out
-
-
 def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: float) -> tuple[list, list[str]]:
     """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
     up to and including the one that crosses `budget` tokens."""
@@ -54,7 +43,8 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: f
         if not batch:
             break
         ids, lengths = encoder.encode_batch(batch)
-        for text, doc in zip(batch, _with_eot(ids, lengths, ctx.dtype)):
+        docs_ids = np.split(with_eot(ids, lengths, ctx.dtype), np.cumsum(lengths + 1)[:-1])
+        for text, doc in zip(batch, docs_ids):
             docs.append((stream, doc))
             texts.append(text)
             got += len(doc)

@@ -10,7 +10,6 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import time
@@ -22,9 +21,9 @@ import numpy as np
 from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import EOT_ID, TokenFileWriter, write_bytes, write_json, write_npy
+from tokmix.shards import EOT_ID, TokenFileWriter, with_eot, write_bytes, write_json, write_npy
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import Context
+from tokmix.stages import Context, release_memory
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, EOT included
 UNITS_IN_FLIGHT_PER_WORKER = 2
@@ -63,21 +62,7 @@ def release_worker_memory() -> None:
     if _cache:
         _cache.clear()
         gc.collect()
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap otherwise
-        except (OSError, AttributeError):
-            pass
-
-
-def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Flat ids of several documents -> the same documents each prefixed with EOT, in `dtype`."""
-    out = np.empty(len(ids) + len(lengths), dtype=dtype)
-    starts = np.cumsum(lengths + 1) - (lengths + 1)
-    is_text = np.ones(len(out), dtype=bool)
-    is_text[starts] = False
-    out[starts] = EOT_ID
-    out[is_text] = ids
-    return out
+        release_memory()
 
 
 def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> int:
