@@ -58,7 +58,8 @@ def test_status_of_a_finished_run(demo):
 
 def test_status_of_a_run_killed_mid_stream(demo, tmp_path):
     """kill -9 of the whole run while code_py is being tokenized: units take ~1 s each with HF on one worker,
-    so the kill lands between two of its units."""
+    so the kill lands between two of its units (other streams may be in progress too: a stream's last unit
+    waits for the ones before it while the worker takes the next stream's)."""
     recipe, _ = demo
     out = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -96,15 +97,13 @@ def test_status_of_a_run_killed_mid_stream(demo, tmp_path):
     assert not st.running and st.lock is not None  # the killed run's lock is left behind, stale
     assert not st.validated and not st.complete
     assert st.holdouts["prose"] == st.holdouts["code"] == 20_001
-    assert st.streams["docstrings"].done and st.streams["comments"].done
     code_py = st.streams["code_py"]
     assert not code_py.done and code_py.units >= 1 and 0 < code_py.tokens < code_py.budget
-    assert not st.streams["code_c"].done and st.streams["code_c"].tokens == 0
     assert st.shards_written == []
     remaining = st.remaining()
-    assert remaining[0].startswith("stream code_py (") and remaining[-1] == "validate"
+    assert "stream code_py (" in "; ".join(remaining) and remaining[-2:] == ["4 shard(s)", "validate"]
     shown = _text(render_status(st))
-    assert "stale lock" in shown and "in progress" in shown and "remaining: stream code_py" in shown
+    assert "stale lock" in shown and "in progress" in shown and "remaining: stream " in shown
 
 
 def test_status_of_a_directory_without_a_run(tmp_path):

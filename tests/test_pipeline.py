@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -80,6 +81,53 @@ def test_a_deleted_shard_is_rewritten_alone_and_identical(corpus, two_workers, t
     after = mtimes(out)
     assert after.pop("train_002.bin") > before.pop("train_002.bin")
     assert after == before
+
+
+@pytest.mark.parametrize("unit_bytes", [1, 20_000, 1 << 30])
+def test_a_limited_unit_is_the_one_that_reaches_the_budget_and_ends_there(corpus, two_workers, tmp_path,
+                                                                          unit_bytes):
+    """A unit expected to reach its stream's budget waits for the units before it and is given the tokens left
+    (its limit): it then ends at the document that reaches the budget, or holds fewer tokens and is not the last
+    one used. Any cut writes the same shards."""
+    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=2, keep_streams=True,
+               unit_bytes=unit_bytes)
+    assert outputs(tmp_path) == outputs(two_workers)
+    limited = 0
+    for meta_path in sorted(tmp_path.glob("streams/*/stream.json")):
+        meta = json.loads(meta_path.read_text())
+        records = {r["name"]: r for r in map(json.loads, map(Path.read_text, meta_path.parent.glob("units/*.json")))}
+        *before, last = (records[u["name"]] for u in meta["units"])
+        assert all(r["limit"] is None or r["tokens"] < r["limit"] for r in before), meta["name"]
+        assert all(r["limit"] is None for r in records.values() if r["index"] > last["index"]), meta["name"]
+        if last["limit"] is not None:
+            limited += 1
+            assert last["limit"] == meta["budget"] - sum(r["tokens"] for r in before), meta["name"]
+            assert last["docs"] == meta["last_unit_docs"] and last["tokens"] >= last["limit"], meta["name"]
+    assert limited or unit_bytes == 1  # one file per unit: the 1-in-3-bytes guess holds back the last file
+
+
+def test_a_unit_with_a_limit_is_the_prefix_of_the_whole_unit_up_to_the_document_that_reaches_it(corpus, tmp_path):
+    from tokmix.sources import plan_units
+    from tokmix.stages.streams import UnitTask, tokenize_unit
+
+    unit = next(plan_units("dclm", [str(corpus / "corpus/dclm/part-1.parquet")], [], 1 << 30))
+    tokenizer = str(corpus / "tokenizer/tokenizer.json")
+
+    def run(name: str, limit: int | None) -> tuple[dict, np.ndarray, np.ndarray]:
+        (tmp_path / name).mkdir()
+        task = UnitTask(unit, "text", tokenizer, "hf", "<u2", str(tmp_path / name), None, (), 1, limit)
+        record = tokenize_unit(task)
+        tokens = np.fromfile(tmp_path / name / f"{unit.name}.tok", dtype="<u2")
+        return record, tokens, np.fromfile(tmp_path / name / f"{unit.name}.len", dtype="<u4")
+
+    whole, tokens, lengths = run("whole", None)
+    ends = np.cumsum(lengths)
+    for limit in (1, int(ends[0]), int(ends[0]) + 1, int(ends[len(ends) // 2]), int(ends[-1]), int(ends[-1]) + 1):
+        record, got, got_lengths = run(f"limit-{limit}", limit)
+        docs = min(int(np.searchsorted(ends, limit)) + 1, len(ends))  # the document that reaches the limit
+        assert record["docs"] == docs and record["tokens"] == ends[docs - 1] == len(got), limit
+        assert np.array_equal(got, tokens[: len(got)]) and np.array_equal(got_lengths, lengths[:docs]), limit
+        assert record["limit"] == limit and whole["limit"] is None
 
 
 def test_the_split_file_is_used_as_given_and_never_rewritten(corpus, tmp_path):

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import multiprocessing as mp
 import os
 import re
 import signal
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from tokmix.errors import TokmixError
 
 WORKER_ENV = {
-    # parallelism comes from the pool and the backend's own threads, not from HF's rayon pool per process
+    # a Ray worker runs one task per CPU: parallelism comes from the tasks, not from HF's rayon pool per process
     "TOKENIZERS_PARALLELISM": "false",
     "ARROW_DEFAULT_MEMORY_POOL": "system",  # glibc gives arrow buffers back; jemalloc hoards
 }
@@ -29,17 +28,17 @@ RAY_MAX_RETRIES = 3  # reruns of a task whose worker process or node died; its w
 RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minutes: check it first
 
 
-def _init_worker() -> None:
-    for name, value in WORKER_ENV.items():
-        os.environ.setdefault(name, value)
-
-
 class LocalExecutor:
-    """A pool of spawned processes (spawn: no inherited locks or file handles from the coordinator)."""
+    """Threads of the stage process. Every backend encodes with the GIL released, on its own thread pool
+    sized to the machine, so `workers` threads only overlap one unit's reading and writing with another's
+    encoding; one process holds one copy of the encoder (a process pool held one per worker and paid for
+    pickling every result)."""
+
+    shared_encoder = True  # tasks may use the stage process's own encoder, on every core
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker")
 
     def submit(self, fn: Callable, *args: Any) -> Future:
         return self.pool.submit(fn, *args)
@@ -53,13 +52,9 @@ class LocalExecutor:
     def result(future: Future) -> Any:
         return future.result()
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in (self.pool._processes or {}).values()]
-
     def close(self, cancel: bool = False) -> None:
-        if cancel:
-            for p in (self.pool._processes or {}).values():
-                p.kill()
+        """On an error the queued tasks are dropped; the running ones end with the stage process, which exits
+        at once (their temporary files are removed by the next run)."""
         self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
 
     def __enter__(self) -> LocalExecutor:
@@ -136,9 +131,6 @@ class RayExecutor:
                 f"Ray could not run {name} (after up to {RAY_MAX_RETRIES} retries): "
                 f"{type(e).__name__}: {_first_line(e)}"
             ) from e
-
-    def pids(self) -> list[int]:
-        return []  # Ray's worker processes belong to the raylets, not to this process
 
     def close(self, cancel: bool = False) -> None:
         if cancel:

@@ -29,10 +29,10 @@ from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
 from tokmix.sources import HugeText, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
-from tokmix.stages import Context, release_memory
+from tokmix.stages import Context, drop_cached, release_memory
 from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
-from tokmix.stages.streams import run_streams, warm_up
+from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import load_tokenizer, token_dtype, train_tokenizer, vocab_size
 
@@ -182,6 +182,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     metas = run_streams(ctx)
+    drop_cached()
     timings.add("streams", time.perf_counter() - t0)
     t0 = time.perf_counter()
     shards, used = run_assemble(ctx, metas)
@@ -210,10 +211,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         remove_tmp_files(layout.root)
         timings = Timings(layout)
         ctx = build_context(recipe, layout, options, timings)
-        # one pool for every stage, started before the holdout so its workers' imports overlap it
         with make_executor(ctx.executor, ctx.workers, options.ray_address) as ctx.pool:
-            for _ in range(ctx.workers):  # spawn happens at the first submit: start them now, not at streams
-                ctx.pool.submit(warm_up, ctx.tokenizer_path, ctx.backend, ctx.threads_per_worker)
             try:
                 run_pipeline(ctx, timings)
             finally:

@@ -165,7 +165,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
 def _run_child(layout: Layout) -> int:
     """The stages in a child process. Ctrl-C reaches it too (same process group); SIGTERM to the supervisor
     is passed on. Either way the child stops its workers and exits, and the run can be resumed."""
-    # workers stopped on an error leave their pool's semaphores behind; the tracker's warning about it is noise
+    # the short-lived processes it starts leave their pools' semaphores behind; the tracker's warning is noise
     quiet = ["-W", "ignore:resource_tracker:UserWarning"]
     proc = subprocess.Popen([sys.executable, *quiet, "-m", "tokmix.pipeline", str(layout.root)])
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \

@@ -13,7 +13,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arrow buffers back; jemalloc hoards
@@ -458,13 +458,17 @@ def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
             yield from read_texts(piece, field, stream, mirrors, huge)
 
 
-def batches(texts: Iterator[str], huge: int = 1 << 62) -> Iterator[list[str]]:
-    """Group non-empty texts into tokenizer batches bounded in count and size; a text longer than `huge`
-    characters is a batch alone."""
-    batch, size = [], 0
+def batches(
+    texts: Iterator[str], huge: int = 1 << 62, max_chars: Callable[[], int] | None = None
+) -> Iterator[list[str]]:
+    """Group non-empty texts into tokenizer batches bounded in count and size (`max_chars()`, asked at the start
+    of each batch, bounds the size further); a text longer than `huge` characters is a batch alone."""
+    batch, size, limit = [], 0, BATCH_BYTES
     for text in texts:
         if not text:
             continue
+        if not batch and max_chars is not None:
+            limit = min(BATCH_BYTES, max(1, max_chars()))
         if len(text) > huge:
             if batch:
                 yield batch
@@ -473,7 +477,7 @@ def batches(texts: Iterator[str], huge: int = 1 << 62) -> Iterator[list[str]]:
             continue
         batch.append(text)
         size += len(text)
-        if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+        if len(batch) >= BATCH_DOCS or size >= limit:
             yield batch
             batch, size = [], 0
     if batch:

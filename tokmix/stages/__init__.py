@@ -4,13 +4,15 @@ run knows: the recipe, the output layout, the split, the tokenizer) and is safe 
 from __future__ import annotations
 
 import ctypes
-import os
+import gc
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tokmix.backends import Encoder, make_encoder
 from tokmix.progress import RunProgress
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, Layout
@@ -35,9 +37,37 @@ class Context:
     pool: Any = None  # the executor the stages share, started once per stage process (tokmix.executors)
 
     @property
-    def threads_per_worker(self) -> int:
-        """Backend threads each worker may use, so workers x threads matches the cores."""
-        return max(1, (os.cpu_count() or 1) // self.workers)
+    def encoder_threads(self) -> int | None:
+        """Backend threads per encoder: locally one encoder serves every worker thread on every core (None: the
+        library's default); a Ray task holds one CPU, so its encoder gets one thread."""
+        return None if self.executor == "local" else 1
+
+
+_cache: dict[tuple, Any] = {}  # per process (the stage process, or a Ray worker): what tasks build once
+_cache_lock = threading.Lock()
+
+
+def cached(key: tuple, build: Callable[[], Any]) -> Any:
+    """`build()`'s result, built once per process and shared by its threads."""
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = build()
+        return _cache[key]
+
+
+def shared_encoder(tokenizer_path: str, backend: str, threads: int | None) -> Encoder:
+    """The process's encoder: the holdout stage and every unit of the streams stage use one instance."""
+    return cached(("encoder", tokenizer_path, backend, threads), lambda: make_encoder(tokenizer_path, backend, threads))
+
+
+def drop_cached() -> None:
+    """Free the encoder and its caches (~100-300 MiB once it has tokenized) when tokenizing is over."""
+    with _cache_lock:
+        if not _cache:
+            return
+        _cache.clear()
+    gc.collect()
+    release_memory()
 
 
 def release_memory() -> None:

@@ -25,8 +25,8 @@ from tokmix.shards import (
     write_bytes,
     write_json,
 )
-from tokmix.stages import Context
-from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, release_worker_memory, unit_lengths, units_dir
+from tokmix.stages import Context, drop_cached
+from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, unit_lengths, units_dir
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 
@@ -52,7 +52,7 @@ class ShardTask:
 
 def write_shard(task: ShardTask) -> dict:
     """Gather the shard's documents from the unit files and commit the shard; returns its record."""
-    release_worker_memory()
+    drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
     files: dict[tuple[int, int], np.ndarray] = {}
     writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype))
     remaining, skip, chunk, pending = task.n_tokens, task.skip, [], 0

@@ -11,12 +11,11 @@ import time
 
 import numpy as np
 
-from tokmix.backends import make_encoder
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, with_eot, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
-from tokmix.stages import Context
+from tokmix.stages import Context, shared_encoder
 from tokmix.tokenizer import load_tokenizer, token_byte_lengths
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
@@ -114,7 +113,7 @@ def run_holdout(ctx: Context) -> dict:
     ]
     if not todo:
         return val
-    encoder = make_encoder(ctx.tokenizer_path, ctx.backend)
+    encoder = shared_encoder(ctx.tokenizer_path, ctx.backend, ctx.encoder_threads)  # the streams stage's too
     byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
     for domain in todo:
         t0 = time.perf_counter()

@@ -10,20 +10,20 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
-import gc
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces, make_encoder
+from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, with_eot, write_bytes, write_json, write_npy
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import Context, release_memory
+from tokmix.stages import Context, cached, shared_encoder
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, EOT included
 UNITS_IN_FLIGHT_PER_WORKER = 2
@@ -39,32 +39,13 @@ class UnitTask:
     unit_dir: str
     hashes_path: str | None
     mirrors: tuple[tuple[str, str], ...]
-    threads: int
+    threads: int | None  # the encoder's (Context.encoder_threads)
+    # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
+    # then stops after the document that reaches it, which is where the stream ends (no text read past it).
+    limit: int | None = None
 
 
 # ---------------------------------------------------------------------------- worker side
-_cache: dict[tuple, object] = {}  # per worker process: the encoder and holdout hashes, built once
-
-
-def _cached(key: tuple, build):
-    if key not in _cache:
-        _cache[key] = build()
-    return _cache[key]
-
-
-def warm_up(tokenizer_path: str, backend: str, threads: int) -> None:
-    """Build a worker's encoder ahead of its first unit, while the holdout stage runs in the coordinator."""
-    _cached(("encoder", tokenizer_path, backend, threads), lambda: make_encoder(tokenizer_path, backend, threads))
-
-
-def release_worker_memory() -> None:
-    """Drop the encoder and its caches (~300 MiB after tokenizing) once a worker moves on to assembling."""
-    if _cache:
-        _cache.clear()
-        gc.collect()
-        release_memory()
-
-
 def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> int:
     """One huge document, encoded piece by piece (ids identical to encoding it whole, see document_pieces) and
     written as it goes, so memory holds the text and one piece's ids; returns its token count."""
@@ -77,18 +58,32 @@ def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> 
     return n
 
 
+def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], int]) -> Callable[[], int] | None:
+    """For a limited unit: the text the next batch needs to reach the limit, at the unit's characters per token
+    so far (4 before any), with 10% to spare, so the unit ends within a small batch of its last document."""
+    if task.limit is None:
+        return None
+
+    def size() -> int:
+        per_token = chars() / writer.tokens if writer.tokens else 4.0
+        return int((task.limit - writer.tokens) * per_token * 1.1) + 1
+
+    return size
+
+
 def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it; returns its record."""
     unit, unit_dir = task.unit, Path(task.unit_dir)
-    encoder = _cached(("encoder", task.tokenizer_path, task.backend, task.threads),
-                      lambda: make_encoder(task.tokenizer_path, task.backend, task.threads))
-    hashes = _cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
-    cut = _cached(("cut", task.tokenizer_path), lambda: can_cut_documents(task.tokenizer_path))
+    encoder = shared_encoder(task.tokenizer_path, task.backend, task.threads)
+    hashes = cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
+    cut = cached(("cut", task.tokenizer_path), lambda: can_cut_documents(task.tokenizer_path))
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype))
-    lengths, dropped_at, kept, chars, encode_seconds = [], [], 0, 0, 0.0
+    lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
+    chars = [0]
     huge = HUGE_DOC_CHARS if cut else 1 << 62
+    texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge)
     try:
-        for batch in batches(read_texts(unit, task.text_field, unit.stream, task.mirrors, huge), huge):
+        for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
             if hashes is not None and len(hashes):
                 is_copy = np.isin(text_hashes(batch), hashes)
                 if is_copy.any():
@@ -98,17 +93,26 @@ def tokenize_unit(task: UnitTask) -> dict:
                 continue
             t0 = time.perf_counter()
             if isinstance(batch[0], HugeText) or len(batch[0]) > huge:
-                lens = np.array([_write_in_pieces(encoder, batch[0], writer)], dtype=np.int64)
+                lens = np.array([_write_in_pieces(encoder, batch[0], writer)], dtype=np.int64) + 1
             else:
                 ids, lens = encoder.encode_batch(batch)
-                writer.write(with_eot(ids, lens, writer.dtype))
+                lens = lens + 1
+                if task.limit is not None and writer.tokens + int(lens.sum()) >= task.limit:
+                    # the stream ends in this batch: keep it up to the document that reaches the limit
+                    keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1
+                    batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep]
+                writer.write(with_eot(ids, lens - 1, writer.dtype))
             encode_seconds += time.perf_counter() - t0
-            lengths.append((lens + 1).astype(LENGTH_DTYPE))
+            lengths.append(lens.astype(LENGTH_DTYPE))
             kept += len(batch)
-            chars += sum(map(len, batch))
+            chars[0] += sum(map(len, batch))
+            if task.limit is not None and writer.tokens >= task.limit:
+                break
     except BaseException:
         writer.abort()
         raise
+    finally:
+        texts.close()
     checksum = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
@@ -119,8 +123,9 @@ def tokenize_unit(task: UnitTask) -> dict:
         "pieces": unit.describe(),
         "tokens": writer.tokens,
         "docs": kept,
-        "chars": chars,
+        "chars": chars[0],
         "size": unit.size,
+        "limit": task.limit,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
         "checksum": checksum,
@@ -210,6 +215,7 @@ class StreamRun:
                                ctx.unit_bytes)
         self.prefix = self.prefix_tokens = self.new_tokens = self.in_flight = self.in_flight_bytes = 0
         self.exhausted = False
+        self.upcoming: Unit | None = None
         self.started = time.perf_counter()
         self.hashes = str(ctx.layout.state / "holdout.hashes.npy") if ctx.recipe.holdout.decontaminate else None
         committed = f", {len(self.records)} units already committed" if self.records else ""
@@ -227,33 +233,52 @@ class StreamRun:
             self.prefix += 1
         return self.prefix_tokens >= self.budget
 
+    def _tokens_per_byte(self) -> float:
+        """This stream's tokens per source byte over its whole committed units, or one token per 3 bytes before
+        any is back (text runs 3.5-4.5 bytes per token: the guess errs towards more tokens)."""
+        whole = [r for r in self.records.values() if r.get("size") and r.get("limit") is None]
+        return sum(r["tokens"] for r in whole) / sum(r["size"] for r in whole) if whole else 1 / 3
+
     def wants_more(self) -> bool:
         """Whether another unit may be needed: not while the units in flight are expected to reach the budget
-        (more would be work thrown away). Expected tokens: source bytes in flight at this stream's tokens per
-        byte so far, or one token per 3 bytes before any unit is back (text runs 3.5-4.5 bytes per token)."""
+        (more would be work thrown away)."""
         if self.exhausted:
             return False
-        sized = [r for r in self.records.values() if r.get("size")]
-        per_byte = sum(r["tokens"] for r in sized) / sum(r["size"] for r in sized) if sized else 1 / 3
-        return self.prefix_tokens + self.in_flight_bytes * per_byte < self.budget
+        return self.prefix_tokens + self.in_flight_bytes * self._tokens_per_byte() < self.budget
 
-    def next_task(self) -> UnitTask | None:
-        """The next unit not committed yet, or None when the files are exhausted."""
-        for unit in self.plan:
+    def _next_unit(self) -> Unit | None:
+        """The first planned unit not committed yet (kept until it is submitted), or None when the files are
+        exhausted."""
+        while self.upcoming is None:
+            unit = next(self.plan, None)
+            if unit is None:
+                self.exhausted = True
+                return None
             record = self.records.get(unit.index)
             if record is None:
-                self.in_flight += 1
-                self.in_flight_bytes += unit.size
-                return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
-                                self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
-                                tuple(self.ctx.mirrors), self.ctx.threads_per_worker)
-            if record["pieces"] != unit.describe():
+                self.upcoming = unit
+            elif record["pieces"] != unit.describe():
                 raise TokmixError(f"stream {self.name}: unit {unit.name} was cut from other files or sizes than "
                                   "now; the source files changed since this run started (use --restart)")
-            if self.advance():
-                return None
-        self.exhausted = True
-        return None
+        return self.upcoming
+
+    def next_task(self) -> UnitTask | None:
+        """The next unit to tokenize, or None for now. A unit expected to reach the budget waits until every
+        unit before it is committed: it then carries the exact tokens left (UnitTask.limit) and stops there,
+        instead of tokenizing the rest of its text for nothing. Meanwhile the workers take other streams' units."""
+        if self.advance() or (unit := self._next_unit()) is None:
+            return None
+        ready = self.prefix == unit.index
+        expected = self.prefix_tokens + (self.in_flight_bytes + unit.size) * self._tokens_per_byte()
+        if not ready and expected >= self.budget:
+            return None
+        self.upcoming = None
+        self.in_flight += 1
+        self.in_flight_bytes += unit.size
+        return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
+                        self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
+                        tuple(self.ctx.mirrors), self.ctx.encoder_threads,
+                        limit=self.budget - self.prefix_tokens if ready else None)
 
     def committed(self, unit: Unit, record: dict) -> None:
         self.records[unit.index] = record
