@@ -153,7 +153,7 @@ class TokenFileWriter:
         self.hash = hashlib.new(CHECKSUM)
 
     def write(self, tokens: np.ndarray) -> None:
-        data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
+        data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")  # no copy when it is one
         try:
             self.f.write(data)
         except OSError as e:  # a full disk: say which file
@@ -215,20 +215,21 @@ FINGERPRINT_BLOCKS = 4096  # blocks fingerprinted per step: bounds memory whatev
 
 def _weights(seq_len: int) -> np.ndarray:
     # odd weights: a change of any single token (by less than 2**32) always changes the block's sum mod 2**32
-    return ((np.arange(seq_len, dtype=np.uint64) * 2 + 1) * np.uint64(0x9E3779B1)) | np.uint64(1)
+    return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)
 
 
 def block_fingerprints(path: Path, dtype: np.dtype | str, seq_len: int) -> np.ndarray:
     """A uint32 fingerprint of each block's first seq_len tokens (its last token is the next block's first),
-    plus one for the shard's final token: enough to say which block a flipped byte is in."""
+    plus one for the shard's final token: enough to say which block a flipped byte is in. All arithmetic is
+    uint32, wrapping: the sum of token x weight mod 2**32."""
     tokens = read_tokens(path, dtype)
     blocks = (len(tokens) - 1) // seq_len
     weights = _weights(seq_len)
     out = np.empty(blocks + 1, dtype=np.uint32)
     for lo in range(0, blocks, FINGERPRINT_BLOCKS):
         hi = min(blocks, lo + FINGERPRINT_BLOCKS)
-        chunk = np.asarray(tokens[lo * seq_len : hi * seq_len], dtype=np.uint64).reshape(hi - lo, seq_len)
-        out[lo:hi] = (chunk * weights).sum(axis=1) & np.uint64(0xFFFFFFFF)
+        chunk = tokens[lo * seq_len : hi * seq_len].reshape(hi - lo, seq_len)
+        out[lo:hi] = (chunk * weights).sum(axis=1, dtype=np.uint32)
     out[blocks] = int(tokens[-1]) if len(tokens) else 0
     return out
 
