@@ -177,10 +177,12 @@ class TokenFileWriter:
 
 
 def read_tokens(path: Path, dtype: np.dtype | str, mmap: bool = True) -> np.ndarray:
+    """The file's tokens, memory-mapped read-only by default. A plain ndarray over the mapping, not an
+    np.memmap: slicing a memmap runs Python code for every slice, which per-document gathers pay for."""
     if mmap:
         if os.path.getsize(path) == 0:
             return np.empty(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
+        return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
     return np.fromfile(path, dtype=dtype)
 
 
@@ -218,20 +220,56 @@ def _weights(seq_len: int) -> np.ndarray:
     return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)
 
 
+def _row_fingerprints(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """Fingerprints of consecutive seq_len-token rows (len(tokens) a multiple of seq_len), a bounded step at a
+    time. All arithmetic is uint32, wrapping: the sum of token x weight mod 2**32."""
+    rows, weights = len(tokens) // seq_len, _weights(seq_len)
+    out = np.empty(rows, dtype=np.uint32)
+    for lo in range(0, rows, FINGERPRINT_BLOCKS):
+        hi = min(rows, lo + FINGERPRINT_BLOCKS)
+        rows_lo_hi = tokens[lo * seq_len : hi * seq_len].reshape(hi - lo, seq_len)
+        # einsum: no temporary of the products, ~2.5x faster than multiplying then summing
+        out[lo:hi] = np.einsum("ij,j->i", rows_lo_hi, weights, dtype=np.uint32, casting="unsafe")
+    return out
+
+
 def block_fingerprints(path: Path, dtype: np.dtype | str, seq_len: int) -> np.ndarray:
     """A uint32 fingerprint of each block's first seq_len tokens (its last token is the next block's first),
-    plus one for the shard's final token: enough to say which block a flipped byte is in. All arithmetic is
-    uint32, wrapping: the sum of token x weight mod 2**32."""
+    plus one for the shard's final token: enough to say which block a flipped byte is in."""
     tokens = read_tokens(path, dtype)
     blocks = (len(tokens) - 1) // seq_len
-    weights = _weights(seq_len)
-    out = np.empty(blocks + 1, dtype=np.uint32)
-    for lo in range(0, blocks, FINGERPRINT_BLOCKS):
-        hi = min(blocks, lo + FINGERPRINT_BLOCKS)
-        chunk = tokens[lo * seq_len : hi * seq_len].reshape(hi - lo, seq_len)
-        out[lo:hi] = (chunk * weights).sum(axis=1, dtype=np.uint32)
-    out[blocks] = int(tokens[-1]) if len(tokens) else 0
-    return out
+    last = int(tokens[-1]) if len(tokens) else 0
+    return np.append(_row_fingerprints(tokens[: blocks * seq_len], seq_len), np.uint32(last))
+
+
+class BlockFingerprinter:
+    """block_fingerprints of a shard computed from its tokens as they are written, without reading it back."""
+
+    def __init__(self, seq_len: int, dtype: np.dtype):
+        self.seq_len, self.tokens, self.last = seq_len, 0, 0
+        self.rows: list[np.ndarray] = []
+        self.carry = np.empty(0, dtype=dtype)  # tokens after the last whole row
+
+    def update(self, tokens: np.ndarray) -> None:
+        if not len(tokens):
+            return
+        self.tokens += len(tokens)
+        self.last = int(tokens[-1])
+        if len(self.carry):  # complete the pending row first
+            fill = min(self.seq_len - len(self.carry), len(tokens))
+            self.carry, tokens = np.concatenate([self.carry, tokens[:fill]]), tokens[fill:]
+            if len(self.carry) < self.seq_len:
+                return
+            self.rows.append(_row_fingerprints(self.carry, self.seq_len))
+            self.carry = self.carry[:0]
+        whole = len(tokens) - len(tokens) % self.seq_len
+        self.rows.append(_row_fingerprints(tokens[:whole], self.seq_len))
+        self.carry = tokens[whole:].copy()
+
+    def result(self) -> np.ndarray:
+        blocks = max(self.tokens - 1, 0) // self.seq_len
+        rows = np.concatenate(self.rows) if self.rows else np.empty(0, dtype=np.uint32)
+        return np.append(rows[:blocks], np.uint32(self.last))
 
 
 def fingerprints_path(root: Path, shard_file: str) -> Path:

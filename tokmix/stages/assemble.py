@@ -17,8 +17,8 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
     EOT_ID,
+    BlockFingerprinter,
     TokenFileWriter,
-    block_fingerprints,
     fingerprints_path,
     read_tokens,
     shard_blocks,
@@ -55,6 +55,7 @@ def write_shard(task: ShardTask) -> dict:
     drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
     files: dict[tuple[int, int], np.ndarray] = {}
     writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype))
+    marks = BlockFingerprinter(task.seq_len, writer.dtype)
     remaining, skip, chunk, pending = task.n_tokens, task.skip, [], 0
     try:
         for s, u, off, n in zip(task.doc_stream.tolist(), task.doc_unit.tolist(),
@@ -67,7 +68,9 @@ def write_shard(task: ShardTask) -> dict:
             pending += take
             skip = 0
             if pending >= GATHER_TOKENS or remaining == 0:
-                writer.write(np.concatenate(chunk))
+                gathered = np.concatenate(chunk)
+                writer.write(gathered)
+                marks.update(gathered)
                 chunk, pending = [], 0
             if remaining == 0:
                 break
@@ -79,9 +82,9 @@ def write_shard(task: ShardTask) -> dict:
         raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
     checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
     path = Path(task.path)
-    marks = fingerprints_path(path.parent, path.name)
-    marks.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(marks, block_fingerprints(path, task.dtype, task.seq_len).tobytes())
+    marks_path = fingerprints_path(path.parent, path.name)
+    marks_path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(marks_path, marks.result().tobytes())
     return {
         "file": Path(task.path).name,
         "tokens": task.n_tokens,
