@@ -145,12 +145,12 @@ def write_npy(path: Path, array: np.ndarray) -> None:
 class TokenFileWriter:
     """Appends token arrays to a temporary file; `close()` commits it under its final name."""
 
-    def __init__(self, path: Path, dtype: np.dtype):
+    def __init__(self, path: Path, dtype: np.dtype, checksum: bool = True):
         self.path, self.dtype = path, np.dtype(dtype)
         self.tmp = _tmp_name(path)
         self.f = open(self.tmp, "wb")
         self.tokens = 0
-        self.hash = hashlib.new(CHECKSUM)
+        self.hash = hashlib.new(CHECKSUM) if checksum else None
 
     def write(self, tokens: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")  # no copy when it is one
@@ -158,18 +158,20 @@ class TokenFileWriter:
             self.f.write(data)
         except OSError as e:  # a full disk: say which file
             raise OSError(e.errno, e.strerror, str(self.path)) from None
-        self.hash.update(data)
+        if self.hash is not None:
+            self.hash.update(data)
         self.tokens += len(tokens)
 
-    def close(self, before_commit: Callable[[], None] | None = None) -> str:
-        """Commit the file; returns its checksum. `before_commit` runs between writing and renaming."""
+    def close(self, before_commit: Callable[[], None] | None = None) -> str | None:
+        """Commit the file; returns its checksum (None without). `before_commit` runs between writing and
+        renaming."""
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
         if before_commit:
             before_commit()
         os.replace(self.tmp, self.path)
-        return self.hash.hexdigest()
+        return self.hash.hexdigest() if self.hash is not None else None
 
     def abort(self) -> None:
         self.f.close()

@@ -459,27 +459,28 @@ def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
 
 
 def batches(
-    texts: Iterator[str], huge: int = 1 << 62, max_chars: Callable[[], int] | None = None
+    texts: Iterator[str], huge: int = 1 << 62, max_chars: Callable[[int], int] | None = None
 ) -> Iterator[list[str]]:
-    """Group non-empty texts into tokenizer batches bounded in count and size (`max_chars()`, asked at the start
-    of each batch, bounds the size further); a text longer than `huge` characters is a batch alone."""
-    batch, size, limit = [], 0, BATCH_BYTES
+    """Group non-empty texts into tokenizer batches bounded in count and size; a text longer than `huge`
+    characters is a batch alone. `max_chars(chars yielded so far)`, asked at the start of each batch, bounds
+    its size further."""
+    batch, size, limit, yielded = [], 0, BATCH_BYTES, 0
     for text in texts:
         if not text:
             continue
         if not batch and max_chars is not None:
-            limit = min(BATCH_BYTES, max(1, max_chars()))
+            limit = min(BATCH_BYTES, max(1, max_chars(yielded)))
         if len(text) > huge:
             if batch:
                 yield batch
             yield [text]
-            batch, size = [], 0
+            batch, size, yielded = [], 0, yielded + size + len(text)
             continue
         batch.append(text)
         size += len(text)
         if len(batch) >= BATCH_DOCS or size >= limit:
             yield batch
-            batch, size = [], 0
+            batch, size, yielded = [], 0, yielded + size
     if batch:
         yield batch
 

@@ -26,6 +26,7 @@ from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stre
 from tokmix.stages import Context, cached, shared_encoder
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, EOT included
+TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 UNITS_IN_FLIGHT_PER_WORKER = 2
 
 
@@ -58,15 +59,16 @@ def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> 
     return n
 
 
-def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], int]) -> Callable[[], int] | None:
-    """For a limited unit: the text the next batch needs to reach the limit, at the unit's characters per token
-    so far (4 before any), with 10% to spare, so the unit ends within a small batch of its last document."""
+def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], int]) -> Callable[[int], int] | None:
+    """For a limited unit: the text its next batch should hold, given the characters already read, so that the
+    unit ends within a small batch of its last document: the limit at the unit's characters per token so far
+    (4 before any) with 10% to spare, and at least TAIL_BATCH_CHARS once that estimate is used up."""
     if task.limit is None:
         return None
 
-    def size() -> int:
+    def size(read: int) -> int:
         per_token = chars() / writer.tokens if writer.tokens else 4.0
-        return int((task.limit - writer.tokens) * per_token * 1.1) + 1
+        return max(int(task.limit * per_token * 1.1) - read, TAIL_BATCH_CHARS)
 
     return size
 
@@ -77,7 +79,8 @@ def tokenize_unit(task: UnitTask) -> dict:
     encoder = shared_encoder(task.tokenizer_path, task.backend, task.threads)
     hashes = cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
     cut = cached(("cut", task.tokenizer_path), lambda: can_cut_documents(task.tokenizer_path))
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype))
+    # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
     huge = HUGE_DOC_CHARS if cut else 1 << 62
@@ -112,8 +115,8 @@ def tokenize_unit(task: UnitTask) -> dict:
         writer.abort()
         raise
     finally:
-        texts.close()
-    checksum = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
+        texts.close()  # the source file, also when the unit stops at its limit
+    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
     fault_point("streams:unit-before-record")
@@ -128,7 +131,6 @@ def tokenize_unit(task: UnitTask) -> dict:
         "limit": task.limit,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
-        "checksum": checksum,
     }
     write_json(unit_dir / f"{unit.name}.json", record)
     return record
