@@ -52,7 +52,7 @@ def print_summary(out: Path, index: dict) -> None:
 def run(
     recipe: Path = typer.Argument(..., help="recipe TOML file"),
     out: str | None = typer.Option(None, "--out", "-o", help="output directory or URL (default: <recipe>-out)"),
-    workers: int | None = typer.Option(None, "--workers", "-w", help="worker threads, or Ray tasks with --executor ray (default: cores)"),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="threads (Ray: tasks); default: cores"),
     blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
     keep_streams: bool = typer.Option(False, "--keep-streams", help="keep the intermediates after validation"),
     backend: str | None = typer.Option(None, "--tokenizer-backend",

@@ -33,6 +33,7 @@ from tokmix.shards import UNIT_BYTES  # noqa: E402
 BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
 PARQUET_READ_ROWS = 1024
+PARQUET_READ_BYTES = 8 << 20
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSION_GUESS = 4  # text compresses about 4x with gzip or zstd: a compressed file's size for scheduling
@@ -305,19 +306,34 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
         if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
             raise _bad(stream, piece.path, f"column {field!r}", f"type {column_type} is not a string type")
         row = piece.first_row
-        groups = list(range(piece.start, piece.stop))
-        for batch in pf.iter_batches(batch_size=PARQUET_READ_ROWS, row_groups=groups, columns=[field]):
-            column = batch.column(0)
-            if column.null_count:
-                first = column.is_null().index(True).as_py()
-                raise _bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
-            if huge is None or pc.max(pc.binary_length(column)).as_py() <= huge:
-                yield from column.to_pylist()
-            else:  # documents past `huge` bytes stay Arrow bytes, never one Python string
-                for value in column:
-                    data = value.as_buffer()
-                    yield HugeText(data, piece.path, stream) if len(data) > huge else value.as_py()
-            row += len(column)
+        schema = pf.metadata.schema
+        column_index = next(i for i in range(len(schema)) if schema.column(i).path == field)
+        for group in range(piece.start, piece.stop):
+            rows = _batch_rows(pf.metadata.row_group(group), column_index)
+            for batch in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field]):
+                yield from _column_texts(batch.column(0), piece, field, stream, huge, row)
+                row += batch.num_rows
+
+
+def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
+    """Rows per Arrow batch for about PARQUET_READ_BYTES of text: pyarrow builds a batch's text with up to
+    ~3x its size in transient buffers, so a row group of a few huge documents is read a row or two at a time."""
+    size = max(group.column(column_index).total_uncompressed_size, 1)
+    return max(1, min(PARQUET_READ_ROWS, group.num_rows * PARQUET_READ_BYTES // size))
+
+
+def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,
+                  row: int) -> Iterator[str | HugeText]:
+    """One batch's documents; `row` is the file's row number of its first."""
+    if column.null_count:
+        first = column.is_null().index(True).as_py()
+        raise _bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
+    if huge is None or pc.max(pc.binary_length(column)).as_py() <= huge:
+        yield from column.to_pylist()
+    else:  # documents past `huge` bytes stay Arrow bytes, never one Python string
+        for value in column:
+            data = value.as_buffer()
+            yield HugeText(data, piece.path, stream) if len(data) > huge else value.as_py()
 
 
 def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
