@@ -131,3 +131,40 @@ def test_zstd_files_of_several_frames_read_whole(tmp_path):
     lines = ["".join(json.dumps({"text": t}) + "\n" for t in part) for part in (TEXTS[:100], TEXTS[100:])]
     (tmp_path / "multi.jsonl.zst").write_bytes(b"".join(compressor.compress(x.encode()) for x in lines))
     assert stream_of([str(tmp_path / "multi.jsonl.zst")], 1 << 20) == TEXTS
+
+
+HUGE_TEXTS = [
+    "plain ascii " * 40,
+    'quotes " and backslashes \\ and escapes \n\t\r\f\b ' * 20,
+    "ünïcødé 東京 emoji 😀 ZWJ 👨‍👩‍👧 " * 20,
+    "lone surrogates \ud800 and \udfff, a pair \ud83d\ude00, NUL \x00, separators \u2028\u2029 " * 20,
+    "\\" * 700,  # nothing but escapes: decoded whole
+    "short",
+]
+
+
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_huge_jsonl_text_is_read_as_utf8_pieces_equal_to_the_parsed_text(tmp_path, ascii_only):
+    """A JSONL text longer than `huge` bytes never becomes one Python string: its escapes are decoded a piece
+    at a time (pieces never cut an escape or a UTF-8 character) into UTF-8 bytes, equal to what json.loads
+    gives, with lone surrogates replaced as everywhere else; other fields, huge too, are parsed and checked."""
+    from tokmix.backends import clean_surrogates
+    from tokmix.sources import HugeText
+
+    path = tmp_path / "huge.jsonl"
+    lines = [json.dumps({"id": i, "meta": {"note": "m" * 300}, "text": t}, ensure_ascii=ascii_only)
+             for i, t in enumerate(HUGE_TEXTS)]
+    path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") + b"\n")
+    unit = next(plan_units("s", [str(path)], [], 1 << 30))
+    read = list(read_texts(unit, "text", "s", [], huge=64))
+    assert [bytes(t.data).decode("utf-8") if isinstance(t, HugeText) else t for t in read] == \
+        [clean_surrogates(t) for t in HUGE_TEXTS]
+    assert [isinstance(t, HugeText) for t in read] == [True] * 5 + [False]
+
+
+def test_a_huge_jsonl_line_that_is_not_json_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"text": "ok"}) + "\n" + '{"text": "' + "x" * 500 + '", "n": tru}\n')
+    unit = next(plan_units("s", [str(path)], [], 1 << 30))
+    with pytest.raises(TokmixError, match=r"stream s: file .*bad.jsonl: line 2: invalid JSON"):
+        list(read_texts(unit, "text", "s", [], huge=64))

@@ -122,7 +122,8 @@ def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
     sample = []
     for name, stream in recipe.streams.items():
         files = stream_files(recipe, split, name, "train")
-        reader = iter_file_texts(files, stream.text_field, name, mirrors, SAMPLE_CHARS_PER_STREAM)
+        # huge documents are skipped unread: reading a 200 MB one would need ~1 GB in this process
+        reader = iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS, skip_huge=True)
         left = SAMPLE_CHARS_PER_STREAM
         for text in itertools.islice(reader, SAMPLE_DOCS_PER_STREAM):
             text = (next(text.pieces()) if isinstance(text, HugeText) else text)[:left]

@@ -34,6 +34,7 @@ BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
 PARQUET_READ_ROWS = 1024
 PARQUET_READ_BYTES = 8 << 20
+HEAVY_ROW_GROUP_BYTES = 64 << 20  # text in a row group's column past which it is read whole, unbuffered
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSION_GUESS = 4  # text compresses about 4x with gzip or zstd: a compressed file's size for scheduling
@@ -297,7 +298,8 @@ def _bad(stream: str, path: str, where: str, what: str) -> SourceError:
     return SourceError(f"stream {stream}: file {path}: {where}: {what}")
 
 
-def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None) -> Iterator[str | HugeText]:
+def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
+                   skip_huge: bool = False) -> Iterator[str | HugeText]:
     with open_file(piece.path, mirrors) as f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
@@ -309,10 +311,23 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
         schema = pf.metadata.schema
         column_index = next(i for i in range(len(schema)) if schema.column(i).path == field)
         for group in range(piece.start, piece.stop):
-            rows = _batch_rows(pf.metadata.row_group(group), column_index)
-            for batch in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field]):
-                yield from _column_texts(batch.column(0), piece, field, stream, huge, row)
-                row += batch.num_rows
+            meta = pf.metadata.row_group(group)
+            heavy = huge is not None and meta.column(column_index).total_uncompressed_size > HEAVY_ROW_GROUP_BYTES
+            if heavy and skip_huge:
+                row += meta.num_rows
+                continue
+            if heavy:
+                # a row group of huge documents: read whole, streaming its pages (no pre-buffered column
+                # chunk), which decodes a 200 MB value with ~800 MiB of transient buffers instead of ~870,
+                # and frees them before its documents are tokenized (iter_batches holds them meanwhile)
+                light = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+                batches = light.read_row_group(group, columns=[field], use_threads=False).column(0).chunks
+            else:
+                rows = _batch_rows(meta, column_index)
+                batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field]))
+            for column in batches:
+                yield from _column_texts(column, piece, field, stream, huge, row)
+                row += len(column)
 
 
 def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
@@ -349,6 +364,71 @@ def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
         raise _bad(stream, path, where(), f"{field!r} is {kind}")
     # JSON may escape lone surrogates ("\ud800"); parquet and UTF-8 text files cannot hold them
     return clean_surrogates(text)
+
+
+_ESCAPE_SPAN = 12  # the longest JSON escape: a surrogate pair, \ud83d\ude00
+
+
+def huge_json_text(line: bytes, field: str, stream: str, path: str, where, huge: int) -> str | HugeText:
+    """json_text for a line longer than `huge` bytes, without holding its text as one Python string (a 200 MB
+    text with one character beyond U+FFFF is an 800 MB str): every string literal longer than `huge` is
+    swapped for a short placeholder, the rest of the line is parsed (so it is checked as JSON), and when
+    the field's value is such a literal, its escapes are decoded a piece at a time into UTF-8 bytes."""
+    spans, parts, last = [], [], 0
+    for start, end in _string_literals(line):
+        if end - start > huge:
+            parts += [line[last:start], b'"\\u0000tokmix-huge-value-%d"' % len(spans)]
+            spans.append((start + 1, end - 1))
+            last = end
+    text = json_text(b"".join([*parts, line[last:]]), field, stream, path, where)
+    placeholder = re.fullmatch("\x00tokmix-huge-value-([0-9]+)", text)
+    if placeholder is None:
+        return text
+    start, stop = spans[int(placeholder[1])]
+    data = bytearray()
+    while start < stop:
+        cut = _escape_free_cut(line, start, min(start + huge, stop), stop)
+        try:
+            piece = json.loads(b'"' + line[start:cut] + b'"')
+        except ValueError as e:
+            raise _bad(stream, path, where(), f"invalid JSON ({e})") from None
+        data += clean_surrogates(piece).encode("utf-8")
+        start = cut
+    return HugeText(data, path, stream)
+
+
+def _string_literals(line: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of every JSON string literal in a line, quotes included: outside literals JSON has no
+    quote, and inside one a quote closes it unless an odd run of backslashes precedes it. (A regular
+    expression would keep a backtracking record per escape: ~1 GB for a 200 MB text.)"""
+    start = line.find(b'"')
+    while start != -1:
+        end = line.find(b'"', start + 1)
+        while end != -1:
+            run = end
+            while line[run - 1] == 0x5C:  # a backslash; the opening quote stops the run
+                run -= 1
+            if (end - run) % 2 == 0:
+                break
+            end = line.find(b'"', end + 1)
+        if end == -1:
+            return  # unterminated: the parse of the rest says so
+        yield start, end + 1
+        start = line.find(b'"', end + 1)
+
+
+def _escape_free_cut(line: bytes, start: int, end: int, stop: int) -> int:
+    """A place at or before `end` (after `start`) that neither a UTF-8 character nor an escape sequence spans:
+    not a continuation byte, and the _ESCAPE_SPAN bytes before it hold no backslash. `stop` when there is none
+    (a text of nothing but escapes is decoded whole)."""
+    while end - start > _ESCAPE_SPAN:
+        while 0x80 <= line[end] < 0xC0:
+            end -= 1
+        backslash = line.rfind(b"\\", end - _ESCAPE_SPAN, end)
+        if backslash == -1:
+            return end
+        end = backslash
+    return stop
 
 
 def _open_jsonl(piece: Piece, mirrors) -> io.BufferedIOBase:
@@ -406,7 +486,9 @@ def _line_number(piece: Piece, mirrors, offset: int) -> int:
         return f.read(offset).count(b"\n") + 1
 
 
-def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str]:
+def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
+                 skip_huge: bool = False) -> Iterator[str | HugeText]:
+    longest = huge + 1 if huge is not None and skip_huge else -1  # readline's limit: -1 is none
     ranged = piece.stop != -1
     with _open_jsonl(piece, mirrors) as f:
         offset, line_no = piece.start, 0
@@ -415,18 +497,26 @@ def _jsonl_texts(piece: Piece, field: str, stream: str, mirrors) -> Iterator[str
             offset = piece.start - 1 + len(f.readline())  # the line under way belongs to the previous piece
         try:
             while not ranged or offset < piece.stop:
-                line = f.readline()
+                line = f.readline(longest)
                 if not line:
                     break
                 line_no += 1
                 size = len(line)
+                if len(line) == longest and not line.endswith(b"\n"):  # skip_huge: a longer line is skipped
+                    while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                        size += len(rest)
+                    offset += size + len(rest)
+                    continue
                 if not line.isspace():  # (strip() would copy a 200 MB line)
                     where = (
                         (lambda o=offset: f"line {_line_number(piece, mirrors, o)}")
                         if ranged
                         else (lambda n=line_no: f"line {n}")
                     )
-                    text = json_text(line, field, stream, piece.path, where)
+                    if huge is not None and size > huge:
+                        text = huge_json_text(line, field, stream, piece.path, where, huge)
+                    else:
+                        text = json_text(line, field, stream, piece.path, where)
                     del line  # a 200 MB line must not stay alive beside its text while it is tokenized
                     yield text
                 offset += size
@@ -448,17 +538,19 @@ def _text_document(piece: Piece, stream: str, mirrors, huge: int | None) -> str 
 
 
 def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
-               huge: int | None = None) -> Iterator[str | HugeText]:
+               huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
     """Every document text of a unit (or one piece) in order, empty ones included. With `huge`, a parquet or
-    plain-text document of more bytes comes as a HugeText (a JSONL line is always parsed whole)."""
+    plain-text document or JSONL text of more bytes comes as a HugeText, or, with `skip_huge` (a sample that
+    needs no such document), is skipped without being read whole: a parquet row group of more than
+    HEAVY_ROW_GROUP_BYTES of text, a longer JSONL line, a larger text file."""
     pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
     for piece in pieces:
         try:
             if piece.kind == "parquet":
-                yield from _parquet_texts(piece, field, stream, mirrors, huge)
+                yield from _parquet_texts(piece, field, stream, mirrors, huge, skip_huge)
             elif piece.kind == "jsonl":
-                yield from _jsonl_texts(piece, field, stream, mirrors)
-            else:
+                yield from _jsonl_texts(piece, field, stream, mirrors, huge, skip_huge)
+            elif not (skip_huge and huge is not None and piece.size > huge):
                 yield _text_document(piece, stream, mirrors, huge)
         except FileNotFoundError:
             raise _bad(stream, piece.path, "open", "file not found") from None
@@ -467,11 +559,11 @@ def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
 
 
 def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
-                    huge: int | None = None) -> Iterator[str | HugeText]:
+                    huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
     """Documents of whole files in order (the holdout stage reads files this way)."""
     for path in paths:
         for piece in _file_pieces(path, mirrors, 1 << 62, stream):
-            yield from read_texts(piece, field, stream, mirrors, huge)
+            yield from read_texts(piece, field, stream, mirrors, huge, skip_huge)
 
 
 def batches(
