@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import psutil
 
-from tokmix.backends import HUGE_DOC_CHARS, choose_backend
+from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, choose_backend
 from tokmix.errors import TokmixError
 from tokmix.executors import make_executor
 from tokmix.faults import exit_for_restart, fault_point
@@ -169,10 +169,11 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     dtype = token_dtype(tok, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
     backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
+    huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
     timings.add("tokenizer", time.perf_counter() - t0)
     progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
-                   options.executor, progress.log, options.unit_bytes, progress)
+                   options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge)
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:

@@ -42,11 +42,17 @@ def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarra
     """Flat ids of several documents -> the same documents each prefixed with EOT, in `dtype`."""
     out = np.empty(len(ids) + len(lengths), dtype=dtype)
     starts = np.cumsum(lengths + 1) - (lengths + 1)
-    is_text = np.ones(len(out), dtype=bool)
-    is_text[starts] = False
     out[starts] = EOT_ID
-    out[is_text] = ids
+    if len(ids) >= 64 * len(lengths):  # documents of 64+ tokens: a copy per document, ~2x a boolean mask
+        ends = np.cumsum(lengths)
+        for start, begin, end in zip(starts.tolist(), (ends - lengths).tolist(), ends.tolist()):
+            out[start + 1 : start + 1 + end - begin] = ids[begin:end]
+    else:
+        is_text = np.ones(len(out), dtype=bool)
+        is_text[starts] = False
+        out[is_text] = ids
     return out
+
 
 
 def train_name(k: int) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tokmix.backends import Encoder, make_encoder
+from tokmix.backends import HUGE_DOC_CHARS, Encoder, make_encoder
 from tokmix.progress import RunProgress
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, Layout
@@ -35,6 +35,9 @@ class Context:
     unit_bytes: int = UNIT_BYTES
     progress: RunProgress = field(default_factory=lambda: RunProgress(live=False))
     pool: Any = None  # the executor the stages share, started once per stage process (tokmix.executors)
+    # a document of more characters is read as bytes and encoded in pieces (1 << 62: never, for a tokenizer whose
+    # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)
+    huge_doc_chars: int = HUGE_DOC_CHARS
 
     @property
     def encoder_threads(self) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, document_pieces
+from tokmix.backends import document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import EOT_ID, TokenFileWriter, with_eot, write_bytes, write_json, write_npy
@@ -41,6 +41,7 @@ class UnitTask:
     hashes_path: str | None
     mirrors: tuple[tuple[str, str], ...]
     threads: int | None  # the encoder's (Context.encoder_threads)
+    huge: int  # Context.huge_doc_chars
     # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
     limit: int | None = None
@@ -78,12 +79,11 @@ def tokenize_unit(task: UnitTask) -> dict:
     unit, unit_dir = task.unit, Path(task.unit_dir)
     encoder = shared_encoder(task.tokenizer_path, task.backend, task.threads)
     hashes = cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
-    cut = cached(("cut", task.tokenizer_path), lambda: can_cut_documents(task.tokenizer_path))
     # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
-    huge = HUGE_DOC_CHARS if cut else 1 << 62
+    huge = task.huge
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge)
     try:
         for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
@@ -279,7 +279,7 @@ class StreamRun:
         self.in_flight_bytes += unit.size
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
-                        tuple(self.ctx.mirrors), self.ctx.encoder_threads,
+                        tuple(self.ctx.mirrors), self.ctx.encoder_threads, self.ctx.huge_doc_chars,
                         limit=self.budget - self.prefix_tokens if ready else None)
 
     def committed(self, unit: Unit, record: dict) -> None:
