@@ -4,7 +4,6 @@ run knows: the recipe, the output layout, the split, the tokenizer) and is safe 
 from __future__ import annotations
 
 import ctypes
-import gc
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,12 +63,12 @@ def shared_encoder(tokenizer_path: str, backend: str, threads: int | None) -> En
 
 
 def drop_cached() -> None:
-    """Free the encoder and its caches (~100-300 MiB once it has tokenized) when tokenizing is over."""
+    """Free the encoder and its caches (~100-300 MiB once it has tokenized) when tokenizing is over. Nothing
+    cached is in a reference cycle, so clearing frees it: no gc.collect (~35 ms on a stage process's heap)."""
     with _cache_lock:
         if not _cache:
             return
         _cache.clear()
-    gc.collect()
     release_memory()
 
 
