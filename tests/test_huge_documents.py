@@ -56,18 +56,29 @@ def test_only_tokenizers_whose_regex_splits_there_are_cut(tokenizer, tmp_path):
     assert not can_cut_documents(tmp_path / "nfkc.json")
 
 
-def test_a_run_with_a_20_mb_document_writes_its_whole_encoding(tmp_path):
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_run_with_a_20_mb_document_writes_its_whole_encoding(tmp_path, fmt):
+    """A 20 MB document with an emoji (a 80 MB Python string, were it one) among small ones: as a parquet
+    value, and as a JSONL line whose text is decoded in pieces (escapes, quotes and non-ASCII included)."""
     files = make_corpus(tmp_path)
     tok = train_test_tokenizer(files, tmp_path / "tokenizer" / "tokenizer.json")
-    huge = (TEXTS["code"] * 25)[: 20 << 20]
+    huge = (TEXTS["code"] * 25)[: (20 << 20) - 40] + ' "quoted" \\ tab\t 😀 ünï'
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = files["edu"][0]
     texts = pq.read_table(path)["text"].to_pylist()
-    pq.write_table(pa.table({"text": texts[:3] + [huge] + texts[3:]}), path, row_group_size=64)
+    texts = texts[:3] + [huge] + texts[3:]
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=64)
+    else:
+        path.unlink()
+        files["edu"][0] = path = path.with_suffix(".jsonl")
+        path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     write_split(tmp_path, files)
     recipe = write_recipe(tmp_path, "tokenizer/tokenizer.json", blocks=800)
+    if fmt == "jsonl":
+        recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
     tokmix.run(tokmix.load_recipe(recipe), tmp_path / "out", workers=1, keep_streams=True)
     units = sorted((tmp_path / "out/streams/edu/units").glob("*.tok"))
     tokens = np.concatenate([np.fromfile(u, dtype=np.uint16) for u in units])
