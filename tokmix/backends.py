@@ -2,8 +2,8 @@
 
 HF is the oracle, and slow: one thread does ~0.3M tokens/s here, tiktoken ~2M, fastokens ~50M (bench/backends.py,
 32k byte-level BPE, 2-core VM). So the driver picks the fastest installed backend that reproduces HF on
-ADVERSARIAL_TEXTS plus a sample of the run's own documents (choose_backend); worker processes then build that
-backend by name, without re-checking (make_encoder).
+ADVERSARIAL_TEXTS plus a sample of the run's own documents (choose_backend); the stage process and Ray
+workers then build that backend by name, without re-checking (make_encoder).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _size_thread_pools(threads: int | None) -> None:
     """Size the Rust thread pools (HF and fastokens use rayon; fastokens has a second pool for BPE).
 
     These libraries read the variables once, when a process first encodes, so `threads` holds for the first encoder
-    a process builds; workers of a process pool pass threads=1. None keeps each library's default, every core.
+    a process builds; a Ray worker, one task per CPU, passes threads=1. None keeps each library's default, every core.
     TOKENIZERS_PARALLELISM stays unset then, so HF still turns its threads off in a child forked after it ran.
     """
     if threads is None:

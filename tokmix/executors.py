@@ -1,4 +1,4 @@
-"""Where work units and shards run: a local process pool, or Ray tasks on a cluster. Both run the same
+"""Where work units and shards run: threads of the stage process, or Ray tasks on a cluster. Both run the same
 top-level functions on the same arguments, so the executor never changes the output. Ray is an optional
 extra, imported only by RayExecutor."""
 
