@@ -34,8 +34,6 @@ class LocalExecutor:
     encoding; one process holds one copy of the encoder (a process pool held one per worker and paid for
     pickling every result)."""
 
-    shared_encoder = True  # tasks may use the stage process's own encoder, on every core
-
     def __init__(self, workers: int):
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker")

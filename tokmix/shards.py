@@ -54,7 +54,6 @@ def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarra
     return out
 
 
-
 def train_name(k: int) -> str:
     return f"train_{k:03d}.bin"
 
