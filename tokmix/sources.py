@@ -320,7 +320,7 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
                 # a row group of huge documents: read whole, streaming its pages (no pre-buffered column
                 # chunk), which decodes a 200 MB value with ~800 MiB of transient buffers instead of ~870,
                 # and frees them before its documents are tokenized (iter_batches holds them meanwhile)
-                light = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+                light = pq.ParquetFile(f, metadata=pf.metadata, pre_buffer=False, buffer_size=1 << 20)
                 batches = light.read_row_group(group, columns=[field], use_threads=False).column(0).chunks
             else:
                 rows = _batch_rows(meta, column_index)
