@@ -168,3 +168,33 @@ def test_a_huge_jsonl_line_that_is_not_json_names_its_line(tmp_path):
     unit = next(plan_units("s", [str(path)], [], 1 << 30))
     with pytest.raises(TokmixError, match=r"stream s: file .*bad.jsonl: line 2: invalid JSON"):
         list(read_texts(unit, "text", "s", [], huge=64))
+
+
+def _heavy_parquet(path: Path, texts: list[str | None]) -> Path:
+    """Row group 0: `texts` (one of them past HEAVY_ROW_GROUP_BYTES), read a row at a time; row group 1: small."""
+    from tokmix.sources import HEAVY_ROW_GROUP_BYTES
+
+    assert max(len(t or "") for t in texts) > HEAVY_ROW_GROUP_BYTES
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string())])) as w:
+        w.write_table(pa.table({"text": pa.array(texts, pa.string())}))
+        w.write_table(pa.table({"text": TEXTS[:5]}))
+    return path
+
+
+def test_a_row_group_of_huge_documents_is_read_a_row_at_a_time_in_order(tmp_path):
+    from tokmix.sources import HugeText
+
+    huge = "ünï " + "word " * (13 << 20) + "😀"
+    path = _heavy_parquet(tmp_path / "heavy.parquet", TEXTS[:3] + [huge] + TEXTS[3:6])
+    unit = next(plan_units("s", [str(path)], [], 1 << 30))
+    read = list(read_texts(unit, "text", "s", [], huge=1 << 20))
+    assert [type(t) for t in read] == [str] * 3 + [HugeText] + [str] * 8
+    assert bytes(read[3].utf8()) == huge.encode()
+    assert read[:3] + read[4:] == TEXTS[:6] + TEXTS[:5]
+
+
+def test_a_null_after_a_huge_document_names_its_row(tmp_path):
+    path = _heavy_parquet(tmp_path / "heavy.parquet", ["a", "word " * (13 << 20), "b", None, "c"])
+    unit = next(plan_units("s", [str(path)], [], 1 << 30))
+    with pytest.raises(TokmixError, match=r"stream s: file .*heavy.parquet: row 3: 'text' is null"):
+        list(read_texts(unit, "text", "s", [], huge=1 << 20))

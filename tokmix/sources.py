@@ -34,7 +34,7 @@ BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
 PARQUET_READ_ROWS = 1024
 PARQUET_READ_BYTES = 8 << 20
-HEAVY_ROW_GROUP_BYTES = 64 << 20  # text in a row group's column past which it is read whole, unbuffered
+HEAVY_ROW_GROUP_BYTES = 64 << 20  # text in a row group's column past which a few rows are read one at a time
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSION_GUESS = 4  # text compresses about 4x with gzip or zstd: a compressed file's size for scheduling
@@ -316,12 +316,8 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
             if heavy and skip_huge:
                 row += meta.num_rows
                 continue
-            if heavy:
-                # a row group of huge documents: read whole, streaming its pages (no pre-buffered column
-                # chunk), which decodes a 200 MB value with ~800 MiB of transient buffers instead of ~870,
-                # and frees them before its documents are tokenized (iter_batches holds them meanwhile)
-                light = pq.ParquetFile(f, metadata=pf.metadata, pre_buffer=False, buffer_size=1 << 20)
-                batches = light.read_row_group(group, columns=[field], use_threads=False).column(0).chunks
+            if heavy and meta.num_rows <= PARQUET_READ_ROWS:
+                batches = _rows_one_at_a_time(f, pf.metadata, group, field)
             else:
                 rows = _batch_rows(meta, column_index)
                 batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field]))
@@ -330,9 +326,19 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
                 row += len(column)
 
 
+def _rows_one_at_a_time(f, metadata: pq.FileMetaData, group: int, field: str) -> list[pa.Array]:
+    """A row group of a few huge documents, one row per Arrow batch: pyarrow then sizes each value's buffer
+    to the value (a batch that goes on past a huge value doubles its buffer, copying the value). Its pages
+    are streamed unbuffered, and the whole group is read before any of its documents is tokenized, so the
+    reader's page buffers are gone by then: a 200 MB value peaks at ~600 MiB of transient buffers, not ~800."""
+    light = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, buffer_size=1 << 20)
+    rows = light.iter_batches(batch_size=1, row_groups=[group], columns=[field], use_threads=False)
+    return [b.column(0) for b in rows]
+
+
 def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
     """Rows per Arrow batch for about PARQUET_READ_BYTES of text: pyarrow builds a batch's text with up to
-    ~3x its size in transient buffers, so a row group of a few huge documents is read a row or two at a time."""
+    ~3x its size in transient buffers."""
     size = max(group.column(column_index).total_uncompressed_size, 1)
     return max(1, min(PARQUET_READ_ROWS, group.num_rows * PARQUET_READ_BYTES // size))
 
