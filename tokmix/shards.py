@@ -120,17 +120,19 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
-def commit(tmp: Path, path: Path) -> None:
-    """Make a fully written file visible under its final name: data on disk first, then the rename."""
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+def commit(tmp: Path, path: Path, durable: bool = True) -> None:
+    """Make a fully written file visible under its final name: data on disk first, then the rename. Not
+    `durable`: no fsync, so after a power loss the file may be there but empty."""
+    if durable:
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = _tmp_name(path)
     tmp.write_bytes(data)
-    commit(tmp, path)
+    commit(tmp, path, durable)
 
 
 def write_json(path: Path, obj: Any) -> None:
