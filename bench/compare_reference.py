@@ -26,13 +26,15 @@ tokenizer and checks the fast backend against HF, the supervisor and the stage p
 Peak RSS: a thread samples every 50 ms the program's process and all its descendants and sums their RSS (what
 both memory guards count: a page shared by two processes counts twice); the peak is kept per stage (the stage
 running when sampled) and for the whole run. The ceiling is the chosen backend's (tokmix.backends.choose_backend)
-encode_batch on the train files' documents, pre-loaded, in tokmix's batches, on every core: the best of three
-passes, each in a fresh process (a warm fastokens cache would inflate it up to ~2.5x).
+encode_batch on the same text as tokmix's streams stage (each stream's first documents, as many as the round's
+index.json says it tokenized), pre-loaded, in tokmix's batches, on every core: the best of three passes, each in
+a fresh process (a warm fastokens cache would inflate it up to ~2.5x).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -365,27 +367,29 @@ def run_tokmix(out: Path, workers: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- the ceiling
-def ceiling_pass(tokenizer: Path, backend: str, files: list[str]) -> dict:
-    """In this fresh process: one pass of the backend, on every core, over the pre-loaded documents. One pass per
-    process because fastokens caches what it encoded (on this corpus a second pass over the same text runs ~1.7x
-    faster, a third ~2.5x) and the streams stage never sees a document twice."""
+def ceiling_pass(tokenizer: Path, backend: str, docs: dict[str, list]) -> dict:
+    """In this fresh process: one pass of the backend, on every core, over the pre-loaded documents (`docs`:
+    stream -> [its train files, how many of their documents]). One pass per process because fastokens caches
+    what it encoded (on this corpus a second pass over the same text runs ~1.7x faster, a third ~2.5x) and
+    the streams stage never sees a document twice."""
     from tokmix.backends import make_encoder
     from tokmix.sources import batches
 
     threads = os.cpu_count() or 1
-    docs = list(batches(iter(file_texts(files))))
+    texts = [t for files, n in docs.values() for t in itertools.islice(filter(None, file_texts(files)), n)]
     encoder = make_encoder(tokenizer, backend, threads)  # the first encoder of the process sizes the thread pools
     encoder.encode_batch(["warm up the thread pools"])
     tokens, t0 = 0, time.perf_counter()
-    for batch in docs:
+    for batch in batches(iter(texts)):
         tokens += encoder.encode_batch(batch)[0].size
     return {"tokens": tokens, "seconds": time.perf_counter() - t0}
 
 
-def run_ceiling(setup: Setup, tokenizer: Path, backend: str) -> dict:
-    """The best of CEILING_PASSES cold passes, each in its own process."""
-    files = [f for name in setup.streams for f in setup.train_files(name)]
-    cmd = [sys.executable, __file__, "--ceiling", str(tokenizer), backend, json.dumps(files)]
+def run_ceiling(setup: Setup, tokenizer: Path, backend: str, index: dict) -> dict:
+    """The best of CEILING_PASSES cold passes, each in its own process, over the documents the streams stage
+    tokenized (`index`: tokmix's index.json of the round)."""
+    docs = {name: [setup.train_files(name), meta["docs"]] for name, meta in index["mix"]["streams"].items()}
+    cmd = [sys.executable, __file__, "--ceiling", str(tokenizer), backend, json.dumps(docs)]
     passes = []
     for _ in range(CEILING_PASSES):
         one = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -508,8 +512,8 @@ def main() -> None:
     ap.add_argument("--ceiling", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ceiling:
-        tokenizer, backend, files = args.ceiling
-        print(json.dumps(ceiling_pass(Path(tokenizer), backend, json.loads(files))))
+        tokenizer, backend, docs = args.ceiling
+        print(json.dumps(ceiling_pass(Path(tokenizer), backend, json.loads(docs))))
         return
     if not (args.corpus / "bench.toml").exists():
         sys.exit(f"{args.corpus}: no bench.toml; build the corpus first: python bench/corpus.py {args.corpus}")
@@ -532,9 +536,9 @@ def main() -> None:
         print(f"--- round {k}: tokmix ({ref['wall']:.0f}s for the reference, {ref['processes']} processes)", flush=True)
         tok = run_tokmix(WORK / "runs" / "tokmix", args.workers)
         print(f"--- round {k}: ceiling ({tok['wall']:.1f}s for tokmix)", flush=True)
-        ceil = run_ceiling(setup, tokenizer, backend)
-        identical, detail = same_outputs(Path(ref["out"]), Path(tok["out"]))
         index = json.loads((Path(tok["out"]) / "index.json").read_text())
+        ceil = run_ceiling(setup, tokenizer, backend, index)
+        identical, detail = same_outputs(Path(ref["out"]), Path(tok["out"]))
         figures = round_figures(ref, tok, ceil, stage_tokens(index))
         figures.update(identical=identical, detail=detail, load_before=load, reference=ref, tokmix=tok)
         rounds.append(figures)
