@@ -150,17 +150,21 @@ def write_npy(path: Path, array: np.ndarray) -> None:
     write_bytes(path, buf.getvalue())
 
 
+SYNC_FILE_RANGE_WRITE = 2
+
+
 def _sync_file_range():
-    try:  # Linux: start writing a file's dirty pages back without waiting for them
+    """Linux's sync_file_range: start writing a file's dirty pages back without waiting for them. Advisory
+    (its errors are ignored: the fsync of the commit is what makes a file durable); None elsewhere."""
+    try:
         call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
     call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return call
 
 
 _SYNC_FILE_RANGE = _sync_file_range()
-SYNC_FILE_RANGE_WRITE = 2
 
 
 class TokenFileWriter:
