@@ -115,7 +115,7 @@ def test_a_unit_with_a_limit_is_the_prefix_of_the_whole_unit_up_to_the_document_
 
     def run(name: str, limit: int | None) -> tuple[dict, np.ndarray, np.ndarray]:
         (tmp_path / name).mkdir()
-        task = UnitTask(unit, "text", tokenizer, "hf", "<u2", str(tmp_path / name), None, (), 1, 4 << 20, limit)
+        task = UnitTask(unit, "text", tokenizer, "hf", "<u2", str(tmp_path / name), None, (), 4 << 20, limit)
         record = tokenize_unit(task)
         tokens = np.fromfile(tmp_path / name / f"{unit.name}.tok", dtype="<u2")
         return record, tokens, np.fromfile(tmp_path / name / f"{unit.name}.len", dtype="<u4")

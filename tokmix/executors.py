@@ -29,10 +29,10 @@ RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minu
 
 
 class LocalExecutor:
-    """Threads of the stage process. Every backend encodes with the GIL released, on its own thread pool
-    sized to the machine, so `workers` threads only overlap one unit's reading and writing with another's
-    encoding; one process holds one copy of the encoder (a process pool held one per worker and paid for
-    pickling every result)."""
+    """Threads of the stage process sharing one encoder. Every backend encodes with the GIL released, one
+    thread per call (tokmix.stages.ENCODER_THREADS), so `workers` threads keep as many cores encoding while
+    their units are read and written in between; one process holds one copy of the encoder (a process pool
+    held one per worker and paid for pickling every result)."""
 
     def __init__(self, workers: int):
         self.workers = workers

@@ -138,23 +138,29 @@ def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors) -> tuple
     return choose_backend(tokenizer_path, recipe.tokenizer.backend, _sample_texts(recipe, split, mirrors))
 
 
+def fresh_process() -> ProcessPoolExecutor:
+    """A short-lived process: what it loads (every backend, HF's thread pool, a tokenizer trainer's tables)
+    goes away with it instead of staying in the stage process's heap for the rest of the run. Its first
+    submit starts it, with this process's environment as it is then."""
+    return ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+
+
 def in_fresh_process(fn, *args):
-    """Run fn in a short-lived process: what it loads (every backend, HF's thread pool, a tokenizer trainer's
-    tables) goes away with it instead of staying in the stage process's heap for the rest of the run."""
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+    with fresh_process() as pool:
         return pool.submit(fn, *args).result()
 
 
 def _build_ahead(tokenizer_path: str, requested: str, executor: str) -> threading.Thread | None:
     """Build fastokens, what auto picks when it is exact, in a thread of this process while the check runs in
     its own (~0.3 s for a 32k vocabulary, otherwise spent at the start of the holdout stage). The stages find
-    it in the process's cache; a build that fails is left to the check to report."""
+    it in the process's cache; a build that fails is left to the check to report. Started after the check's
+    process: building sizes the backends' thread pools through this process's environment."""
     if executor != "local" or requested not in ("auto", "fastokens") or "fastokens" not in installed_backends():
         return None
 
     def build() -> None:
         try:
-            shared_encoder(tokenizer_path, "fastokens", None)  # Context.encoder_threads of the local executor
+            shared_encoder(tokenizer_path, "fastokens")
         except Exception:  # noqa: BLE001 - the check says why fastokens cannot serve this tokenizer
             pass
 
@@ -169,8 +175,10 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
     if path.exists() and json.loads(path.read_text())["key"] == key:
         return json.loads(path.read_text())["backend"]
-    ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend, executor)
-    backend, notices = in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors)
+    with fresh_process() as pool:
+        check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
+        ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend, executor)
+        backend, notices = check.result()
     if ahead is not None:
         ahead.join()
         if backend != "fastokens":

@@ -38,11 +38,12 @@ class Context:
     # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)
     huge_doc_chars: int = HUGE_DOC_CHARS
 
-    @property
-    def encoder_threads(self) -> int | None:
-        """Backend threads per encoder: locally one encoder serves every worker thread on every core (None: the
-        library's default); a Ray task holds one CPU, so its encoder gets one thread."""
-        return None if self.executor == "local" else 1
+
+# Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
+# threads share one encoder and each call encodes on its caller's core (fastokens' own pool, shared by the
+# workers, spent ~15% more CPU on the bench corpus's streams stage on 2 cores); the holdout stage reads its
+# streams on as many threads; a Ray task holds one CPU.
+ENCODER_THREADS = 1
 
 
 _cache: dict[tuple, Any] = {}  # per process (the stage process, or a Ray worker): what tasks build once
@@ -57,9 +58,10 @@ def cached(key: tuple, build: Callable[[], Any]) -> Any:
         return _cache[key]
 
 
-def shared_encoder(tokenizer_path: str, backend: str, threads: int | None) -> Encoder:
+def shared_encoder(tokenizer_path: str, backend: str) -> Encoder:
     """The process's encoder: the holdout stage and every unit of the streams stage use one instance."""
-    return cached(("encoder", tokenizer_path, backend, threads), lambda: make_encoder(tokenizer_path, backend, threads))
+    return cached(("encoder", tokenizer_path, backend),
+                  lambda: make_encoder(tokenizer_path, backend, ENCODER_THREADS))
 
 
 def drop_cached() -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import random
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,10 +33,10 @@ def holdout_hashes(ctx: Context) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
 
-def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: float) -> tuple[list, list[str]]:
+def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: float) -> tuple[list, np.ndarray]:
     """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
-    up to and including the one that crosses `budget` tokens."""
-    docs, texts, got = [], [], 0
+    up to and including the one that crosses `budget` tokens; and the hashes of their texts."""
+    docs, hashes, got = [], [], 0
     field = ctx.recipe.streams[stream].text_field
     reader = iter_file_texts(files, field, stream, ctx.mirrors)
     while got < budget:
@@ -43,26 +45,40 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: f
             break
         ids, lengths = encoder.encode_batch(batch)
         docs_ids = np.split(with_eot(ids, lengths, ctx.dtype), np.cumsum(lengths + 1)[:-1])
-        for text, doc in zip(batch, docs_ids):
+        for k, doc in enumerate(docs_ids):
             docs.append((stream, doc))
-            texts.append(text)
             got += len(doc)
             if got >= budget:
+                batch = batch[: k + 1]
                 break
-    return docs, texts
+        hashes.append(text_hashes(batch))
+    return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
 
 
-def build_domain(ctx: Context, domain: str, encoder, byte_len: np.ndarray) -> dict:
+def _read_all(ctx: Context, encoder, pool: ThreadPoolExecutor, domains: list[str]) -> dict[tuple[str, str], Future]:
+    """Every stream's holdout documents of these domains, read at once on the pool (the encoder encodes a call
+    on its caller's thread, so each stream is a worker's)."""
+    recipe, need = ctx.recipe, ctx.recipe.holdout.tokens + 1
+    reads = {}
+    for domain in domains:
+        names = recipe.streams_of(domain)
+        total_share = sum(recipe.streams[n].share for n in names)
+        for name in names:
+            files = stream_files(recipe, ctx.split, name, "holdout")
+            budget = need * recipe.streams[name].share / total_share
+            reads[domain, name] = pool.submit(_read_stream, ctx, encoder, name, files, budget)
+    return reads
+
+
+def build_domain(ctx: Context, domain: str, reads: dict[tuple[str, str], Future], byte_len: np.ndarray) -> dict:
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
-    total_share = sum(recipe.streams[n].share for n in names)
-    docs, texts = [], []
+    docs, hashes = [], []
     for name in names:
-        files = stream_files(recipe, ctx.split, name, "holdout")
-        got_docs, got_texts = _read_stream(ctx, encoder, name, files, need * recipe.streams[name].share / total_share)
+        got_docs, got_hashes = reads.pop((domain, name)).result()
         docs += got_docs
-        texts += got_texts
+        hashes.append(got_hashes)
     random.Random(recipe.seed).shuffle(docs)
     chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
     for name, ids in docs:
@@ -84,7 +100,7 @@ def build_domain(ctx: Context, domain: str, encoder, byte_len: np.ndarray) -> di
         raise TokmixError(
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
-    write_npy(hashes_path(ctx, domain), np.unique(text_hashes(texts)))
+    write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))
     write_tokens(ctx.layout.val(domain), tokens)
     return {
         "file": ctx.layout.val(domain).name,
@@ -113,17 +129,24 @@ def run_holdout(ctx: Context) -> dict:
     ]
     if not todo:
         return val
-    encoder = shared_encoder(ctx.tokenizer_path, ctx.backend, ctx.encoder_threads)  # the streams stage's too
+    encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too
     byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
-    for domain in todo:
-        t0 = time.perf_counter()
-        val[domain] = entry = build_domain(ctx, domain, encoder, byte_len)
-        fault_point("holdout:after-write")
-        index["val"] = val
-        write_json(layout.index, index)
-        fault_point("holdout:after-index")
-        ctx.log(
-            f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} bytes "
-            f"({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
-        )
+    threads = max(1, min(ctx.workers, os.cpu_count() or 1))  # on Ray the workers are remote: this machine's cores
+    with ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout") as pool:
+        reads = _read_all(ctx, encoder, pool, todo)
+        try:
+            for domain in todo:
+                t0 = time.perf_counter()
+                val[domain] = entry = build_domain(ctx, domain, reads, byte_len)
+                fault_point("holdout:after-write")
+                index["val"] = val
+                write_json(layout.index, index)
+                fault_point("holdout:after-index")
+                ctx.log(
+                    f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} "
+                    f"bytes ({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
+                )
+        finally:
+            for future in reads.values():  # a domain failed: the reads not started yet are not needed
+                future.cancel()
     return val

@@ -40,7 +40,6 @@ class UnitTask:
     unit_dir: str
     hashes_path: str | None
     mirrors: tuple[tuple[str, str], ...]
-    threads: int | None  # the encoder's (Context.encoder_threads)
     huge: int  # Context.huge_doc_chars
     # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
@@ -77,7 +76,7 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
 def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it; returns its record."""
     unit, unit_dir = task.unit, Path(task.unit_dir)
-    encoder = shared_encoder(task.tokenizer_path, task.backend, task.threads)
+    encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes = cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
     # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
@@ -286,7 +285,7 @@ class StreamRun:
         self.in_flight_bytes += unit.size
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
-                        tuple(self.ctx.mirrors), self.ctx.encoder_threads, self.ctx.huge_doc_chars,
+                        tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=self.budget - self.prefix_tokens if ready else None)
 
     def committed(self, unit: Unit, record: dict) -> None:
