@@ -40,9 +40,9 @@ class Context:
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
-# threads share one encoder and each call encodes on its caller's core (fastokens' own pool, shared by the
-# workers, spent ~15% more CPU on the bench corpus's streams stage on 2 cores); the holdout stage reads its
-# streams on as many threads; a Ray task holds one CPU.
+# threads share one encoder, each call encoding on its caller's core, and the holdout stage reads its
+# streams on as many threads; a Ray task holds one CPU. (fastokens' own pool, shared by the workers, was no
+# faster: in 11 alternating whole runs on 2 cores its streams stage took ~6% longer.)
 ENCODER_THREADS = 1
 
 
