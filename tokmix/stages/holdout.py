@@ -55,28 +55,23 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: f
     return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
 
 
-def _read_all(ctx: Context, encoder, pool: ThreadPoolExecutor, domains: list[str]) -> dict[tuple[str, str], Future]:
-    """Every stream's holdout documents of these domains, read at once on the pool (the encoder encodes a call
-    on its caller's thread, so each stream is a worker's)."""
+def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
+    """The domain's streams' holdout documents, each stream read on a thread of the pool (the encoder encodes
+    a call on its caller's thread)."""
     recipe, need = ctx.recipe, ctx.recipe.holdout.tokens + 1
-    reads = {}
-    for domain in domains:
-        names = recipe.streams_of(domain)
-        total_share = sum(recipe.streams[n].share for n in names)
-        for name in names:
-            files = stream_files(recipe, ctx.split, name, "holdout")
-            budget = need * recipe.streams[name].share / total_share
-            reads[domain, name] = pool.submit(_read_stream, ctx, encoder, name, files, budget)
-    return reads
+    names = recipe.streams_of(domain)
+    total_share = sum(recipe.streams[n].share for n in names)
+    return {name: pool.submit(_read_stream, ctx, encoder, name, stream_files(recipe, ctx.split, name, "holdout"),
+                              need * recipe.streams[name].share / total_share) for name in names}
 
 
-def build_domain(ctx: Context, domain: str, reads: dict[tuple[str, str], Future], byte_len: np.ndarray) -> dict:
+def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: np.ndarray) -> dict:
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
     docs, hashes = [], []
     for name in names:
-        got_docs, got_hashes = reads.pop((domain, name)).result()
+        got_docs, got_hashes = reads[name].result()
         docs += got_docs
         hashes.append(got_hashes)
     random.Random(recipe.seed).shuffle(docs)
@@ -132,12 +127,15 @@ def run_holdout(ctx: Context) -> dict:
     encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too
     byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
     threads = max(1, min(ctx.workers, os.cpu_count() or 1))  # on Ray the workers are remote: this machine's cores
+    reads: dict[str, dict[str, Future]] = {}
     with ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout") as pool:
-        reads = _read_all(ctx, encoder, pool, todo)
         try:
-            for domain in todo:
+            for k, domain in enumerate(todo):
+                for ahead in todo[k : k + 2]:  # this domain's streams and the next domain's are read at once
+                    if ahead not in reads:
+                        reads[ahead] = _read_domain(ctx, encoder, pool, ahead)
                 t0 = time.perf_counter()
-                val[domain] = entry = build_domain(ctx, domain, reads, byte_len)
+                val[domain] = entry = build_domain(ctx, domain, reads.pop(domain), byte_len)
                 fault_point("holdout:after-write")
                 index["val"] = val
                 write_json(layout.index, index)
@@ -147,6 +145,6 @@ def run_holdout(ctx: Context) -> dict:
                     f"bytes ({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
                 )
         finally:
-            for future in reads.values():  # a domain failed: the reads not started yet are not needed
-                future.cancel()
+            for future in (f for streams in reads.values() for f in streams.values()):
+                future.cancel()  # a domain failed: the reads not started yet are not needed
     return val
