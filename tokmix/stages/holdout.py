@@ -128,23 +128,22 @@ def run_holdout(ctx: Context) -> dict:
     byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
     threads = max(1, min(ctx.workers, os.cpu_count() or 1))  # on Ray the workers are remote: this machine's cores
     reads: dict[str, dict[str, Future]] = {}
-    with ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout") as pool:
-        try:
-            for k, domain in enumerate(todo):
-                for ahead in todo[k : k + 2]:  # this domain's streams and the next domain's are read at once
-                    if ahead not in reads:
-                        reads[ahead] = _read_domain(ctx, encoder, pool, ahead)
-                t0 = time.perf_counter()
-                val[domain] = entry = build_domain(ctx, domain, reads.pop(domain), byte_len)
-                fault_point("holdout:after-write")
-                index["val"] = val
-                write_json(layout.index, index)
-                fault_point("holdout:after-index")
-                ctx.log(
-                    f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} "
-                    f"bytes ({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
-                )
-        finally:
-            for future in (f for streams in reads.values() for f in streams.values()):
-                future.cancel()  # a domain failed: the reads not started yet are not needed
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout")
+    try:
+        for k, domain in enumerate(todo):
+            for ahead in todo[k : k + 2]:  # this domain's streams and the next domain's are read at once
+                if ahead not in reads:
+                    reads[ahead] = _read_domain(ctx, encoder, pool, ahead)
+            t0 = time.perf_counter()
+            val[domain] = entry = build_domain(ctx, domain, reads.pop(domain), byte_len)
+            fault_point("holdout:after-write")
+            index["val"] = val
+            write_json(layout.index, index)
+            fault_point("holdout:after-index")
+            ctx.log(
+                f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} bytes "
+                f"({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
+            )
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # after an error: the queued reads are dropped
     return val
