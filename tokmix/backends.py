@@ -91,7 +91,8 @@ def _size_thread_pools(threads: int | None) -> None:
     """Size the Rust thread pools (HF and fastokens use rayon; fastokens has a second pool for BPE).
 
     These libraries read the variables once, when a process first encodes, so `threads` holds for the first encoder
-    a process builds; a Ray worker, one task per CPU, passes threads=1. None keeps each library's default, every core.
+    a process builds; the stages pass threads=1 (tokmix.stages.ENCODER_THREADS). None keeps each library's default,
+    every core.
     TOKENIZERS_PARALLELISM stays unset then, so HF still turns its threads off in a child forked after it ran.
     """
     if threads is None:

@@ -150,12 +150,12 @@ def in_fresh_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def _build_ahead(tokenizer_path: str, requested: str, executor: str) -> threading.Thread | None:
+def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None:
     """Build fastokens, what auto picks when it is exact, in a thread of this process while the check runs in
     its own (~0.3 s for a 32k vocabulary, otherwise spent at the start of the holdout stage). The stages find
     it in the process's cache; a build that fails is left to the check to report. Started after the check's
     process: building sizes the backends' thread pools through this process's environment."""
-    if executor != "local" or requested not in ("auto", "fastokens") or "fastokens" not in installed_backends():
+    if requested not in ("auto", "fastokens") or "fastokens" not in installed_backends():
         return None
 
     def build() -> None:
@@ -169,7 +169,7 @@ def _build_ahead(tokenizer_path: str, requested: str, executor: str) -> threadin
     return thread
 
 
-def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors, executor: str) -> str:
+def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors) -> str:
     """The backend, checked once per run and recorded: restarts reuse the decision."""
     path = layout.state / "backend.json"
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
@@ -177,7 +177,7 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
         return json.loads(path.read_text())["backend"]
     with fresh_process() as pool:
         check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
-        ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend, executor)
+        ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend)
         backend, notices = check.result()
     if ahead is not None:
         ahead.join()
@@ -199,7 +199,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     tok = load_tokenizer(tokenizer_path)
     dtype = token_dtype(tok, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
-    backend = _backend(recipe, layout, tokenizer_path, split, mirrors, options.executor)
+    backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
     huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
     timings.add("tokenizer", time.perf_counter() - t0)
     progress = RunProgress(every=options.log_seconds)
