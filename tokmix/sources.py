@@ -320,7 +320,10 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
                 batches = _rows_one_at_a_time(f, pf.metadata, group, field)
             else:
                 rows = _batch_rows(meta, column_index)
-                batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field]))
+                # decoded on this thread, not handed to Arrow's pool for the one column: over 12 alternating
+                # whole runs of the bench corpus, streams 1.34 -> 1.23 s and holdout 0.68 -> 0.62 s (medians)
+                batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field],
+                                                                use_threads=False))
             for column in batches:
                 yield from _column_texts(column, piece, field, stream, huge, row)
                 row += len(column)
