@@ -33,7 +33,7 @@ from tokmix.shards import UNIT_BYTES  # noqa: E402
 BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
 PARQUET_READ_ROWS = 1024
-PARQUET_READ_BYTES = 8 << 20
+PARQUET_READ_BYTES = 1 << 20  # Arrow batches of ~1 MiB: its buffers stay in cache and are reused by malloc
 HEAVY_ROW_GROUP_BYTES = 64 << 20  # text in a row group's column past which a few rows are read one at a time
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
