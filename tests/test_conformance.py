@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 from tests.corpus import HOLDOUT, LAYOUT, STREAMS, make_corpus, train_test_tokenizer, write_recipe, write_split
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "prepare_tokens.py"
+REFERENCE_PROCESS_SECONDS = 120  # a process of the reference takes seconds on the test corpus
 
 # The reference imports SEED, STREAM_DOMAIN, STREAM_SHARE, STREAMS, file_splits and open_stream from a
 # module named `sources`; this one reads the same parquet files in the split file's order.
@@ -85,11 +87,28 @@ def run_reference(root: Path) -> Path:
         margin=LAYOUT["margin_steps"], slack=LAYOUT["stream_slack"], holdout=HOLDOUT["tokens"],
         windows=HOLDOUT["eval_windows"], shard_tokens=LAYOUT["shard_tokens"]))
     for _ in range(10):
-        proc = subprocess.run([sys.executable, str(scripts / "main.py")], cwd=root, capture_output=True, text=True)
+        proc = _reference_process([sys.executable, str(scripts / "main.py")], root)
+        if proc is None:  # it hung: started again, it resumes as after an exit 75
+            continue
         if proc.returncode == 0:
             return root / "data" / "tokens"
         assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-3000:]
     raise AssertionError("the reference script did not finish in 10 restarts")
+
+
+def _reference_process(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess | None:
+    """One process of the reference, or None if it hung: CPython's Pool.terminate(), which the reference calls
+    when a stream reaches its budget, can block for good while the pool's task thread is writing into a full
+    pipe (seen once in CI, the process idle in Pool._terminate_pool). It is then killed with its workers."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=REFERENCE_PROCESS_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
