@@ -17,11 +17,13 @@ Each round runs the reference, then `tokmix run --workers N`, then the ceiling. 
 its run_prepare.sh would: a copy of the script in ROOT/scripts/ beside a `sources` module of ours (the same
 parquet files in the split file's order, a row group at a time) and a main.py that patches the recipe's numbers
 into the module's constants, started again on every exit 75 (holdout and the first stream in the first process,
-each further stream in its own, assemble and validate in the last). NUM_PROC stays the reference's own
-max(1, cores - 2). main.py also wraps the four stage functions to time them; a process's time outside them
-(interpreter start, imports, loading the tokenizer, the exit) is "setup". For tokmix the stage seconds are its
-own tokmix-state/timings.json, and setup is the rest of the wall time (tokmix's tokenizer stage, which loads the
-tokenizer and checks the fast backend against HF, the supervisor and the stage process starting and exiting).
+each further stream in its own, assemble and validate in the last); a process still running after
+REFERENCE_PROCESS_SECONDS is killed with its process group and the round's reference run again from the start.
+NUM_PROC stays the reference's own max(1, cores - 2). main.py also wraps the four stage functions to time them;
+a process's time outside them (interpreter start, imports, loading the tokenizer, the exit) is "setup". For tokmix
+the stage seconds are its own tokmix-state/timings.json, and setup is the rest of the wall time (tokmix's
+tokenizer stage, which loads the tokenizer and checks the fast backend against HF, the supervisor and the stage
+process starting and exiting).
 
 Peak RSS: a thread samples every 50 ms the program's process and all its descendants and sums their RSS (what
 both memory guards count: a page shared by two processes counts twice); the peak is kept per stage (the stage
@@ -44,6 +46,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +78,11 @@ CEILING_WAYS = {"own threads": "the backend's own threads", "thread per core": "
 READ_WAY = "read and encode"
 RESTART_EXIT_CODE = 75
 MAX_REFERENCE_PROCESSES = 20
+# One of the reference's processes takes ~1-2 minutes here. CPython's Pool.terminate(), which it calls when a
+# stream reaches its budget, can block for good (the pool's task thread writing into a full pipe; seen once in
+# tests/test_conformance.py): a process still running after this long is killed and the round's reference rerun.
+REFERENCE_PROCESS_SECONDS = 900
+REFERENCE_ATTEMPTS = 3
 MIB = 2**20
 TARGETS = {  # issue 3
     "streams_speedup": 30.0,  # tokmix streams tokens/s over the reference's
@@ -194,14 +202,23 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def run_sampled(cmd: list[str], cwd: Path, log: Path, stage, peaks: dict[str, int]) -> tuple[int, float]:
-    """Run cmd to the end with its tree sampled; returns (exit code, wall seconds). Output goes to `log`."""
+def run_sampled(cmd: list[str], cwd: Path, log: Path, stage, peaks: dict[str, int],
+                timeout: float | None = None) -> tuple[int | None, float]:
+    """Run cmd to the end with its tree sampled; returns (exit code, wall seconds), the code None if it ran past
+    `timeout` seconds and was killed with its process group. Output goes to `log`."""
     with open(log, "a") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         sampler = TreeSampler(proc.pid, stage, peaks)
         sampler.start()
-        code = proc.wait()
+        try:
+            code = proc.wait(timeout)
+        except BaseException as e:  # past the timeout, or Ctrl-C, which its own session does not receive
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            code = None
         wall = time.perf_counter() - t0
         sampler.stop()
     return code, wall
@@ -310,6 +327,10 @@ def prepare_reference(setup: Setup, tokenizer: Path, root: Path) -> None:
     shutil.copy(WORK / "file_splits.json", root / "data" / "file_splits.json")
 
 
+class ReferenceHung(Exception):
+    pass
+
+
 def run_reference(root: Path) -> dict:
     """Processes started again on exit 75 until one exits 0; seconds per stage, peaks, output dir."""
     mark, peaks = root / "bench-stage.txt", {}
@@ -320,7 +341,10 @@ def run_reference(root: Path) -> dict:
             sys.exit(f"the reference did not finish in {MAX_REFERENCE_PROCESSES} processes; see {log}")
         mark.write_text("setup")
         code, wall = run_sampled([sys.executable, str(root / "scripts" / "main.py")], root, log,
-                                 lambda: _read_mark(mark), peaks)
+                                 lambda: _read_mark(mark), peaks, REFERENCE_PROCESS_SECONDS)
+        if code is None:
+            raise ReferenceHung(f"a reference process was still running after {REFERENCE_PROCESS_SECONDS}s "
+                                f"(stage {_read_mark(mark)}) and was killed")
         walls.append(wall)
         if code == 0:
             break
@@ -635,8 +659,16 @@ def main() -> None:
         load = os.getloadavg()
         print(f"\n--- round {k} of {args.repeat}: reference (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
               flush=True)
-        prepare_reference(setup, tokenizer, WORK / "runs" / "reference")
-        ref = run_reference(WORK / "runs" / "reference")
+        ref = None
+        for attempt in range(1, REFERENCE_ATTEMPTS + 1):
+            prepare_reference(setup, tokenizer, WORK / "runs" / "reference")
+            try:
+                ref = run_reference(WORK / "runs" / "reference")
+                break
+            except ReferenceHung as e:
+                print(f"--- round {k}: {e} (attempt {attempt} of {REFERENCE_ATTEMPTS})", flush=True)
+        if ref is None:
+            sys.exit(f"the reference hung in every attempt of round {k}; see {WORK / 'runs' / 'reference'}")
         print(f"--- round {k}: tokmix ({ref['wall']:.0f}s for the reference, {ref['processes']} processes)", flush=True)
         tok = run_tokmix(WORK / "runs" / "tokmix", args.workers)
         print(f"--- round {k}: ceiling ({tok['wall']:.1f}s for tokmix)", flush=True)
