@@ -78,7 +78,7 @@ CEILING_WAYS = {"own threads": "the backend's own threads", "thread per core": "
 READ_WAY = "read and encode"
 RESTART_EXIT_CODE = 75
 MAX_REFERENCE_PROCESSES = 20
-# One of the reference's processes takes ~1-2 minutes here. CPython's Pool.terminate(), which it calls when a
+# One of the reference's processes takes at most ~1.5 minutes here. CPython's Pool.terminate(), which it calls when a
 # stream reaches its budget, can block for good (the pool's task thread writing into a full pipe; seen once in
 # tests/test_conformance.py): a process still running after this long is killed and the round's reference rerun.
 REFERENCE_PROCESS_SECONDS = 900
