@@ -403,9 +403,10 @@ def run_tokmix(out: Path, workers: int) -> dict:
 # ---------------------------------------------------------------------------- the ceiling
 def ceiling_pass(tokenizer: Path, backend: str, docs: dict[str, list], way: str) -> dict:
     """In this fresh process: one pass of the backend, on every core, over the pre-loaded documents (`docs`:
-    stream -> [its train files, how many of their documents]), one of CEILING_WAYS. One pass per process
-    because fastokens caches what it encoded (on this corpus a second pass over the same text runs ~1.7x
-    faster, a third ~2.5x) and the streams stage never sees a document twice."""
+    stream -> [its train files, how many of their documents]), one of CEILING_WAYS (or READ_WAY, which reads
+    them inside the pass). One pass per process because fastokens caches what it encoded (on this corpus a
+    second pass over the same text runs ~1.7x faster, a third ~2.5x) and the streams stage never sees a
+    document twice."""
     from tokmix.backends import make_encoder
     from tokmix.sources import batches
 
@@ -421,23 +422,23 @@ def ceiling_pass(tokenizer: Path, backend: str, docs: dict[str, list], way: str)
         t0 = time.perf_counter()
         tokens = sum(encoder.encode_batch(batch)[0].size for batch in todo)
         return {"tokens": tokens, "seconds": time.perf_counter() - t0}
-    todo, lock, counts = list(todo), threading.Lock(), []
+    return _run_lanes(list(todo), lambda batch: encoder.encode_batch(batch)[0].size, cores)
+
+
+def _run_lanes(items: list, work, cores: int) -> dict:
+    """`cores` threads taking `items` in order, each adding up the tokens `work(item)` returns; timed."""
+    todo, lock, counts = items[::-1], threading.Lock(), []  # pop() from the end: items in order
 
     def lane() -> None:
         n = 0
         while True:
             with lock:
-                batch = todo.pop() if todo else None
-            if batch is None:
+                item = todo.pop() if todo else None
+            if item is None:
                 counts.append(n)
                 return
-            n += encoder.encode_batch(batch)[0].size
+            n += work(item)
 
-    todo.reverse()  # pop() from the end: batches in order
-    return _run_lanes(lane, cores, counts)
-
-
-def _run_lanes(lane, cores: int, counts: list[int]) -> dict:
     lanes = [threading.Thread(target=lane) for _ in range(cores)]
     t0 = time.perf_counter()
     for thread in lanes:
@@ -475,7 +476,6 @@ def _read_and_encode_pass(tokenizer: Path, backend: str, docs: dict[str, list], 
 
     encoder = make_encoder(tokenizer, backend, 1)
     encoder.encode_batch(["warm up the thread pools"])
-    todo, lock, counts = _row_group_tasks(docs)[::-1], threading.Lock(), []
 
     def texts(path: str, group: int, rows: int, take: int):
         for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, row_groups=[group], columns=["text"],
@@ -486,17 +486,10 @@ def _read_and_encode_pass(tokenizer: Path, backend: str, docs: dict[str, list], 
                 take -= 1
                 yield text
 
-    def lane() -> None:
-        n = 0
-        while True:
-            with lock:
-                task = todo.pop() if todo else None
-            if task is None:
-                counts.append(n)
-                return
-            n += sum(encoder.encode_batch(batch)[0].size for batch in batches(texts(*task)))
+    def encode(task: tuple[str, int, int, int]) -> int:
+        return sum(encoder.encode_batch(batch)[0].size for batch in batches(texts(*task)))
 
-    return _run_lanes(lane, cores, counts)
+    return _run_lanes(_row_group_tasks(docs), encode, cores)
 
 
 def run_ceiling(setup: Setup, tokenizer: Path, backend: str, index: dict) -> dict:
