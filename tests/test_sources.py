@@ -133,6 +133,44 @@ def test_zstd_files_of_several_frames_read_whole(tmp_path):
     assert stream_of([str(tmp_path / "multi.jsonl.zst")], 1 << 20) == TEXTS
 
 
+# Lines a fast JSON parser rejects or reads differently from json, and every one json accepts: each is read as
+# json reads it (lone surrogates then replaced), or fails with json's message.
+JSON_EDGE_LINES = [
+    b'{"text": "a", "text": "last key wins"}',
+    b'{"text": "lone \\ud800 and \\uDFFF escapes, a pair \\ud83d\\ude00"}',
+    b'{"text": "surrogate bytes \xed\xa0\x80"}',
+    b'{"text": "NaN elsewhere", "score": NaN, "inf": Infinity, "big": 1e400}',
+    b'{"text": "a big int elsewhere", "n": 123456789012345678901234567890}',
+    b'\xef\xbb\xbf{"text": "after a BOM"}',
+    b'{"te\\u0078t": "an escaped key"}',
+    b'{"text": "\\u00e9\\u6771 \\u2028 \\u0000 \\/ \xf0\x9f\x98\x80 \xc3\xa9"}',
+    b'{"text": "x", "nested": {"text": "inner"}, "list": [1, 2.5, null, true]}',
+    b'  {"text": "spaces around"}  \r',
+]
+
+
+def test_jsonl_lines_are_read_as_json_reads_them(tmp_path):
+    from tokmix.backends import clean_surrogates
+
+    path = tmp_path / "edge.jsonl"
+    path.write_bytes(b"\n".join(JSON_EDGE_LINES) + b"\n")
+    assert stream_of([str(path)], 1 << 20) == [clean_surrogates(json.loads(line)["text"]) for line in JSON_EDGE_LINES]
+    for line, kind in [(b'{"text": 123456789012345678901234567890}', "a int, not a string"),
+                       (b'{"text": NaN}', "a float, not a string"), (b'{"text": ["a"]}', "a list, not a string")]:
+        path.write_bytes(b'{"text": "ok"}\n' + line + b"\n")
+        with pytest.raises(TokmixError, match=rf"stream s: file .*edge\.jsonl: line 2: 'text' is {kind}"):
+            stream_of([str(path)], 1 << 20)
+    for line in [b'{"text": "a\x01b"}', b'{"text": "x",}', b'{"text": "x"} trailing', b'{"text": "\xff"}']:
+        path.write_bytes(b'{"text": "ok"}\n' + line + b"\n")
+        try:
+            json.loads(line)
+        except ValueError as e:
+            message = f"invalid JSON ({e})"
+        with pytest.raises(TokmixError) as failure:
+            stream_of([str(path)], 1 << 20)
+        assert str(failure.value).endswith(f"edge.jsonl: line 2: {message}")
+
+
 HUGE_TEXTS = [
     "plain ascii " * 40,
     'quotes " and backslashes \\ and escapes \n\t\r\f\b ' * 20,

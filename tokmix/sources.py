@@ -20,6 +20,7 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arro
 
 import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
+import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -361,6 +362,16 @@ def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge:
 
 
 def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
+    # orjson parses UTF-8 text ~3x faster than json, and a string it gives is valid UTF-8: no lone surrogate to
+    # clean. It rejects what json would turn into one (an escape \ud800, surrogate bytes), a BOM, NaN and
+    # more: any line it does not take to a dict whose field is a string goes to json, whose result and error
+    # messages are the ones kept.
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        record = None
+    if isinstance(record, dict) and isinstance(text := record.get(field), str):
+        return text
     try:
         record = json.loads(line)
     except ValueError as e:
