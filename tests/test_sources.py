@@ -133,8 +133,8 @@ def test_zstd_files_of_several_frames_read_whole(tmp_path):
     assert stream_of([str(tmp_path / "multi.jsonl.zst")], 1 << 20) == TEXTS
 
 
-# Lines a fast JSON parser rejects or reads differently from json, and every one json accepts: each is read as
-# json reads it (lone surrogates then replaced), or fails with json's message.
+# Lines json accepts that orjson, tried first, rejects or could read otherwise: each must be read as json reads
+# it (lone surrogates then replaced); and lines json rejects must fail with json's message.
 JSON_EDGE_LINES = [
     b'{"text": "a", "text": "last key wins"}',
     b'{"text": "lone \\ud800 and \\uDFFF escapes, a pair \\ud83d\\ude00"}',
