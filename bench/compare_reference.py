@@ -328,7 +328,7 @@ def prepare_reference(setup: Setup, tokenizer: Path, root: Path) -> None:
 
 
 class ReferenceHung(Exception):
-    pass
+    """A process of the reference ran past REFERENCE_PROCESS_SECONDS and was killed."""
 
 
 def run_reference(root: Path) -> dict:
