@@ -196,6 +196,32 @@ def test_holdout_copies_in_train_files_are_dropped_and_counted(corpus, tmp_path)
     for text in planted:
         ids, _ = encoder.encode_batch([text])
         assert bytes([0, 0]) + ids.astype("<u2").tobytes() not in train_tokens
+    # a run resumed from holdouts built before their lengths were recorded hashes every text: the same result
+    out, state = tmp_path / "out", tmp_path / "out/tokmix-state"
+    assert (state / "holdout.lengths.npy").exists()
+    first = outputs(out)
+    for path in [*state.glob("holdout*.lengths.npy"), state / "done.json", *out.glob("train_*.bin")]:
+        path.unlink()
+    shutil.rmtree(out / "streams")
+    again = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), out, workers=2)
+    assert not (state / "holdout.lengths.npy").exists()
+    assert again["decontamination"] == index["decontamination"]
+    assert outputs(out) == first
+
+
+def test_only_texts_of_a_holdout_length_are_hashed_and_copies_are_found():
+    from tokmix.sources import HugeText, text_hashes
+    from tokmix.stages.streams import holdout_copies
+
+    held = ["the held out document", "ünïcødé held out 😀", ""]
+    hashes, lengths = np.unique(text_hashes(held)), np.unique([len(t) for t in held])
+    texts = ["the held out document", "the held out documenT", "a train document", "ünïcødé held out 😀",
+             HugeText(b"the held out document", "f", "s"), HugeText(b"other bytes", "f", "s"), ""]
+    want = [True, False, False, True, True, False, True]
+    assert holdout_copies(texts, hashes, lengths).tolist() == want
+    assert holdout_copies(texts, hashes, None).tolist() == want
+    assert holdout_copies(texts, hashes, np.array([3], np.int64)).tolist() == [False, False, False, False, True,
+                                                                                 False, False]
 
 
 def test_cli_bad_input_is_one_line_and_debug_shows_the_traceback(corpus, tmp_path):

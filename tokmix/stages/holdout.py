@@ -27,16 +27,32 @@ def hashes_path(ctx: Context, domain: str):
     return ctx.layout.state / f"holdout_{domain}.hashes.npy"
 
 
+def lengths_path(ctx: Context, domain: str):
+    return ctx.layout.state / f"holdout_{domain}.lengths.npy"
+
+
 def holdout_hashes(ctx: Context) -> np.ndarray:
     """Sorted hashes of every holdout document of every domain."""
     parts = [np.load(hashes_path(ctx, d)) for d in ctx.recipe.domains]
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
 
-def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: float) -> tuple[list, np.ndarray]:
+def holdout_lengths(ctx: Context) -> np.ndarray | None:
+    """Sorted lengths in characters of every holdout document of every domain, or None for holdouts built
+    before they were recorded (a run resumed from then)."""
+    paths = [lengths_path(ctx, d) for d in ctx.recipe.domains]
+    if not all(p.exists() for p in paths):
+        return None
+    parts = [np.load(p) for p in paths]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+
+def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
+                 budget: float) -> tuple[list, np.ndarray, np.ndarray]:
     """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
-    up to and including the one that crosses `budget` tokens; and the hashes of their texts."""
-    docs, hashes, got = [], [], 0
+    up to and including the one that crosses `budget` tokens; and the hashes and lengths (characters) of
+    their texts."""
+    docs, hashes, chars, got = [], [], [], 0
     field = ctx.recipe.streams[stream].text_field
     reader = iter_file_texts(files, field, stream, ctx.mirrors)
     while got < budget:
@@ -52,7 +68,8 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str], budget: f
                 batch = batch[: k + 1]
                 break
         hashes.append(text_hashes(batch))
-    return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+        chars += map(len, batch)
+    return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
 
 
 def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
@@ -69,11 +86,12 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
-    docs, hashes = [], []
+    docs, hashes, lengths = [], [], []
     for name in names:
-        got_docs, got_hashes = reads[name].result()
+        got_docs, got_hashes, got_lengths = reads[name].result()
         docs += got_docs
         hashes.append(got_hashes)
+        lengths.append(got_lengths)
     random.Random(recipe.seed).shuffle(docs)
     chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
     for name, ids in docs:
@@ -95,6 +113,7 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         raise TokmixError(
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
+    write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths)))
     write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))
     write_tokens(ctx.layout.val(domain), tokens)
     return {
