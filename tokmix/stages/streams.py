@@ -11,6 +11,7 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,15 @@ def holdout_copies(texts: list[str | HugeText], hashes: np.ndarray, lengths: np.
     return is_copy
 
 
+def _holdout_array(path: str | None) -> np.ndarray | None:
+    """The array saved at `path`, loaded once per process while the file is unchanged: a Ray worker can outlive
+    a run, and the next run of the same output directory may hold out other documents."""
+    if path is None:
+        return None
+    stat = os.stat(path)
+    return cached(("holdout array", path, stat.st_mtime_ns, stat.st_size), lambda: np.load(path))
+
+
 def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], int]) -> Callable[[int], int] | None:
     """For a limited unit: the text its next batch should hold, given the characters already read, so that the
     unit ends within a small batch of its last document: the limit at the unit's characters per token so far
@@ -92,9 +102,7 @@ def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it; returns its record."""
     unit, unit_dir = task.unit, Path(task.unit_dir)
     encoder = shared_encoder(task.tokenizer_path, task.backend)
-    hashes = cached(("hashes", task.hashes_path), lambda: np.load(task.hashes_path)) if task.hashes_path else None
-    held_lengths = (cached(("lengths", task.lengths_path), lambda: np.load(task.lengths_path))
-                    if task.lengths_path else None)
+    hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
     # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
