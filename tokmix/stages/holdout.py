@@ -31,20 +31,21 @@ def lengths_path(ctx: Context, domain: str):
     return ctx.layout.state / f"holdout_{domain}.lengths.npy"
 
 
+def _union(paths: list, dtype) -> np.ndarray:
+    parts = [np.load(p) for p in paths]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype)
+
+
 def holdout_hashes(ctx: Context) -> np.ndarray:
     """Sorted hashes of every holdout document of every domain."""
-    parts = [np.load(hashes_path(ctx, d)) for d in ctx.recipe.domains]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+    return _union([hashes_path(ctx, d) for d in ctx.recipe.domains], np.uint64)
 
 
 def holdout_lengths(ctx: Context) -> np.ndarray | None:
     """Sorted lengths in characters of every holdout document of every domain, or None for holdouts built
     before they were recorded (a run resumed from then)."""
     paths = [lengths_path(ctx, d) for d in ctx.recipe.domains]
-    if not all(p.exists() for p in paths):
-        return None
-    parts = [np.load(p) for p in paths]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+    return _union(paths, np.int64) if all(p.exists() for p in paths) else None
 
 
 def _read_stream(ctx: Context, encoder, stream: str, files: list[str],

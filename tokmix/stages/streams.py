@@ -161,6 +161,11 @@ def tokenize_unit(task: UnitTask) -> dict:
 
 
 # ---------------------------------------------------------------------------- coordinator side
+def merged_holdout_path(ctx: Context, kind: str) -> Path:
+    """Every domain's holdout hashes or lengths in one file, which the units' tasks name."""
+    return ctx.layout.state / f"holdout.{kind}.npy"
+
+
 def units_dir(ctx: Context, stream: str) -> Path:
     return ctx.layout.stream(stream) / "units"
 
@@ -248,8 +253,8 @@ class StreamRun:
         self.started = time.perf_counter()
         self.hashes = self.lengths = None
         if ctx.recipe.holdout.decontaminate:
-            self.hashes = str(ctx.layout.state / "holdout.hashes.npy")
-            lengths = ctx.layout.state / "holdout.lengths.npy"
+            self.hashes = str(merged_holdout_path(ctx, "hashes"))
+            lengths = merged_holdout_path(ctx, "lengths")
             self.lengths = str(lengths) if lengths.exists() else None
         committed = f", {len(self.records)} units already committed" if self.records else ""
         ctx.log(f"{stream}: budget {self.budget:,} tokens{committed}")
@@ -382,11 +387,11 @@ def run_streams(ctx: Context) -> dict[str, dict]:
         if ctx.recipe.holdout.decontaminate:
             from tokmix.stages.holdout import holdout_hashes, holdout_lengths  # workers need not import HF's
 
-            write_npy(ctx.layout.state / "holdout.hashes.npy", holdout_hashes(ctx))
+            write_npy(merged_holdout_path(ctx, "hashes"), holdout_hashes(ctx))
             lengths = holdout_lengths(ctx)
             if lengths is None:  # holdouts built before lengths were recorded: every text is hashed
-                (ctx.layout.state / "holdout.lengths.npy").unlink(missing_ok=True)
+                merged_holdout_path(ctx, "lengths").unlink(missing_ok=True)
             else:
-                write_npy(ctx.layout.state / "holdout.lengths.npy", lengths)
+                write_npy(merged_holdout_path(ctx, "lengths"), lengths)
         metas.update(tokenize_streams(ctx, ctx.pool, todo))
     return metas
