@@ -5,8 +5,10 @@ lock, a full disk, and tokenizer training that never reads a holdout file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -14,8 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+import tokmix
 from tests.corpus import make_corpus, write_recipe, write_split
 from tokmix.faults import POINTS
 
@@ -154,3 +159,55 @@ def test_tokenizer_training_never_reads_a_holdout_file(corpus, tmp_path):
     assert (tmp_path / "o" / "tokenizer.json").exists(), "training finished without touching holdout files"
     assert proc.returncode == 2
     assert "corpus/dclm/part-3.parquet" in proc.stderr and "stream dclm" in proc.stderr
+
+
+def _committed_units(out: Path) -> dict[str, bytes]:
+    """Every committed unit's files (its record is the commit), by path."""
+    names = [p.with_suffix("") for p in out.glob("streams/*/units/*.json")]
+    return {str(p.relative_to(out)) + ext: p.with_suffix(ext).read_bytes() for p in names for ext in (".tok", ".len")}
+
+
+def test_a_tokenizer_or_source_file_changed_since_the_run_started_is_refused(corpus, clean, tmp_path):
+    """Killed mid-stream; then the tokenizer, or the train files, get other bytes: each resume is refused with one
+    line naming the file, and keeps every committed unit; with the files restored it ends identical."""
+    root, out = tmp_path / "c", tmp_path / "o"
+    shutil.copytree(corpus.parent, root)
+    recipe = root / "recipe.toml"
+    assert tokmix_run(recipe, out, "streams:after-unit:3").returncode == -signal.SIGKILL
+    committed = _committed_units(out)
+    assert committed
+
+    tokenizer = out / "tokenizer.json"  # the recipe has tokmix train it there
+    original = tokenizer.read_bytes()
+    changed = json.loads(original)
+    changed["model"]["merges"] = changed["model"]["merges"][:-1]
+    tokenizer.write_text(json.dumps(changed))
+    proc = tokmix_run(recipe, out)
+    assert proc.returncode == 2
+    assert f"tokenizer {tokenizer}: changed since this run started (sha256 " in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert _committed_units(out) == committed
+    tokenizer.write_bytes(original)
+
+    split = json.loads((root / "data/file_splits.json").read_text())
+    trains = [root / name for entry in split.values() for name in entry["train"]]
+    for path in trains:  # the same rows in the same row groups, each text one character longer
+        table = pq.read_table(path)
+        texts = [t + "!" if t else t for t in table["text"].to_pylist()]
+        pq.write_table(table.set_column(1, "text", pa.array(texts)), path, row_group_size=16)
+    proc = tokmix_run(recipe, out)
+    assert proc.returncode == 2
+    assert re.search(r"stream \w+: file \S+/part-\d\.parquet: changed since this run started \(unit \d+ ",
+                     proc.stderr), proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert _committed_units(out) == committed
+
+    for path in trains:
+        shutil.copy(corpus.parent / path.relative_to(root), path)
+    assert tokmix_run(recipe, out).returncode == 0
+    resumed = outputs(out)
+    assert {name: resumed[name] for name in clean if name != "index.json"} == \
+           {name: data for name, data in clean.items() if name != "index.json"}
+    index = json.loads((out / "index.json").read_text())
+    assert index["tokenizer_sha256"] == hashlib.sha256(original).hexdigest()
+    assert index["tokmix_version"] == tokmix.__version__

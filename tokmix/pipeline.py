@@ -34,7 +34,7 @@ from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
-from tokmix.tokenizer import load_tokenizer, token_dtype, train_tokenizer, vocab_size
+from tokmix.tokenizer import load_tokenizer, token_dtype, tokenizer_checksum, train_tokenizer, vocab_size
 
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 MEMORY_POLL_SECONDS = 0.25
@@ -189,6 +189,21 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
     return backend
 
 
+def _same_tokenizer(layout: Layout, path: str) -> str:
+    """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes there
+    is refused: the holdouts and units already written hold the first tokenizer's ids."""
+    checksum, record = tokenizer_checksum(path), layout.state / "tokenizer.checksum.json"
+    if not record.exists():
+        write_json(record, {"path": path, "sha256": checksum})
+        return checksum
+    first = json.loads(record.read_text())
+    if first["path"] == path and first["sha256"] != checksum:
+        raise TokmixError(f"tokenizer {path}: changed since this run started (sha256 {first['sha256'][:12]}..., "
+                          f"now {checksum[:12]}...); what is already written holds the first one's ids: restore "
+                          "it, or use --restart to start over")
+    return checksum
+
+
 def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings) -> Context:
     t0 = time.perf_counter()
     mirrors = parse_mirrors(options.mirrors)
@@ -197,6 +212,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     if not os.path.exists(tokenizer_path):
         in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
     tok = load_tokenizer(tokenizer_path)
+    checksum = _same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(tok, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
     backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
@@ -204,7 +220,8 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     timings.add("tokenizer", time.perf_counter() - t0)
     progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
-                   options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge)
+                   options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
+                   tokenizer_sha256=checksum)
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:

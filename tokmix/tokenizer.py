@@ -3,6 +3,7 @@ files only (never holdout files), and the UTF-8 bytes each token id stands for (
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,13 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tokmix.errors import TokmixError
-from tokmix.shards import EOT_ID, EOT_TOKEN, dtype_for_vocab
+from tokmix.shards import CHECKSUM, EOT_ID, EOT_TOKEN, dtype_for_vocab
+
+
+def tokenizer_checksum(path: str) -> str:
+    """The sha256 of the tokenizer file's bytes (what `sha256sum` prints)."""
+    with fsspec.open(path, "rb") as f:
+        return hashlib.new(CHECKSUM, f.read()).hexdigest()
 
 
 def load_tokenizer(path: str) -> Tokenizer:

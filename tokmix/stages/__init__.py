@@ -37,6 +37,7 @@ class Context:
     # a document of more characters is read as bytes and encoded in pieces (1 << 62: never, for a tokenizer whose
     # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)
     huge_doc_chars: int = HUGE_DOC_CHARS
+    tokenizer_sha256: str = ""  # of the tokenizer file's bytes, recorded in index.json
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix import __version__
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
@@ -240,7 +241,8 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
 
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int]) -> dict:
-    """index.json as the reference writes it, plus what tokmix adds (vocab size, checksums, decontamination)."""
+    """index.json as the reference writes it, plus what tokmix adds (the tokenizer's checksum, tokmix's version,
+    vocab size, shard checksums, decontamination)."""
     recipe = ctx.recipe
     names = list(recipe.streams)
     by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
@@ -249,6 +251,8 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
     summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
     return {
         "tokenizer": ctx.tokenizer_path,
+        "tokenizer_sha256": ctx.tokenizer_sha256,
+        "tokmix_version": __version__,
         "vocab_size": ctx.vocab_size,
         "dtype": ctx.dtype.name,
         "seq_len": recipe.layout.seq_len,

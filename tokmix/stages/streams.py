@@ -205,6 +205,21 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict]) -> T
     )
 
 
+def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError:
+    """A committed unit whose files are no longer cut the same way or hold other sizes: they changed since the
+    run started, and resuming would mix documents of two versions of them."""
+    paths = [piece.path for piece in unit.pieces]
+    was = [piece[0] for piece in record["pieces"]]
+    changed = next((p for p, q in zip(paths, was) if p != q), None) or (paths[0] if len(paths) == 1 else None)
+    if record["pieces"] == unit.describe():
+        how = f"unit {unit.name} held {record['size']:,} bytes, now {unit.size:,}"
+    else:
+        how = f"unit {unit.name} is cut differently now"
+    where = f"file {changed}" if changed else f"one of the {len(paths)} files of unit {unit.name} ({', '.join(paths)})"
+    return TokmixError(f"stream {stream}: {where}: changed since this run started ({how}); units already written "
+                       "hold the earlier version's documents: restore it, or use --restart to start over")
+
+
 def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: float, new_tokens: int) -> dict:
     """Cut the last unit at the document that crosses the budget and write the stream's record."""
     before = sum(r["tokens"] for r in used[:-1])
@@ -299,9 +314,8 @@ class StreamRun:
             record = self.records.get(unit.index)
             if record is None:
                 self.upcoming = unit
-            elif record["pieces"] != unit.describe():
-                raise TokmixError(f"stream {self.name}: unit {unit.name} was cut from other files or sizes than "
-                                  "now; the source files changed since this run started (use --restart)")
+            elif record["pieces"] != unit.describe() or record.get("size", unit.size) != unit.size:
+                raise _changed_source(self.name, unit, record)
         return self.upcoming
 
     def next_task(self) -> UnitTask | None:
