@@ -238,6 +238,16 @@ def test_cli_bad_input_is_one_line_and_debug_shows_the_traceback(corpus, tmp_pat
     assert proc.returncode == 2 and "Traceback" in proc.stderr
 
 
+def test_python_m_tokmix_is_the_command_and_says_its_version(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tokmix", "--version"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"tokmix {tokmix.__version__}")
+    proc = subprocess.run([sys.executable, "-m", "tokmix", "validate", str(tmp_path / "nothing")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 1 and f"{tmp_path / 'nothing'}: no index.json" in proc.stderr
+
+
 def test_memory_guard_restarts_and_gives_up_without_progress(corpus, tmp_path):
     with pytest.raises(TokmixError, match="memory guard restarted the run 3 times without progress"):
         tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=1, max_memory=1 << 20)

@@ -38,6 +38,22 @@ def _fail(e: Exception, debug: bool) -> None:
     raise typer.Exit(2)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from tokmix import __version__
+
+        console.print(f"tokmix {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print tokmix's version and exit"),
+) -> None:
+    pass  # the options of `tokmix` itself, before a command; the help text is the Typer's
+
+
 def print_summary(out: Path, index: dict) -> None:
     from tokmix.summary import holdout_table, mix_table, timing_table
 

@@ -1,0 +1,5 @@
+"""`python -m tokmix`: the `tokmix` command."""
+
+from tokmix.cli import main
+
+main()
