@@ -10,7 +10,8 @@ Build the corpus first (python bench/corpus.py bench/work/corpus). Everything el
                                  decontaminate = false, so both programs do the same work on the same files
   tokenizer/tokenizer.json       a 32k byte-level BPE trained once on the train files only (--tokenizer-mb of
                                  text, each stream its share), then reused
-  runs/reference, runs/tokmix    the last round's outputs (each round starts them afresh)
+  runs/reference, runs/tokmix    the last round's outputs (each round starts them afresh; runs/tokmix-again
+                                 holds the last of tokmix's further runs)
   results.json                   every round's figures
 
 Each round runs the reference, then `tokmix run --workers N`, then the ceiling and two more tokmix runs. The

@@ -23,6 +23,8 @@ import pytest
 import tokmix
 from tests.corpus import make_corpus, write_recipe, write_split
 from tokmix.faults import POINTS
+from tokmix.sources import Piece, Unit
+from tokmix.stages.streams import _changed_source
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT_BYTES = 20_000  # several units per file, so kills land between units
@@ -211,3 +213,15 @@ def test_a_tokenizer_or_source_file_changed_since_the_run_started_is_refused(cor
     index = json.loads((out / "index.json").read_text())
     assert index["tokenizer_sha256"] == hashlib.sha256(original).hexdigest()
     assert index["tokmix_version"] == tokmix.__version__
+
+
+def test_a_changed_file_among_grouped_small_files_is_named_with_its_unit():
+    """Small text files grouped into one unit share one recorded size: the message names the unit's first file
+    and how many more, not thousands of paths."""
+    unit = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10) for k in range(3)))
+    message = str(_changed_source("code", unit, {"pieces": unit.describe(), "size": 31}))
+    assert message.startswith("stream code: a file of unit 000004 (/data/0.txt or 2 more): changed since this run "
+                              "started (unit 000004 held 31 bytes, now 30); ")
+    moved = {"pieces": [["/data/0.txt", "text", 0, -1], ["/data/9.txt", "text", 0, -1]], "size": 30}
+    assert str(_changed_source("code", unit, moved)).startswith("stream code: file /data/1.txt: changed since this "
+                                                                 "run started (unit 000004 is cut differently now)")

@@ -190,14 +190,15 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
 
 
 def _same_tokenizer(layout: Layout, path: str) -> str:
-    """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes there
-    is refused: the holdouts and units already written hold the first tokenizer's ids."""
+    """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes is
+    refused: the holdouts and units already written hold the first tokenizer's ids. (Another path is a changed
+    recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
     checksum, record = tokenizer_checksum(path), layout.state / "tokenizer.checksum.json"
     if not record.exists():
         write_json(record, {"path": path, "sha256": checksum})
         return checksum
     first = json.loads(record.read_text())
-    if first["path"] == path and first["sha256"] != checksum:
+    if first["sha256"] != checksum:
         raise TokmixError(f"tokenizer {path}: changed since this run started (sha256 {first['sha256'][:12]}..., "
                           f"now {checksum[:12]}...); what is already written holds the first one's ids: restore "
                           "it, or use --restart to start over")

@@ -209,13 +209,15 @@ def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError:
     """A committed unit whose files are no longer cut the same way or hold other sizes: they changed since the
     run started, and resuming would mix documents of two versions of them."""
     paths = [piece.path for piece in unit.pieces]
-    was = [piece[0] for piece in record["pieces"]]
-    changed = next((p for p, q in zip(paths, was) if p != q), None) or (paths[0] if len(paths) == 1 else None)
+    moved = [path for path, (was, *_) in zip(paths, record["pieces"]) if path != was]
+    if moved or len(paths) == 1:
+        where = f"file {(moved or paths)[0]}"
+    else:  # grouped small files: the record has one size for them all
+        where = f"a file of unit {unit.name} ({paths[0]} or {len(paths) - 1} more)"
     if record["pieces"] == unit.describe():
         how = f"unit {unit.name} held {record['size']:,} bytes, now {unit.size:,}"
     else:
         how = f"unit {unit.name} is cut differently now"
-    where = f"file {changed}" if changed else f"one of the {len(paths)} files of unit {unit.name} ({', '.join(paths)})"
     return TokmixError(f"stream {stream}: {where}: changed since this run started ({how}); units already written "
                        "hold the earlier version's documents: restore it, or use --restart to start over")
 
