@@ -34,7 +34,14 @@ from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
-from tokmix.tokenizer import load_tokenizer, token_dtype, tokenizer_checksum, train_tokenizer, vocab_size
+from tokmix.tokenizer import (
+    load_tokenizer,
+    token_byte_lengths,
+    token_dtype,
+    tokenizer_checksum,
+    train_tokenizer,
+    vocab_size,
+)
 
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 MEMORY_POLL_SECONDS = 0.25
@@ -222,7 +229,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
-                   tokenizer_sha256=checksum)
+                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok))
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:

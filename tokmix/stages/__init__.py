@@ -38,6 +38,9 @@ class Context:
     # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)
     huge_doc_chars: int = HUGE_DOC_CHARS
     tokenizer_sha256: str = ""  # of the tokenizer file's bytes, recorded in index.json
+    # UTF-8 bytes each token id stands for (tokmix.tokenizer.token_byte_lengths), for the holdouts' bits per byte;
+    # taken from the tokenizer build_context loads anyway (loading it again cost the holdout stage ~0.07 s)
+    token_bytes: np.ndarray | None = None
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

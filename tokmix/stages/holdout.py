@@ -1,6 +1,7 @@
 """Stage 1: one holdout file per domain, `tokens + 1` tokens drawn from the domain's holdout files only,
 each stream contributing in proportion to its share within the domain, documents in a seeded shuffle.
-It also records a hash of every holdout document it read, so training can drop exact copies."""
+With decontamination on (the default) it also records a hash of every holdout document it read, so training
+can drop exact copies."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, with_eot, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
-from tokmix.tokenizer import load_tokenizer, token_byte_lengths
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
 
@@ -52,7 +52,7 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
                  budget: float) -> tuple[list, np.ndarray, np.ndarray]:
     """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
     up to and including the one that crosses `budget` tokens; and the hashes and lengths (characters) of
-    their texts."""
+    their texts, or none when the recipe does not decontaminate."""
     docs, hashes, chars, got = [], [], [], 0
     field = ctx.recipe.streams[stream].text_field
     reader = iter_file_texts(files, field, stream, ctx.mirrors)
@@ -68,8 +68,9 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
             if got >= budget:
                 batch = batch[: k + 1]
                 break
-        hashes.append(text_hashes(batch))
-        chars += map(len, batch)
+        if ctx.recipe.holdout.decontaminate:  # only decontamination reads them (hashing: ~15% of this stage)
+            hashes.append(text_hashes(batch))
+            chars += map(len, batch)
     return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
 
 
@@ -145,7 +146,7 @@ def run_holdout(ctx: Context) -> dict:
     if not todo:
         return val
     encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too
-    byte_len = token_byte_lengths(load_tokenizer(ctx.tokenizer_path))
+    byte_len = ctx.token_bytes
     threads = max(1, min(ctx.workers, os.cpu_count() or 1))  # on Ray the workers are remote: this machine's cores
     reads: dict[str, dict[str, Future]] = {}
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout")
