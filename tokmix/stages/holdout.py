@@ -68,7 +68,7 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
             if got >= budget:
                 batch = batch[: k + 1]
                 break
-        if ctx.recipe.holdout.decontaminate:  # only decontamination reads them (hashing: ~15% of this stage)
+        if ctx.recipe.holdout.decontaminate:  # only decontamination reads them (hashing: ~13% of this stage)
             hashes.append(text_hashes(batch))
             chars += map(len, batch)
     return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
