@@ -31,8 +31,9 @@ UNIT_BYTES = 20_000  # several units per file, so kills land between units
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def tokmix_run(recipe: Path, out: Path, fault: str | None = None, **popen) -> subprocess.CompletedProcess:
-    env = {**ENV, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}
+def tokmix_run(recipe: Path, out: Path, fault: str | None = None, unit_bytes: int = UNIT_BYTES,
+               **popen) -> subprocess.CompletedProcess:
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(unit_bytes)}
     if fault:
         env["TOKMIX_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--workers",
@@ -199,8 +200,8 @@ def test_a_tokenizer_or_source_file_changed_since_the_run_started_is_refused(cor
         pq.write_table(table.set_column(1, "text", pa.array(texts)), path, row_group_size=16)
     proc = tokmix_run(recipe, out)
     assert proc.returncode == 2
-    assert re.search(r"stream \w+: file \S+/part-\d\.parquet: changed since this run started \(unit \d+ ",
-                     proc.stderr), proc.stderr
+    assert re.search(r"stream \w+: file \S+/part-\d\.parquet: changed since this run started \([\d,]+ bytes when "
+                     r"unit \d+ was written, now [\d,]+\)", proc.stderr), proc.stderr
     assert proc.stderr.strip().count("\n") == 0
     assert _committed_units(out) == committed
 
@@ -215,13 +216,66 @@ def test_a_tokenizer_or_source_file_changed_since_the_run_started_is_refused(cor
     assert index["tokmix_version"] == tokmix.__version__
 
 
+def _as_jsonl(root: Path) -> Path:
+    """The copied corpus under `root` with every parquet file turned into a JSONL file of the same records (its
+    split file and recipe renamed to match); returns the recipe."""
+    for path in root.glob("corpus/*/*.parquet"):
+        lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in pq.read_table(path).to_pylist()]
+        path.with_suffix(".jsonl").write_text("".join(lines), encoding="utf-8")
+        path.unlink()
+    for name in ("data/file_splits.json", "recipe.toml"):
+        (root / name).write_text((root / name).read_text().replace(".parquet", ".jsonl"))
+    return root / "recipe.toml"
+
+
+def test_a_jsonl_file_that_changed_length_is_refused_where_its_committed_ranges_still_match(corpus, clean, tmp_path):
+    """A JSONL file is cut into byte ranges, and a committed unit records its range: a file edited to another
+    length is cut into the same ranges until its last one, so a resume whose committed units all end before it
+    compared equal, and went on to read the shifted rest of the new version after the old version's units.
+    Each unit now records its files' whole sizes."""
+    root, out = tmp_path / "c", tmp_path / "o"
+    shutil.copytree(corpus.parent, root)
+    recipe = _as_jsonl(root)
+    small = 4_000  # units of ~1k tokens: no stream's budget is held by the 3 units committed before the kill
+    assert tokmix_run(recipe, out, "streams:after-unit:3", unit_bytes=small).returncode == -signal.SIGKILL
+    committed = _committed_units(out)
+    reached: dict[Path, int] = {}  # how far into each file the committed units went
+    for record in (json.loads(p.read_text()) for p in out.glob("streams/*/units/*.json")):
+        for path, _, _, stop in record["pieces"]:
+            reached[Path(path)] = max(reached.get(Path(path), 0), stop)
+    changed = [path for path, stop in reached.items() if stop < path.stat().st_size]
+    assert changed, "some file's committed units end before it does"
+    originals = {path: path.read_bytes() for path in changed}
+    for path in changed:  # its first document one character longer: the cuts after it move by a byte
+        path.write_bytes(originals[path].replace(b'"text": "', b'"text": "!', 1))
+    proc = tokmix_run(recipe, out, unit_bytes=small)
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(r"stream \w+: file \S+/part-\d\.jsonl: changed since this run started \([\d,]+ bytes when "
+                     r"unit \d+ was written, now [\d,]+\)", proc.stderr), proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert _committed_units(out) == committed
+
+    for path, data in originals.items():
+        path.write_bytes(data)
+    assert tokmix_run(recipe, out, unit_bytes=small).returncode == 0
+    resumed = outputs(out)
+    assert {name: resumed[name] for name in clean if name != "index.json"} == \
+           {name: data for name, data in clean.items() if name != "index.json"}, "the same bytes as from parquet"
+
+
 def test_a_changed_file_among_grouped_small_files_is_named_with_its_unit():
-    """Small text files grouped into one unit share one recorded size: the message names the unit's first file
-    and how many more, not thousands of paths."""
+    """Small text files grouped into one unit: the message names the file whose size changed; a record from
+    before files' sizes were kept has one size for them all, and the message names the unit's first file and how
+    many more, not thousands of paths."""
     unit = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10) for k in range(3)))
     message = str(_changed_source("code", unit, {"pieces": unit.describe(), "size": 31}))
     assert message.startswith("stream code: a file of unit 000004 (/data/0.txt or 2 more): changed since this run "
                               "started (unit 000004 held 31 bytes, now 30); ")
+    sized = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10, file_bytes=10) for k in range(3)))
+    record = {"pieces": sized.describe(), "size": 31, "file_bytes": [10, 10, 11]}  # since files' sizes are kept
+    assert str(_changed_source("code", sized, record)).startswith("stream code: file /data/2.txt: changed since "
+                                                                  "this run started (11 bytes when unit 000004 was "
+                                                                  "written, now 10); ")
     moved = {"pieces": [["/data/0.txt", "text", 0, -1], ["/data/9.txt", "text", 0, -1]], "size": 30}
     assert str(_changed_source("code", unit, moved)).startswith("stream code: file /data/1.txt: changed since this "
                                                                  "run started (unit 000004 is cut differently now)")

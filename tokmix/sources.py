@@ -184,6 +184,7 @@ class Piece:
     stop: int = -1
     first_row: int = 0  # row (parquet) number of the piece's first document, for messages
     size: int = 0  # source bytes it holds (uncompressed, estimated for compressed files): for scheduling
+    file_bytes: int = 0  # its whole file's size when planned: a resume refuses a file that has another now
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,9 @@ class Unit:
 
     def describe(self) -> list[list]:
         return [[p.path, p.kind, p.start, p.stop] for p in self.pieces]
+
+    def file_bytes(self) -> list[int]:
+        return [p.file_bytes for p in self.pieces]
 
 
 def file_kind(path: str) -> str:
@@ -222,10 +226,12 @@ def _file_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int, str
         elif kind == "jsonl" and not path.lower().endswith(tuple(COMPRESSED)):
             size = file_size(path, mirrors)
             for start in range(0, max(size, 1), unit_bytes):
-                yield Piece(path, kind, start, min(start + unit_bytes, size), size=min(unit_bytes, size - start))
+                yield Piece(path, kind, start, min(start + unit_bytes, size), size=min(unit_bytes, size - start),
+                            file_bytes=size)
         else:
+            size = file_size(path, mirrors)
             compressed = path.lower().endswith(tuple(COMPRESSED))
-            yield Piece(path, kind, size=file_size(path, mirrors) * (COMPRESSION_GUESS if compressed else 1))
+            yield Piece(path, kind, size=size * (COMPRESSION_GUESS if compressed else 1), file_bytes=size)
     except FileNotFoundError:
         raise TokmixError(f"stream {stream}: file {path}: not found") from None
     except (pa.ArrowInvalid, OSError) as e:
@@ -235,13 +241,15 @@ def _file_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int, str
 def _parquet_pieces(path: str, mirrors: list[tuple[str, str]], unit_bytes: int) -> Iterator[Piece]:
     with open_file(path, mirrors) as f:
         meta = pq.ParquetFile(f).metadata
+        f.seek(0, os.SEEK_END)
+        file_bytes = f.tell()
     start, size, row, first_row = 0, 0, 0, 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
         size += rg.total_byte_size
         row += rg.num_rows
         if size >= unit_bytes or g == meta.num_row_groups - 1:
-            yield Piece(path, "parquet", start, g + 1, first_row, size)
+            yield Piece(path, "parquet", start, g + 1, first_row, size, file_bytes)
             start, size, first_row = g + 1, 0, row
 
 

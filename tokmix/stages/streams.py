@@ -152,6 +152,7 @@ def tokenize_unit(task: UnitTask) -> dict:
         "docs": kept,
         "chars": chars[0],
         "size": unit.size,
+        "file_bytes": unit.file_bytes(),
         "limit": task.limit,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
@@ -205,19 +206,31 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict]) -> T
     )
 
 
+def _same_source(unit: Unit, record: dict) -> bool:
+    """Whether a committed unit's files are cut as they were and have the sizes they had (records written before
+    tokmix kept the files' sizes compare the rest)."""
+    return (record["pieces"] == unit.describe() and record.get("size", unit.size) == unit.size
+            and record.get("file_bytes", unit.file_bytes()) == unit.file_bytes())
+
+
 def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError:
-    """A committed unit whose files are no longer cut the same way or hold other sizes: they changed since the
+    """A committed unit whose files are no longer cut the same way or have other sizes: they changed since the
     run started, and resuming would mix documents of two versions of them."""
     paths = [piece.path for piece in unit.pieces]
     moved = [path for path, (was, *_) in zip(paths, record["pieces"]) if path != was]
-    if moved or len(paths) == 1:
-        where = f"file {(moved or paths)[0]}"
-    else:  # grouped small files: the record has one size for them all
+    resized = [(piece.path, was, piece.file_bytes)
+               for piece, was in zip(unit.pieces, record.get("file_bytes", unit.file_bytes()))
+               if was != piece.file_bytes]
+    if moved or resized or len(paths) == 1:
+        where = f"file {moved[0] if moved else resized[0][0] if resized else paths[0]}"
+    else:  # grouped small files, of which a record from before tokmix kept each file's size has only the total
         where = f"a file of unit {unit.name} ({paths[0]} or {len(paths) - 1} more)"
-    if record["pieces"] == unit.describe():
-        how = f"unit {unit.name} held {record['size']:,} bytes, now {unit.size:,}"
-    else:
+    if resized and not moved:
+        how = f"{resized[0][1]:,} bytes when unit {unit.name} was written, now {resized[0][2]:,}"
+    elif record["pieces"] != unit.describe():
         how = f"unit {unit.name} is cut differently now"
+    else:
+        how = f"unit {unit.name} held {record['size']:,} bytes, now {unit.size:,}"
     return TokmixError(f"stream {stream}: {where}: changed since this run started ({how}); units already written "
                        "hold the earlier version's documents: restore it, or use --restart to start over")
 
@@ -316,7 +329,7 @@ class StreamRun:
             record = self.records.get(unit.index)
             if record is None:
                 self.upcoming = unit
-            elif record["pieces"] != unit.describe() or record.get("size", unit.size) != unit.size:
+            elif not _same_source(unit, record):
                 raise _changed_source(self.name, unit, record)
         return self.upcoming
 
