@@ -30,14 +30,17 @@ Peak RSS: a thread samples every 50 ms the program's process and all its descend
 both memory guards count: a page shared by two processes counts twice); the peak is kept per stage (the stage
 running when sampled) and for the whole run. The ceiling is the chosen backend's (tokmix.backends.choose_backend)
 encode_batch on the same text as tokmix's streams stage (each stream's first documents, as many as the round's
-index.json says it tokenized), pre-loaded, in tokmix's batches, on every core, run two ways: on the backend's
-own threads (one call per batch), and one thread per core each encoding whole batches on one backend thread (how
-tokmix's workers call it). It is the best of three passes of each way, each pass in a fresh process (a warm
-fastokens cache would inflate it up to ~2.5x). Between those passes tokmix runs twice more (outputs checked byte
-for byte against its first run), so its streams stage has three samples taken in the same minutes as the
-ceiling's: the stage is judged like for like, the best of its three runs against the best of the six passes
-(and, printed beside it, the median run against the median pass, and the first run alone against the best
-pass, which is how runs A-P were judged). Peak RSS targets take every tokmix run. Beside the ceiling, and not
+index.json says it tokenized), pre-loaded, in tokmix's batches, on every core, as issue 3 measured it: on the
+backend's own threads, one call per batch (fastokens' "2 cores: 115M (its own threads)"; larger batches, or all
+the text in one call, are no faster). It is the best of three passes, each in a fresh process (a warm fastokens
+cache would inflate it up to ~2.5x). Between those passes tokmix runs twice more (outputs checked byte for byte
+against its first run), so its streams stage has three samples taken in the same minutes as the ceiling's three:
+the target is judged like for like, the best of its three runs against the best pass (and, printed beside it,
+the median run against the median pass, and the first run alone against the best pass). A second way is run
+as often and printed beside it, not the issue's ceiling but a stricter bar: one thread per core each encoding
+whole batches on one backend thread, which is how tokmix's workers call it and on this machine often faster
+than the backend's own threads; runs J-U judged the target against the best of both ways' six passes. Peak
+RSS targets take every tokmix run. Beside the ceiling, and not
 part of it, three passes read the same documents from their parquet files inside the timed pass (Arrow batches of ~1 MiB
 decoded to str, then the backend, one thread per core taking row groups in turn): what reading this input costs
 any program on top of the bare backend, so tokmix's stage can be told apart from the input's decoding.
@@ -78,6 +81,7 @@ TOKMIX_STAGES = ("tokenizer", "holdout", "streams", "assemble", "validate")  # t
 SAMPLE_SECONDS = 0.05
 CEILING_PASSES = 3  # cold passes of each way over the stage's text, each in a new process; the ceiling is the best
 CEILING_WAYS = {"own threads": "the backend's own threads", "thread per core": "one backend thread per core"}
+CEILING_WAY = "own threads"  # issue 3's ceiling; the other way is printed beside it as a stricter bar
 # Not part of the ceiling: the same text read from its parquet files inside the timed pass (Arrow batches of
 # ~1 MiB decoded to str, then the backend, one thread per core), what any program reading this input must pay
 READ_WAY = "read and encode"
@@ -529,8 +533,9 @@ def run_ceiling(setup: Setup, tokenizer: Path, backend: str, index: dict, tokmix
     read = passes.pop(READ_WAY)
     every = [p for way in passes.values() for p in way]
     return {"backend": backend, "threads": os.cpu_count() or 1, "tokens": tokens.pop(), "passes": passes,
-            "tok_s": max(every), "median_tok_s": statistics.median(every), "read_passes": read,
-            "read_tok_s": max(read), "more_stage_seconds": stage_seconds}
+            "tok_s": max(passes[CEILING_WAY]), "median_tok_s": statistics.median(passes[CEILING_WAY]),
+            "either_tok_s": max(every), "read_passes": read, "read_tok_s": max(read),
+            "more_stage_seconds": stage_seconds}
 
 
 def chosen_backend(setup: Setup, tokenizer: Path) -> str:
@@ -582,6 +587,7 @@ def round_figures(ref: dict, tok: dict, ceil: dict, tokens: dict[str, int]) -> d
             "streams_of_ceiling": max(samples) / ceil["tok_s"],
             "streams_of_median_ceiling": statistics.median(samples) / ceil["median_tok_s"],
             "first_run_of_ceiling": streams / ceil["tok_s"],
+            "streams_of_either_way": max(samples) / ceil["either_tok_s"],
             "streams_of_read": max(samples) / ceil["read_tok_s"]}
 
 
@@ -621,7 +627,7 @@ def median_rows(rounds: list[dict]) -> dict:
 def print_targets(rounds: list[dict]) -> None:
     """Issue 3's targets against the medians of the per-round ratios (each round's runs were back to back); peak
     RSS over every tokmix run. The streams stage against the ceiling is judged like for like: the best of the
-    round's tokmix runs against the best of the ceiling's passes (twice as many)."""
+    round's tokmix runs against the best of the ceiling's passes (as many)."""
     med = median_rows(rounds)
     of_ceiling = statistics.median(r["streams_of_ceiling"] for r in rounds)
     run = med["whole run"]
@@ -650,6 +656,9 @@ def print_targets(rounds: list[dict]) -> None:
     print(f"  (streams vs ceiling: the best of tokmix's runs against the best of the ceiling's passes, lowest "
           f"round {100 * lowest:.0f}%; median run vs median pass {100 * typical:.0f}%; the round's first run alone "
           f"vs the best pass {100 * first:.0f}%)")
+    either = [r["streams_of_either_way"] for r in rounds]
+    print(f"  (streams vs the stricter bar, the best pass of either way, {CEILING_WAYS['thread per core']} "
+          f"included: {100 * statistics.median(either):.0f}%, lowest round {100 * min(either):.0f}%)")
     read = statistics.median(r["streams_of_read"] for r in rounds)
     print(f"  (streams vs reading the parquet and encoding, bare, best against best: {100 * read:.0f}%)")
 
@@ -715,11 +724,12 @@ def main() -> None:
                          for way, passes in ceil["passes"].items())
         stage = ", ".join(f"{p / 1e6:.1f}M" for p in figures["stage_samples"])
         print(f"ceiling: {ceil['backend']} on {ceil['threads']} cores {ceil['tok_s'] / 1e6:,.2f}M tok/s, the best cold "
-              f"pass ({ways}); tokmix's streams stage in its {len(figures['stage_samples'])} runs {stage}: the "
-              f"best at {100 * figures['streams_of_ceiling']:.0f}% of the best pass, the median at "
-              f"{100 * figures['streams_of_median_ceiling']:.0f}% of the median pass "
+              f"pass on {CEILING_WAYS[CEILING_WAY]} ({ways}); tokmix's streams stage in its "
+              f"{len(figures['stage_samples'])} runs {stage}: the best at {100 * figures['streams_of_ceiling']:.0f}% "
+              f"of the best pass, the median at {100 * figures['streams_of_median_ceiling']:.0f}% of the median pass "
               f"({ceil['median_tok_s'] / 1e6:,.2f}M); the first run at {100 * figures['first_run_of_ceiling']:.0f}% "
-              "of the best pass")
+              f"of the best pass; the best at {100 * figures['streams_of_either_way']:.0f}% of the best pass of "
+              f"either way ({ceil['either_tok_s'] / 1e6:,.2f}M)")
         read = ", ".join(f"{p / 1e6:.1f}M" for p in ceil["read_passes"])
         print(f"reading the parquet and encoding, bare (one thread per core): {ceil['read_tok_s'] / 1e6:,.2f}M "
               f"tok/s, the best of {read}; tokmix's best run at {100 * figures['streams_of_read']:.0f}% of it; "
@@ -729,7 +739,8 @@ def main() -> None:
     print_table(f"median of {len(rounds)} rounds (each cell and each ratio the median over the rounds)",
                 median_rows(rounds))
     ceilings = [r["ceiling"]["tok_s"] for r in rounds]
-    print(f"ceiling ({backend}, {cores} cores): median {statistics.median(ceilings) / 1e6:,.2f}M tok/s "
+    print(f"ceiling ({backend} on {CEILING_WAYS[CEILING_WAY]}, {cores} cores): median "
+          f"{statistics.median(ceilings) / 1e6:,.2f}M tok/s "
           f"(rounds: {', '.join(f'{c / 1e6:.2f}M' for c in ceilings)})")
     print(f"outputs byte-identical in every round: {'yes' if all(r['identical'] for r in rounds) else 'NO'}")
     print_targets(rounds)
