@@ -272,6 +272,7 @@ def test_a_changed_file_among_grouped_small_files_is_named_with_its_unit():
     assert message.startswith("stream code: a file of unit 000004 (/data/0.txt or 2 more): changed since this run "
                               "started (unit 000004 held 31 bytes, now 30); ")
     sized = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10, file_bytes=10) for k in range(3)))
+    assert _changed_source("code", sized, {"pieces": sized.describe(), "size": 30, "file_bytes": [10] * 3}) is None
     record = {"pieces": sized.describe(), "size": 31, "file_bytes": [10, 10, 11]}  # since files' sizes are kept
     assert str(_changed_source("code", sized, record)).startswith("stream code: file /data/2.txt: changed since "
                                                                   "this run started (11 bytes when unit 000004 was "

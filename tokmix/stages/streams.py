@@ -206,28 +206,25 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict]) -> T
     )
 
 
-def _same_source(unit: Unit, record: dict) -> bool:
-    """Whether a committed unit's files are cut as they were and have the sizes they had (records written before
-    tokmix kept the files' sizes compare the rest)."""
-    return (record["pieces"] == unit.describe() and record.get("size", unit.size) == unit.size
-            and record.get("file_bytes", unit.file_bytes()) == unit.file_bytes())
-
-
-def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError:
-    """A committed unit whose files are no longer cut the same way or have other sizes: they changed since the
-    run started, and resuming would mix documents of two versions of them."""
+def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError | None:
+    """None while a committed unit's files are cut as they were and have the sizes they had; otherwise they
+    changed since the run started, resuming would mix documents of two versions of them, and this is the error
+    naming the file. (A record written before tokmix kept each file's size has only the unit's total.)"""
     paths = [piece.path for piece in unit.pieces]
-    moved = [path for path, (was, *_) in zip(paths, record["pieces"]) if path != was]
+    cut = record["pieces"] == unit.describe()
     resized = [(piece.path, was, piece.file_bytes)
                for piece, was in zip(unit.pieces, record.get("file_bytes", unit.file_bytes()))
                if was != piece.file_bytes]
+    if cut and not resized and record.get("size", unit.size) == unit.size:
+        return None
+    moved = [path for path, (was, *_) in zip(paths, record["pieces"]) if path != was]
     if moved or resized or len(paths) == 1:
         where = f"file {moved[0] if moved else resized[0][0] if resized else paths[0]}"
-    else:  # grouped small files, of which a record from before tokmix kept each file's size has only the total
+    else:  # grouped small files, whose sizes an older record has only as their total
         where = f"a file of unit {unit.name} ({paths[0]} or {len(paths) - 1} more)"
     if resized and not moved:
         how = f"{resized[0][1]:,} bytes when unit {unit.name} was written, now {resized[0][2]:,}"
-    elif record["pieces"] != unit.describe():
+    elif not cut:
         how = f"unit {unit.name} is cut differently now"
     else:
         how = f"unit {unit.name} held {record['size']:,} bytes, now {unit.size:,}"
@@ -329,8 +326,8 @@ class StreamRun:
             record = self.records.get(unit.index)
             if record is None:
                 self.upcoming = unit
-            elif not _same_source(unit, record):
-                raise _changed_source(self.name, unit, record)
+            elif (changed := _changed_source(self.name, unit, record)) is not None:
+                raise changed
         return self.upcoming
 
     def next_task(self) -> UnitTask | None:
