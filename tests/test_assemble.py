@@ -70,3 +70,28 @@ def test_too_few_tokens_for_a_shard_fail_and_leave_no_file(tmp_path):
     with pytest.raises(TokmixError, match="gathered 6,500 of 7,169 tokens"):
         write_shard(task)
     assert not list(tmp_path.glob("train_000.bin*"))
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def test_a_shard_writer_holds_one_gather_buffer_not_its_unit_files(tmp_path):
+    """RSS counts a memory-mapped file's pages once touched (what top and the memory guard see): a writer that
+    maps its units grows by all it reads. Read through a buffer, it grows by about one gather."""
+    rng = np.random.default_rng(2)
+    per_unit = [[GATHER_TOKENS // 2] * 2 for _ in range(3)]  # 3 units of one gather's tokens each, per stream
+    units = _units(tmp_path, {"a": per_unit, "b": per_unit}, rng)
+    order = ["a", "b"] * 6
+    task, _ = _task(tmp_path, units, order, skip=0, blocks=(6 * GATHER_TOKENS - 1) // SEQ_LEN)
+    unit_bytes = sum(Path(p).stat().st_size for files in task.unit_files for p in files)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    before = _status_kib("VmRSS") << 10
+    write_shard(task)
+    grew = (_status_kib("VmHWM") << 10) - before
+    gather_bytes = GATHER_TOKENS * 2
+    assert unit_bytes >= 6 * gather_bytes
+    assert grew < 2 * gather_bytes, f"peak RSS grew {grew / 2**20:.0f} MiB over {unit_bytes / 2**20:.0f} MiB of units"
