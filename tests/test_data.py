@@ -302,18 +302,37 @@ def test_bits_per_byte_of_a_known_loss_is_exact(run):
 
 
 def test_torch_glue_without_torch_says_so(run):
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        loader = TrainBlocks(run.root)
-        with pytest.raises(TokmixError, match="PyTorch is not installed"):
-            to_torch(loader.batch(0))
-        with pytest.raises(TokmixError, match="PyTorch is not installed"):
-            torch_batches(loader)
-        return
-    loader = TrainBlocks(run.root)
-    x, y = next(torch_batches(loader))
-    assert x.dtype == torch.int64 and np.array_equal(x.numpy(), TrainBlocks(run.root).batch(0)[0])
+    """Runs whether or not torch is installed: a fresh interpreter where `import torch` fails."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from tokmix.data import TrainBlocks, to_torch, torch_batches\n"
+        "from tokmix.errors import TokmixError\n"
+        f"loader = TrainBlocks({str(run.root)!r})\n"
+        "for call in (lambda: to_torch(loader.batch(0)), lambda: torch_batches(loader)):\n"
+        "    try:\n"
+        "        call()\n"
+        "        print('no error')\n"
+        "    except TokmixError as e:\n"
+        "        print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["PyTorch is not installed; the numpy batches need no torch"] * 2
+
+
+def test_torch_batches_are_the_numpy_batches_as_int64_tensors(run):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    x, y = to_torch(TrainBlocks(run.root).batch(3))
+    want_x, want_y = TrainBlocks(run.root).batch(3)
+    assert x.dtype == y.dtype == torch.int64
+    assert np.array_equal(x.numpy(), want_x) and np.array_equal(y.numpy(), want_y)
+    loader = TrainBlocks(run.root, rank=1, world_size=2)
+    loader.skip(1)  # the loader's own skips and positions act through the torch iterator
+    got = [(x.numpy().copy(), y.numpy().copy()) for x, y in torch_batches(loader)]
+    reference = TrainBlocks(run.root, rank=1, world_size=2)
+    reference.skip(1)
+    want = list(reference)
+    assert len(got) == len(want) == TRAIN_STEPS
+    assert all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(got, want))
 
 
 def test_the_loader_imports_numpy_and_the_format_alone():

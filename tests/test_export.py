@@ -79,7 +79,7 @@ def test_megatron_gives_back_every_document_once(run, tmp_path, chunk_bytes):
 
 
 def test_megatron_core_reads_the_export(run, tmp_path):
-    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset", reason="megatron-core is not installed")
     prefix = tmp_path / "mega" / "train"
     export_megatron(run.root, prefix)
     dataset = indexed.IndexedDataset(str(prefix))

@@ -175,8 +175,3 @@ def test_a_missing_text_column_is_a_clear_error(demo):
         TokmixError, match=r"stream docstrings: file .*docstrings_000.parquet: schema: no column 'body'"
     ):
         make_plan(load_recipe(recipe), out=demo.root / "out")
-
-
-def test_plan_takes_seconds(demo):
-    plan = make_plan(load_recipe(demo.recipe), out=demo.root / "out")
-    assert plan.seconds < 10

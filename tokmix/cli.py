@@ -139,6 +139,7 @@ def validate(out: Path = typer.Argument(..., help="output directory"),
 def demo(
     out: Path = typer.Option(Path("tokmix-demo"), "--out", "-o", help="where the corpus and the run go"),
     workers: int | None = typer.Option(None, "--workers", "-w"),
+    scale: float = typer.Option(1.0, "--scale", help="corpus size as a fraction of the default (~8.6 MB of text)"),
     debug: bool = typer.Option(False, "--debug"),
 ) -> None:
     """Build a small corpus from this machine's Python installation, train a tokenizer, run every stage."""
@@ -149,7 +150,7 @@ def demo(
 
     try:
         t0 = time.perf_counter()
-        recipe_path = build_demo_corpus(out / "corpus")
+        recipe_path = build_demo_corpus(out / "corpus", scale)
         console.print(f"demo corpus in {out / 'corpus'} ({time.perf_counter() - t0:.1f}s); recipe {recipe_path}")
         options = RunOptions(debug=debug)
         if workers is not None:

@@ -49,6 +49,7 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             continue
         if path.stat().st_size % dtype.itemsize:
             problems.append(f"{name}: {path.stat().st_size} bytes is not a whole number of {dtype} tokens")
+            previous_last = None  # unknown: the next shard's first token cannot be judged against it
             continue
         got = _scan(path, dtype)
         want = shard["blocks"] * seq_len + 1
