@@ -199,3 +199,24 @@ def test_without_ray_the_executor_says_how_to_install_it(monkeypatch):
 def test_an_unknown_executor_is_named():
     with pytest.raises(TokmixError, match="unknown executor 'dask'; choose 'local' or 'ray'"):
         make_executor("dask", 2)
+
+
+def test_ray_workers_never_import_tokmix_from_the_working_directory(ray_address, corpus, local_run, tmp_path):
+    """Ray adds its driver's working directory to every worker's sys.path: run from a directory holding a
+    `tokmix` package whose code would leave a marker, neither the stage process (the driver) nor a worker runs
+    it. The console script is used, as a user would, with tokmix found only where it is installed."""
+    cwd, marker = tmp_path / "cwd", tmp_path / "executed"
+    (cwd / "tokmix" / "stages").mkdir(parents=True)
+    code = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    for name in ("__init__.py", "pipeline.py", "stages/__init__.py", "stages/streams.py", "stages/assemble.py"):
+        (cwd / "tokmix" / name).write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("tokmix")), "run", str(corpus / "recipe.toml"), "--out",
+         str(tmp_path / "out"), "--executor", "ray", "--ray-address", ray_address, "--workers", "2",
+         "--blocks", str(BLOCKS)],
+        cwd=cwd, env={**env, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists(), f"code from the working directory ran: {marker.read_text()}"
+    assert outputs(tmp_path / "out") == outputs(local_run)

@@ -1,4 +1,4 @@
-"""The stage process: what `python -m tokmix.pipeline OUT_DIR` runs for the supervisor (tokmix.runner).
+"""The stage process: what `main()` runs for the supervisor (tokmix.runner).
 It builds the run's context (split, tokenizer, backend), runs holdout -> streams -> assemble -> validate,
 each skipping what is committed, and watches the memory of its process tree: past the budget it exits
 for a restart, losing only the work in flight."""
@@ -305,7 +305,8 @@ def child_main(out_dir: str) -> int:
     return ERROR_EXIT_CODE
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The stage process's entry point (tokmix.runner.STAGE_BOOT): `python -c ... OUT_DIR`."""
     code = child_main(sys.argv[1])
     sys.stdout.flush()
     os._exit(code)  # worker pools' threads must not stall the exit

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -126,12 +126,15 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     options = options or RunOptions(**option_values)
     check_executor(options.executor, options.ray_address)  # before hours of holdout and streams, not after
     recipe = recipe.with_blocks(blocks).with_backend(backend)
+    # the stage process runs elsewhere (see STAGE_BOOT): every local path it is given is absolute
+    recipe = recipe.model_copy(update={"base_dir": Path(os.path.abspath(recipe.base_dir))})
+    options = replace(options, mirrors=[_absolute_mirror(spec) for spec in options.mirrors])
     if is_remote(out):
         index = run(recipe, staging_dir(str(out), work), restart=restart, options=options)
         uploaded = publish(staging_dir(str(out), work), str(out))
         log(f"published {len(uploaded)} file(s) to {out}")
         return index
-    layout = Layout(local_path(out))
+    layout = Layout(os.path.abspath(local_path(out)))
     try:
         layout.state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -162,12 +165,25 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     return layout.read_index()
 
 
+# The stage process imports tokmix from where this supervisor did, never from the working directory: `-m` and
+# `-c` put the working directory first on sys.path (and Python 3.10 has no -P), so the bootstrap drops that
+# entry before importing anything. The process also runs in the run's state directory, a folder tokmix made
+# that holds no code: it is the directory Ray adds to its workers' sys.path (the driver's working directory).
+STAGE_BOOT = "import sys\nif sys.path[0] == '':\n    del sys.path[0]\nfrom tokmix.pipeline import main\nmain()"
+
+
+def _absolute_mirror(spec: str) -> str:
+    """`PREFIX=LOCAL_DIR` with LOCAL_DIR made absolute (a URL is left as it is)."""
+    prefix, sep, local = spec.partition("=")
+    return f"{prefix}={os.path.abspath(local)}" if sep and local and "://" not in local else spec
+
+
 def _run_child(layout: Layout) -> int:
     """The stages in a child process. Ctrl-C reaches it too (same process group); SIGTERM to the supervisor
     is passed on. Either way the child stops its workers and exits, and the run can be resumed."""
     # the short-lived processes it starts leave their pools' semaphores behind; the tracker's warning is noise
     quiet = ["-W", "ignore:resource_tracker:UserWarning"]
-    proc = subprocess.Popen([sys.executable, *quiet, "-m", "tokmix.pipeline", str(layout.root)])
+    proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.root)], cwd=layout.state)
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
