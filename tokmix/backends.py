@@ -369,11 +369,23 @@ def choose_backend(
     for name in [requested] if requested != "auto" else [n for n in installed_backends() if n != "hf"]:
         problem = _check(name, tokenizer_path, threads, texts, want, oracle.vocab_size, labels)
         if problem is None:
-            return name, [f"{n}: {p} — falling back to {name}" for n, p in problems]
+            return name, _fallback_notices(problems, name, requested)
         if requested != "auto":
             raise TokmixError(f"tokenizer backend {name!r} cannot be used for {tokenizer_path}: {problem}")
         problems.append((name, problem))
-    return "hf", [f"{n}: {p} — falling back to hf" for n, p in problems]
+    return "hf", _fallback_notices(problems, "hf", requested)
+
+
+def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: str) -> list[str]:
+    """One line per faster backend passed over; the ones not installed (a platform without their wheels,
+    where pip leaves them out) share one line, so that a slow default never goes unannounced."""
+    installed = installed_backends()
+    missing = [n for n in BACKENDS[: BACKENDS.index(chosen)] if n not in installed] if requested == "auto" else []
+    notices = [f"{n}: {p} — falling back to {chosen}" for n, p in problems]
+    if missing:
+        notices.insert(0, f"{', '.join(missing)}: not installed (no wheel for this platform) — falling back to "
+                          f"{chosen}")
+    return notices
 
 
 # ---------------------------------------------------------------------------- documents too large to encode whole

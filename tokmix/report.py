@@ -4,7 +4,7 @@ requested vs realized shares, the share of each shard, document lengths, bytes p
 Per-stream document lengths come from the units' .len files when the run kept its intermediates
 (--keep-streams); otherwise one streaming pass over the shards finds them at the EOTs (id 0 starts every
 document) and gives each document its stream by replaying the seeded interleave from index.json.
-Needs matplotlib (`pip install 'tokmix[report]'`).
+Plots with matplotlib, one of tokmix's dependencies.
 """
 
 from __future__ import annotations
@@ -157,9 +157,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise TokmixError(
-            "the report needs matplotlib: pip install 'tokmix[report]' (or pip install matplotlib)"
-        ) from None
+        raise TokmixError("the report needs matplotlib, a tokmix dependency: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
