@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Install tokmix into .venv (created if missing) and run the demo end to end on this machine's own files.
+# Install tokmix into .venv (created if missing), run the demo end to end on this machine's own files (no
+# network), and write its HTML report. The output goes to $1, default $TMPDIR/tokmix-demo (outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+out="${1:-${TMPDIR:-/tmp}/tokmix-demo}"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[fast]"
-.venv/bin/tokmix demo --out "${1:-tokmix-demo}"
+.venv/bin/python -m pip install -q -e .
+.venv/bin/tokmix demo --out "$out"
+.venv/bin/tokmix report "$out/run"

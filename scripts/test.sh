@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install tokmix with its test and fast-backend extras into .venv (created if missing), lint, run the tests.
+# Install tokmix with its test and Ray extras into .venv (created if missing), lint, run the tests.
+# Conformance is checked against the reference's recorded output (tests/golden) anywhere, and against a real
+# run of the reference too where shared/reference/prepare_tokens.py lies beside the repository.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[fast,test,report,ray]"
-.venv/bin/ruff check tokmix tests bench
+.venv/bin/python -m pip install -q -e ".[test,ray]"
+.venv/bin/ruff check tokmix tests bench scripts
 .venv/bin/python -m pytest -q "$@"
