@@ -266,6 +266,7 @@ def test_tiktoken_disagreement_is_caught(tmp_path, monkeypatch):
     assert name == "hf"
     abc = Tokenizer.from_file(str(path)).token_to_id("abc")
     assert notices == [
+        "fastokens: not installed (no wheel for this platform) — falling back to hf",
         f"tiktoken: ids differ from HF on sample document 1 at token 1 (HF {a[0]}, tiktoken {abc}) — falling back to hf"
     ]
 
