@@ -6,16 +6,44 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
 from tokmix.errors import TokmixError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Turn raw text and code into token shards at exact mixture shares.")
+
+class _FlagsShownAsFlags:
+    """Typer's help shows each option's type, a flag's as <bool>, which reads as if the flag took a value
+    (`--debug true` then fails); a flag is shown bare. Every command gets this, the ones added later too."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+        return params
+
+
+class _Command(_FlagsShownAsFlags, TyperCommand):
+    pass
+
+
+class _Group(_FlagsShownAsFlags, TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
+           help="Turn raw text and code into token shards at exact mixture shares.")
 # a log file or CI gets tables 140 columns wide rather than rich's default of 80
 console = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
@@ -137,7 +165,8 @@ def validate(out: Path = typer.Argument(..., help="output directory"),
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("tokmix-demo"), "--out", "-o", help="where the corpus and the run go"),
+    out: Path = typer.Option(Path(tempfile.gettempdir()) / "tokmix-demo", "--out", "-o",
+                             help="where the corpus and the run go (outside any repository by default)"),
     workers: int | None = typer.Option(None, "--workers", "-w"),
     scale: float = typer.Option(1.0, "--scale", help="corpus size as a fraction of the default (~8.6 MB of text)"),
     debug: bool = typer.Option(False, "--debug"),
