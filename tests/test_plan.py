@@ -126,6 +126,12 @@ def test_a_recipe_that_trains_its_tokenizer_is_estimated_at_four_bytes_per_token
     assert plan.ok
     for name, real in demo.real.items():  # a rough guess, but the right order of magnitude
         assert 0.5 < plan.streams[name].train.tokens / real < 2
+    # the table says which figures are the guess, not measured (it showed 3.999, the EOTs counted in)
+    rows = [line for line in _render(plan).splitlines() if any(f"│ {n} " in line for n in demo.real)]
+    assert len(rows) == 2 * len(demo.real)  # streams and holdouts tables
+    assert all("~" in row for row in rows)
+    assert sum("4 (guess)" in row for row in rows) == len(demo.real) and "3.99" not in _render(plan)
+    assert all(s.train.guessed and not s.train.exact for s in plan.streams.values())
 
 
 def test_plan_computes_a_missing_split_without_writing_it(demo):

@@ -70,11 +70,18 @@ class Supply:
     sample_docs: int = 0
     sample_tokens: int = 0
     exact: bool = False  # the sample read every file whole: the numbers are counts, not estimates
+    guessed: bool = False  # no tokenizer yet: tokens are the text's bytes at GUESS_BYTES_PER_TOKEN, not counted
 
     @property
     def bytes_per_token(self) -> float:
         """Text bytes per token, EOTs counted as tokens (as index.json's holdout bytes/targets)."""
         return self.sample_text_bytes / max(self.sample_tokens, 1)
+
+    def guessed_at(self, guessed: bool) -> Supply:
+        """This supply, marked as guessed (then never exact: a whole file read gives bytes, not tokens)."""
+        self.guessed = guessed
+        self.exact = self.exact and not guessed
+        return self
 
 
 @dataclass
@@ -507,8 +514,10 @@ def make_plan(
             budget=recipe.budget(name),
             train_files=train,
             holdout_files=hold,
-            train=estimate_supply(train, spec.text_field, name, mirrors, count, sample_bytes),
-            holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes),
+            train=estimate_supply(train, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
+                encoder is None),
+            holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
+                encoder is None),
             holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * spec.share / in_domain)),
         )
     holdouts = {
@@ -580,7 +589,7 @@ def streams_table(plan: Plan) -> Table:
             f"{t.files:,}",
             _bytes(t.text_bytes),
             "all" if t.exact else _bytes(t.sample_text_bytes),
-            f"{t.bytes_per_token:.3f}",
+            f"{GUESS_BYTES_PER_TOKEN:g} (guess)" if t.guessed else f"{t.bytes_per_token:.3f}",
             ("" if t.exact else "~") + f"{t.tokens:,}",
             f"{ratio:.0%}",
             _status(s.short, t.exact, ratio),
