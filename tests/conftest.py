@@ -17,13 +17,14 @@ ALLOWED_SKIPS = ("torch is not installed", "megatron-core is not installed")
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory) -> Path:
-    """A real run of the test corpus (decontamination on), finished and validated: root/out under a root that
-    holds its corpus, split file, tokenizer and recipe. Read-only: copy it before changing anything."""
+    """A real run of the test corpus (decontamination on), finished and validated, its intermediates kept:
+    root/out under a root that holds its corpus, split file, tokenizer and recipe. Read-only: copy it before
+    changing anything."""
     import tokmix
 
     root = tmp_path_factory.mktemp("finished-run")
     recipe = make_inputs(root, doc_limit=400, rows_per_group=16, decontaminate=True)
-    tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=1)
+    tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=1, keep_streams=True)
     return root / "out"
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -31,13 +32,13 @@ UNIT_BYTES = 20_000  # several units per file, so kills land between units
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def tokmix_run(recipe: Path, out: Path, fault: str | None = None, unit_bytes: int = UNIT_BYTES,
+def tokmix_run(recipe: Path, out: Path, fault: str | None = None, unit_bytes: int = UNIT_BYTES, *args: str,
                **popen) -> subprocess.CompletedProcess:
     env = {**ENV, "TOKMIX_UNIT_BYTES": str(unit_bytes)}
     if fault:
         env["TOKMIX_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--workers",
-                           "2"], capture_output=True, text=True, env=env, start_new_session=True, **popen)
+                           "2", *args], capture_output=True, text=True, env=env, start_new_session=True, **popen)
 
 
 def outputs(out: Path) -> dict[str, bytes]:
@@ -66,11 +67,69 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean(corpus, tmp_path_factory) -> dict[str, bytes]:
+def clean_dir(corpus, tmp_path_factory) -> Path:
+    """An uninterrupted run, its intermediates kept: the expected bytes of every file a killed run may show."""
     out = tmp_path_factory.mktemp("clean")
-    proc = tokmix_run(corpus, out)
+    proc = tokmix_run(corpus, out, None, UNIT_BYTES, "--keep-streams")
     assert proc.returncode == 0, proc.stderr
-    return outputs(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clean(clean_dir) -> dict[str, bytes]:
+    return outputs(clean_dir)
+
+
+def expected_sizes(recipe: Path) -> dict[str, int]:
+    """Bytes of every train and val file, from the recipe's numbers alone (uint16 tokens): shard k holds its
+    blocks x seq_len + 1 tokens, a holdout its tokens + 1."""
+    r = tokmix.load_recipe(recipe)
+    layout = r.layout
+    blocks = (layout.steps + layout.margin_steps) * layout.seqs_per_step
+    per_shard = layout.shard_tokens // layout.seq_len
+    plan = [per_shard] * (blocks // per_shard) + ([blocks % per_shard] if blocks % per_shard else [])
+    sizes = {f"train_{k:03d}.bin": 2 * (b * layout.seq_len + 1) for k, b in enumerate(plan)}
+    domains = {stream.domain for stream in r.streams.values()}
+    return sizes | {f"val_{d}.bin": 2 * (r.holdout.tokens + 1) for d in domains}
+
+
+def assert_every_visible_file_is_whole(out: Path, clean_dir: Path, recipe: Path) -> None:
+    """After a kill: every file under a final name is complete. Train and val files have the size the recipe
+    gives and the clean run's bytes; every JSON file parses, and index.json and the shard records say what the
+    clean run's say; a unit's token and length files agree with each other and with the clean run's unit
+    (which may have been cut at its limit, or not: one is a prefix of the other, ending at a document)."""
+    sizes = expected_sizes(recipe)
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and ".tmp-" not in p.name):
+        name, twin = path.relative_to(out).as_posix(), clean_dir / path.relative_to(out)
+        data = path.read_bytes()
+        if name in sizes:
+            assert len(data) == sizes[name] and data == twin.read_bytes(), name
+        elif path.suffix == ".json":
+            record = json.loads(data)  # a half-written JSON file does not parse
+            if name.startswith("tokmix-state/shards/"):
+                assert record == json.loads(twin.read_text()), name
+            if name == "index.json":
+                want = json.loads(twin.read_text())
+                assert {d: v for d, v in record["val"].items()} == {d: want["val"][d] for d in record["val"]}
+                assert record.get("shards", want["shards"]) == want["shards"]
+        elif path.suffix in (".tok", ".len"):
+            _assert_unit_file_whole(path, twin)
+        elif path.suffix in (".npy", ".fingerprints") or name == "tokenizer.json":
+            assert data == twin.read_bytes(), name
+
+
+def _assert_unit_file_whole(path: Path, twin: Path) -> None:
+    tok, lengths = path.with_suffix(".tok"), path.with_suffix(".len")
+    want_tokens = twin.with_suffix(".tok").read_bytes()
+    want_ends = 2 * np.cumsum(np.fromfile(twin.with_suffix(".len"), dtype="<u4"), dtype=np.int64)
+    got = tok.read_bytes()
+    assert want_tokens.startswith(got) or got.startswith(want_tokens), path
+    if lengths.exists():
+        ends = 2 * np.cumsum(np.fromfile(lengths, dtype="<u4"), dtype=np.int64)
+        assert len(ends) and ends[-1] == len(got), f"{path}: its .len and .tok disagree"
+        assert np.array_equal(ends[: len(want_ends)], want_ends[: len(ends)]), path
+    else:  # only the token file committed: it ends where a document of the clean run's unit ends
+        assert len(got) in set(want_ends.tolist()) or got.startswith(want_tokens), path
 
 
 # Hit counts are per process: with ~15 units and 4 shards over 2 workers, some worker reaches each count.
@@ -79,19 +138,16 @@ KILLS = [f"{p}:1" for p in POINTS if p not in ("runner:before-restart", "publish
     "assemble:after-rename:2", "assemble:before-rename:2", "holdout:after-write:2",
     # during the restart protocol: the stage process exits for a restart, then the supervisor is killed
     "streams:after-unit:2:restart,runner:before-restart:1",
+    # in the middle of writing a file: the n-th write of some process (holdouts, units, shards, records, index)
+    *(f"write:middle:{n}" for n in (2, 5, 8, 21)),
 ]
 
 
 @pytest.mark.parametrize("fault", KILLS)
-def test_kill_anywhere_then_resume_ends_identical(corpus, clean, tmp_path, fault):
+def test_kill_anywhere_then_resume_ends_identical(corpus, clean, clean_dir, tmp_path, fault):
     killed = tokmix_run(corpus, tmp_path, fault)
     assert killed.returncode == -signal.SIGKILL, (fault, killed.returncode, killed.stderr[-2000:])
-    # a consumer never sees a half-written file under its final name
-    for path in tmp_path.glob("*.bin"):
-        index = json.loads((tmp_path / "index.json").read_text()) if (tmp_path / "index.json").exists() else {}
-        entry = next((s for s in index.get("shards", []) if s["file"] == path.name), None)
-        if entry:
-            assert path.stat().st_size == 2 * entry["tokens"]
+    assert_every_visible_file_is_whole(tmp_path, clean_dir, corpus)
     resumed = tokmix_run(corpus, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert outputs(tmp_path) == clean

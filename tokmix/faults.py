@@ -30,6 +30,7 @@ POINTS = (
     "cleanup:before",  # validated, intermediates not yet removed
     "runner:before-restart",  # the supervisor between a stage process's restart exit and the next start
     "publish:before-move",  # an object uploaded under its temporary name, not yet moved to its final one
+    "write:middle",  # half of a file's bytes written (tokmix.shards: every file, token files at every write)
 )
 
 _counts: dict[str, int] = {}

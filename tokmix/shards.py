@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -130,9 +130,22 @@ def commit(tmp: Path, path: Path, durable: bool = True) -> None:
     os.replace(tmp, path)
 
 
+def _write_in_halves(f: BinaryIO, data: bytes | memoryview) -> None:
+    """One write, as two: the crash-safety tests kill a run between the halves (fault point `write:middle`),
+    which leaves a half-written file wherever one can be."""
+    half = len(data) // 2
+    f.write(data[:half])
+    if "TOKMIX_FAULT" in os.environ:  # imported only then: a training job imports this module and numpy alone
+        from tokmix.faults import fault_point
+
+        fault_point("write:middle")
+    f.write(data[half:])
+
+
 def write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = _tmp_name(path)
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as f:
+        _write_in_halves(f, data)
     commit(tmp, path, durable)
 
 
@@ -182,7 +195,7 @@ class TokenFileWriter:
     def write(self, tokens: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")  # no copy when it is one
         try:
-            self.f.write(data)
+            _write_in_halves(self.f, data)
         except OSError as e:  # a full disk: say which file
             raise OSError(e.errno, e.strerror, str(self.path)) from None
         if _SYNC_FILE_RANGE is not None:

@@ -1,0 +1,424 @@
+"""Mutation testing: one-line bugs planted in the code behind each documented guarantee, each run against the
+tests meant to catch it. Prints a table: mutation, caught / SURVIVED / does not apply.
+
+    .venv/bin/python bench/mutate.py [--only NAME-SUBSTRING ...] [--list] [--keep]
+
+Each mutation is anchored on a short exact snippet of one file: it applies only where that snippet occurs exactly
+once, so as the code changes a mutation stops applying (reported as such) instead of landing somewhere else. The
+repository's tracked files are copied to a scratch directory (never a worktree in use); each mutation is
+applied there, its tests run (one pytest process at a time: the machine is shared), and the file restored.
+Tests import tokmix from the scratch copy (PYTHONPATH), and so do the stage processes they start.
+
+caught: the selected tests failed (or hung past --timeout). SURVIVED: they all passed, so the bug would go
+unnoticed (kill it with a test, or explain in docs/reliability.md why it is equivalent). does not apply: the
+snippet is gone or ambiguous. A survivor list and the caught rate are printed at the end.
+"""
+
+# ruff: noqa: E501  (the mutation table: each snippet is kept whole on its line, to be searched for as it is)
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+V = "tests/test_validate.py"
+FAULT_KILL = "tests/test_faults.py::test_kill_anywhere_then_resume_ends_identical"
+PIPE = "tests/test_pipeline.py"
+CONFORMANCE = "tests/test_conformance.py"
+ORACLE = "tests/test_oracles.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    guarantee: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str) -> Mutation:
+    return Mutation(name, guarantee, file, old, new, tests)
+
+
+def kills(*faults: str) -> str:
+    return FAULT_KILL + " -k " + " or ".join(f"'{f}'" for f in faults)
+
+
+SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
+ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
+RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources.py"
+
+MUTATIONS = [
+    # ------------------------------------------------------------------ atomic commit
+    m("write_bytes writes the final name directly", "atomic commit", SHARDS,
+      "    tmp = _tmp_name(path)\n    with open(tmp", "    tmp = path\n    with open(tmp",
+      f"{FAULT_KILL}[write:middle:2]", f"{FAULT_KILL}[write:middle:5]", f"{FAULT_KILL}[write:middle:21]"),
+    m("token files written under their final name", "atomic commit", SHARDS,
+      "        self.tmp = _tmp_name(path)\n", "        self.tmp = path\n",
+      f"{FAULT_KILL}[write:middle:2]", f"{FAULT_KILL}[write:middle:8]", f"{FAULT_KILL}[write:middle:21]"),
+    m("a token file is renamed before its last bytes", "atomic commit", SHARDS,
+      "        self.f.flush()\n        os.fsync(self.f.fileno())\n        self.f.close()\n        if before_commit:\n"
+      "            before_commit()\n        os.replace(self.tmp, self.path)",
+      "        os.replace(self.tmp, self.path)\n        self.f.flush()\n        os.fsync(self.f.fileno())\n"
+      "        self.f.close()\n        if before_commit:\n            before_commit()",
+      f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:1]"),
+    m("temporary files are not swept on resume", "atomic commit", SHARDS,
+      '        for p in directory.rglob("*.tmp-*"):\n            p.unlink(missing_ok=True)',
+      '        for p in directory.rglob("*.tmp-*"):\n            pass',
+      f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[write:middle:8]"),
+    m("a unit's record is written before its token file", "atomic commit", STREAMS,
+      '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
+      '    write_json(unit_dir / f"{unit.name}.json", {"index": unit.index, "name": unit.name, "pieces": '
+      'unit.describe(), "tokens": writer.tokens, "docs": kept, "chars": chars[0], "size": unit.size, '
+      '"file_bytes": unit.file_bytes(), "limit": task.limit, "dropped_at": dropped_at, "encode_seconds": 0})\n'
+      '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
+      f"{FAULT_KILL}[streams:unit-before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:4]"),
+    m("a unit counts as committed without its .len", "atomic commit", STREAMS,
+      'if (directory / f"{record[\'name\']}.tok").exists() and (directory / f"{record[\'name\']}.len").exists():',
+      'if (directory / f"{record[\'name\']}.tok").exists():',
+      f"{FAULT_KILL}[streams:unit-before-record:1]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
+    m("a shard on disk counts as done whatever its size", "atomic commit", ASSEMBLE,
+      "path.exists() and shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize)",
+      "path.exists() and shard.exists())",
+      "tests/test_oracles.py::test_a_shard_of_the_wrong_size_is_rewritten"),
+    m("a shard's record is written before the shard", "atomic commit", ASSEMBLE,
+      '            records[k] = executor.result(future)\n            fault_point("assemble:after-rename")',
+      '            records[k] = executor.result(future)\n            write_json(_record_path(ctx, k), records[k])\n'
+      '            fault_point("assemble:after-rename")',
+      f"{FAULT_KILL}[assemble:after-rename:1]"),
+    # ------------------------------------------------------------------ checksums
+    m("the shard checksum hashes nothing", "checksums", SHARDS,
+      "        if self.hash is not None:\n            self.hash.update(data)",
+      "        if self.hash is not None:\n            pass",
+      f"{V}::test_the_untouched_copy_is_valid", "tests/test_pipeline.py::test_index_matches_the_files"),
+    m("the holdout checksum is of other bytes", "checksums", HOLDOUT,
+      '"checksum": hashlib.new(CHECKSUM, tokens.tobytes()).hexdigest(),',
+      '"checksum": hashlib.new(CHECKSUM, tokens[1:].tobytes()).hexdigest(),',
+      f"{V}::test_the_untouched_copy_is_valid"),
+    m("file_checksum reads only the first chunk", "checksums", SHARDS,
+      "        while data := f.read(READ_CHUNK_BYTES):\n            h.update(data)\n    return h.hexdigest()",
+      "        data = f.read(16)\n        h.update(data)\n    return h.hexdigest()",
+      "tests/test_oracles.py::test_file_checksum_is_sha256_of_the_whole_file"),
+    m("fingerprints weight every token alike", "checksums", SHARDS,
+      "return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)",
+      "return np.ones(seq_len, dtype=np.uint32)",
+      f"{V}::test_a_flipped_shard_byte_names_its_block", "tests/test_pipeline.py::test_validate_names_the_file_and_block_of_a_flipped_byte"),
+    # ------------------------------------------------------------------ validate, check by check
+    m("validate: a missing shard is not named", "validate", VALIDATE,
+      'problems.append(f"{name}: missing")', "pass", f"{V}::test_a_missing_shard"),
+    m("validate: partial tokens accepted", "validate", VALIDATE,
+      "if path.stat().st_size % dtype.itemsize:", "if False:", f"{V}::test_a_shard_that_is_not_whole_tokens"),
+    m("validate: the shard token count unchecked", "validate", VALIDATE,
+      'if got["tokens"] != want or shard["tokens"] != want:', 'if shard["tokens"] != want:',
+      f"{V}::test_a_truncated_shard_is_named_by_its_count_and_its_checksum"),
+    m("validate: the index's token count unchecked", "validate", VALIDATE,
+      'if got["tokens"] != want or shard["tokens"] != want:', 'if got["tokens"] != want:',
+      f"{V}::test_a_shard_token_count_in_the_index"),
+    m("validate: an id equal to the vocabulary accepted", "validate", VALIDATE,
+      '        if vocab is not None and got["max"] >= vocab:\n            problems.append(f"{name}:',
+      '        if vocab is not None and got["max"] > vocab:\n            problems.append(f"{name}:',
+      f"{V}::test_an_id_equal_to_the_vocabulary_size_in_a_shard"),
+    m("validate: the last id in range refused", "validate", VALIDATE,
+      '        if vocab is not None and got["max"] >= vocab:\n            problems.append(f"{name}:',
+      '        if vocab is not None and got["max"] >= vocab - 1:\n            problems.append(f"{name}:',
+      f"{V}::test_the_largest_id_is_in_range"),
+    m("validate: the shard checksum unchecked", "validate", VALIDATE,
+      'if "checksum" in shard and got["checksum"] != shard["checksum"]:', "if False:",
+      f"{V}::test_a_flipped_shard_byte_names_its_block"),
+    m("validate: the first delimiter unchecked", "validate", VALIDATE,
+      'if k == 0 and got["first"] != EOT_ID:', "if False:", f"{V}::test_the_first_delimiter_of_the_first_shard"),
+    m("validate: the overlap token unchecked", "validate", VALIDATE,
+      'if previous_last is not None and got["first"] != previous_last:', "if False:",
+      f"{V}::test_the_overlap_token_between_shards"),
+    m("validate: the overlap compared with the wrong token", "validate", VALIDATE,
+      '        previous_last = got["last"]\n', '        previous_last = got["first"]\n',
+      f"{V}::test_the_untouched_copy_is_valid"),
+    m("validate: per-shard stream counts unchecked", "validate", VALIDATE,
+      "if counted != want - (k > 0):", "if False:", f"{V}::test_a_per_stream_token_count_of_a_shard"),
+    m("validate: shard 0's first token not counted", "validate", VALIDATE,
+      "if counted != want - (k > 0):", "if counted != want - 1:", f"{V}::test_the_untouched_copy_is_valid"),
+    m("validate: a missing holdout not named", "validate", VALIDATE,
+      'problems.append(f"{entry[\'file\']}: missing (holdout {domain})")', "pass", f"{V}::test_a_missing_holdout"),
+    m("validate: the holdout token count unchecked", "validate", VALIDATE,
+      'if got["tokens"] != entry["tokens"]:', "if False:", f"{V}::test_a_holdout_token_count"),
+    m("validate: holdout ids unchecked", "validate", VALIDATE,
+      '        if vocab is not None and got["max"] >= vocab:\n            problems.append(f"{entry',
+      '        if False:\n            problems.append(f"{entry',
+      f"{V}::test_an_id_equal_to_the_vocabulary_size_in_a_holdout"),
+    m("validate: the holdout checksum unchecked", "validate", VALIDATE,
+      'if "checksum" in entry and got["checksum"] != entry["checksum"]:', "if False:", f"{V}::test_a_holdout_byte"),
+    m("validate: the holdout delimiter unchecked", "validate", VALIDATE,
+      '        if got["first"] != EOT_ID:\n            problems.append(f"{entry', '        if False:\n'
+      '            problems.append(f"{entry', f"{V}::test_the_first_delimiter_of_a_holdout"),
+    m("validate: total per-stream counts unchecked", "validate", VALIDATE,
+      'if by_stream != total.get("tokens_by_stream", by_stream):', "if False:", f"{V}::test_the_total_per_stream_count"),
+    m("validate: the block total unchecked", "validate", VALIDATE,
+      'if sum(by_stream.values()) != index["blocks"] * index["seq_len"] + 1:', "if False:",
+      f"{V}::test_the_total_block_count"),
+    m("validate: the index's vocabulary ignored", "validate", VALIDATE,
+      'vocab = vocab_size or index.get("vocab_size")', "vocab = vocab_size",
+      f"{V}::test_an_id_equal_to_the_vocabulary_size_in_a_shard"),
+    m("validate: an index without shards passes", "validate", VALIDATE,
+      '    if not index.get("shards"):\n        return [', '    if False:\n        return [',
+      f"{V}::test_an_index_without_shards"),
+    m("validate: the share warning never fires", "validate", VALIDATE,
+      "abs(realized[n] - t) > SHARE_WARNING]", "abs(realized[n] - t) > 1]",
+      f"{V}::test_a_share_off_its_target_is_a_warning_not_a_failure"),
+    m("the run ignores validate's problems", "validate", "tokmix/pipeline.py",
+      "    problems = validate_dir(ctx.layout.root)\n", "    problems = validate_dir(ctx.layout.root)[:0]\n",
+      "tests/test_oracles.py::test_a_run_that_fails_validation_says_so"),
+    # ------------------------------------------------------------------ decontamination
+    m("the last document of each holdout batch is not hashed", "decontamination", HOLDOUT,
+      "            hashes.append(text_hashes(batch))", "            hashes.append(text_hashes(batch[:-1]))",
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    m("the holdout document that crosses the budget is not hashed", "decontamination", HOLDOUT,
+      "                batch = batch[: k + 1]\n", "                batch = batch[:k]\n",
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    m("hashes cover a normalised text", "decontamination", SOURCES,
+      'digests = b"".join(hashlib.blake2b(t.utf8() if isinstance(t, HugeText) else t.encode("utf-8"),',
+      'digests = b"".join(hashlib.blake2b(t.utf8() if isinstance(t, HugeText) else t.strip().encode("utf-8"),',
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped",
+      "tests/test_pipeline.py::test_only_texts_of_a_holdout_length_are_hashed_and_copies_are_found"),
+    m("only texts of a holdout length hashed, off by one", "decontamination", STREAMS,
+      "candidates = np.flatnonzero((chars < 0) | np.isin(chars, lengths))",
+      "candidates = np.flatnonzero((chars < 0) | np.isin(chars + 1, lengths))",
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    m("a huge text is never hashed", "decontamination", STREAMS,
+      "(chars < 0) | np.isin(chars, lengths)", "np.isin(chars, lengths)",
+      "tests/test_pipeline.py::test_only_texts_of_a_holdout_length_are_hashed_and_copies_are_found"),
+    m("copies are kept", "decontamination", STREAMS,
+      "                    batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]",
+      "                    batch = list(batch)",
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    m("only the first domain's hashes are used", "decontamination", HOLDOUT,
+      "    return _union([hashes_path(ctx, d) for d in ctx.recipe.domains], np.uint64)",
+      "    return _union([hashes_path(ctx, d) for d in ctx.recipe.domains[:1]], np.uint64)",
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    m("drops are miscounted in the last unit", "decontamination", STREAMS,
+      'sum(1 for k in last["dropped_at"] if k <= last_docs)', 'sum(1 for k in last["dropped_at"] if k < last_docs)',
+      "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    # ------------------------------------------------------------------ the interleave
+    m("the interleave seed is off by one", "interleave", ASSEMBLE,
+      "np.random.default_rng(seed).shuffle(order)", "np.random.default_rng(seed + 1).shuffle(order)",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
+    m("the interleave is not shuffled", "interleave", ASSEMBLE,
+      "np.random.default_rng(seed).shuffle(order)", "np.random.default_rng(seed)",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
+    m("the shard's first document skip is ignored", "interleave", ASSEMBLE,
+      "    take[0] -= task.skip\n    start[0] += task.skip\n", "",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams", "tests/test_assemble.py"),
+    m("the shard ends one token early", "interleave", ASSEMBLE,
+      "    take[-1] -= max(int(ends[last]) - task.n_tokens, 0)", "    take[-1] -= max(int(ends[last]) - task.n_tokens, 0) + 1",
+      "tests/test_assemble.py"),
+    m("offsets within a unit shifted", "interleave", ASSEMBLE,
+      "offsets.append(np.concatenate([np.cumsum(x) - x for x in per_unit])[:docs])",
+      "offsets.append(np.concatenate([np.cumsum(x) for x in per_unit])[:docs])",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
+    m("runs merged across unit files", "interleave", ASSEMBLE,
+      "new_run[1:] = (file[1:] != file[:-1]) | (start[1:] != stop[:-1])", "new_run[1:] = start[1:] != stop[:-1]",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams", "tests/test_assemble.py"),
+    m("the overlap token counted in both shards", "interleave", ASSEMBLE,
+      "    lo = 1 if task.drop_first else 0\n", "    lo = 0\n", f"{V}::test_the_untouched_copy_is_valid"),
+    m("documents_used counts one document more", "interleave", ASSEMBLE,
+      'last = int(np.searchsorted(self.ends, n_tokens - 1, side="right"))',
+      'last = int(np.searchsorted(self.ends, n_tokens, side="right"))',
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
+    # ------------------------------------------------------------------ budgets and shares
+    m("budgets without the slack", "budgets", RECIPE,
+      "int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack) + 1",
+      "int(self.streams[stream].share * self.train_tokens) + 1",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("budgets one token short", "budgets", RECIPE,
+      "int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack) + 1",
+      "int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack)",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("train tokens without the last block's extra token", "budgets", RECIPE,
+      "        return self.blocks * self.layout.seq_len + 1\n", "        return self.blocks * self.layout.seq_len\n",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("a stream stops before the crossing document", "budgets", STREAMS,
+      "    last_docs = int(np.searchsorted(cum, budget - before)) + 1\n",
+      "    last_docs = int(np.searchsorted(cum, budget - before))\n",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("a limited unit keeps a document too many", "budgets", STREAMS,
+      "keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1",
+      "keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 2",
+      "tests/test_pipeline.py::test_a_unit_with_a_limit_is_the_prefix_of_the_whole_unit_up_to_the_document_that_reaches_it"),
+    m("the limit given is the whole budget", "budgets", STREAMS,
+      "limit=self.budget - self.prefix_tokens if ready else None", "limit=self.budget if ready else None",
+      "tests/test_pipeline.py -k limited_unit_is_the_one"),
+    m("the committed prefix stops one unit early", "budgets", STREAMS,
+      "        return self.prefix_tokens >= self.budget\n", "        return self.prefix_tokens + 1 >= self.budget\n",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("shards split at the wrong block count", "budgets", RECIPE,
+      "        return self.layout.shard_tokens // self.layout.seq_len\n",
+      "        return self.layout.shard_tokens // self.layout.seq_len - 1\n",
+      "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
+    m("holdout shares within a domain ignored", "budgets", HOLDOUT,
+      "need * recipe.streams[name].share / total_share) for name in names}", "need / len(names)) for name in names}",
+      "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
+    m("the holdout shuffle seed ignored", "budgets", HOLDOUT,
+      "    random.Random(recipe.seed).shuffle(docs)\n", "    random.Random(0).shuffle(docs)\n",
+      "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
+    # ------------------------------------------------------------------ EOT placement
+    m("EOT after each document, not before", "EOT placement", SHARDS,
+      "    starts = np.cumsum(lengths + 1) - (lengths + 1)\n", "    starts = np.cumsum(lengths + 1) - 1\n",
+      "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget", f"{V}::test_the_untouched_copy_is_valid"),
+    m("EOT written as id 1", "EOT placement", SHARDS,
+      "    out[starts] = EOT_ID\n", "    out[starts] = 1\n", f"{V}::test_the_untouched_copy_is_valid"),
+    m("empty texts kept as lone EOTs", "EOT placement", SOURCES,
+      "        if not text:\n            continue\n        if not batch and", "        if not batch and", "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
+    m("a huge document's EOT left out", "EOT placement", STREAMS,
+      "    writer.write(np.array([EOT_ID], dtype=writer.dtype))\n", "",
+      "tests/test_huge_documents.py"),
+    # ------------------------------------------------------------------ the loader's block index
+    m("locate picks the shard before", "loader", DATA,
+      'k = int(np.searchsorted(self.first_block, j, side="right")) - 1',
+      'k = int(np.searchsorted(self.first_block, j, side="left")) - 1', "tests/test_data.py"),
+    m("a block spans seq_len tokens, not seq_len + 1", "loader", DATA,
+      "return np.array(self._shard(k)[start : start + self.seq_len + 1])",
+      "return np.array(self._shard(k)[start : start + self.seq_len])", "tests/test_data.py"),
+    m("ranks take interleaved, not contiguous, blocks", "loader", DATA,
+      "        return rank * per_rank, per_rank\n", "        return rank, per_rank\n", "tests/test_data.py"),
+    m("skip does not move the data", "loader", DATA,
+      "        physical = step + self.skipped\n", "        physical = step\n", "tests/test_data.py"),
+    m("the margin can be overrun", "loader", DATA,
+      "        if self.skipped + n_steps > self.margin_steps:", "        if self.skipped + n_steps > self.margin_steps + 1:",
+      "tests/test_data.py"),
+    m("a resumed loader repeats a step", "loader", DATA,
+      "            batch = self.batch(self.step)\n            self.step += 1\n            yield batch",
+      "            batch = self.batch(self.step)\n            yield batch\n            self.step += 1", "tests/test_data.py"),
+    # ------------------------------------------------------------------ the lock
+    m("a live lock is taken over", "lock", RUNNER,
+      "psutil.pid_exists(int(owner[1])):", "psutil.pid_exists(int(owner[1])) and False:",
+      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
+    m("a stale lock is never taken over", "lock", RUNNER,
+      "                self.path.unlink(missing_ok=True)  # stale: its owner was killed\n",
+      "                raise TokmixError('locked')\n",
+      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
+    m("the lock is not exclusive", "lock", RUNNER,
+      "os.O_CREAT | os.O_EXCL | os.O_WRONLY", "os.O_CREAT | os.O_WRONLY",
+      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
+    # ------------------------------------------------------------------ resume identity
+    m("a changed recipe resumes", "resume identity", RUNNER,
+      "        changes = recipe_diff(old, new[\"output_fields\"])\n", "        changes = []\n",
+      "tests/test_pipeline.py::test_resuming_with_a_changed_recipe_is_refused_with_a_diff"),
+    m("the seed left out of the run's identity", "resume identity", RECIPE,
+      "        data[\"layout\"][\"blocks\"] = self.blocks\n",
+      "        data[\"layout\"][\"blocks\"] = self.blocks\n        data.pop(\"seed\")\n",
+      "tests/test_pipeline.py::test_resuming_with_a_changed_recipe_is_refused_with_a_diff"),
+    m("a resized source file resumes", "resume identity", STREAMS,
+      "               if was != piece.file_bytes]", "               if False]",
+      "tests/test_faults.py::test_a_jsonl_file_that_changed_length_is_refused_where_its_committed_ranges_still_match"),
+    m("a re-cut source file resumes", "resume identity", STREAMS,
+      '    cut = record["pieces"] == unit.describe()\n', "    cut = True\n",
+      "tests/test_faults.py::test_a_changed_file_among_grouped_small_files_is_named_with_its_unit"),
+    m("a resume re-cuts units with today's unit size", "resume identity", STREAMS,
+      "            ctx.unit_bytes = json.loads(cut.read_text())\n", "            pass\n",
+      "tests/test_oracles.py::test_a_resume_keeps_the_unit_size_the_run_started_with"),
+]
+
+
+def scratch_tree(dest: Path) -> Path:
+    """The repository's tracked files (as they are in the working tree) under dest/tree, and dest/shared pointing at
+    the reference script's directory, where test_conformance looks for it."""
+    tree = dest / "tree"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, tree / name)
+    for parent in REPO.parents:
+        if (parent / "shared" / "reference").is_dir():
+            (dest / "shared").symlink_to(parent / "shared")
+            break
+    return tree
+
+
+def run_tests(tree: Path, selection: tuple[str, ...], timeout: float) -> tuple[str, float]:
+    """'passed', 'failed', 'timeout' or 'error' (no test ran: a selection that names nothing)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("CI", None)
+    t0 = time.perf_counter()
+    status = "passed"
+    for spec in selection:
+        path, *k = spec.split(" -k ", 1)
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", path, *(["-k", k[0]] if k else [])]
+        try:
+            proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return "timeout", time.perf_counter() - t0
+        if proc.returncode == 1:
+            return "failed", time.perf_counter() - t0
+        if proc.returncode != 0:  # 2: interrupted or a collection error; 4, 5: usage error, nothing collected
+            status = "error" if proc.returncode in (4, 5) else "failed"
+            if status == "failed":
+                return status, time.perf_counter() - t0
+            return f"error: {spec} (pytest exit {proc.returncode})", time.perf_counter() - t0
+    return status, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=[], help="run the mutations whose name contains one of these")
+    parser.add_argument("--list", action="store_true", help="list the mutations and whether each applies")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a mutation's tests may take")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    args = parser.parse_args()
+    chosen = [mu for mu in MUTATIONS if not args.only or any(o in mu.name for o in args.only)]
+    scratch = Path(tempfile.mkdtemp(prefix="tokmix-mutate-"))
+    try:
+        tree = scratch_tree(scratch)
+        rows = []
+        for n, mu in enumerate(chosen, 1):
+            path = tree / mu.file
+            original = path.read_text() if path.exists() else ""
+            count = original.count(mu.old) if mu.old else 0
+            if count != 1:
+                result, seconds = "does not apply" + (f" ({count} matches)" if count else ""), 0.0
+            elif args.list:
+                result, seconds = "applies", 0.0
+            else:
+                path.write_text(original.replace(mu.old, mu.new))
+                try:
+                    outcome, seconds = run_tests(tree, mu.tests, args.timeout)
+                finally:
+                    path.write_text(original)
+                result = {"failed": "caught", "timeout": "caught (tests hung)", "passed": "SURVIVED"}.get(outcome,
+                                                                                                         outcome)
+            rows.append((mu, result))
+            print(f"{n:3d}  {result:16s} {seconds:6.1f}s  [{mu.guarantee}] {mu.name}  ({mu.file})", flush=True)
+    finally:
+        if args.keep:
+            print(f"scratch directory kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    applied = [(mu, r) for mu, r in rows if not r.startswith(("does not apply", "error", "applies"))]
+    caught = [mu for mu, r in applied if r.startswith("caught")]
+    print()
+    print(f"{'mutation':62s} {'guarantee':16s} result")
+    for mu, r in rows:
+        print(f"{mu.name[:62]:62s} {mu.guarantee:16s} {r}")
+    print()
+    print(f"{len(rows)} mutations, {len(applied)} applied and tested, {len(caught)} caught "
+          f"({100 * len(caught) / max(len(applied), 1):.1f}%), {len(applied) - len(caught)} survived, "
+          f"{sum(r.startswith('does not apply') for _, r in rows)} do not apply, "
+          f"{sum(r.startswith('error') for _, r in rows)} errors")
+    for mu, r in applied:
+        if r == "SURVIVED":
+            print(f"  survivor: {mu.name} ({mu.file})")
+
+
+if __name__ == "__main__":
+    main()
