@@ -5,7 +5,10 @@ at a time write a directory. Every case is a real `tokmix` process on real files
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +70,31 @@ def test_the_stage_process_never_imports_tokmix_from_the_working_directory(corpu
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists(), f"code from the working directory ran: {marker.read_text()}"
     assert outputs(tmp_path / "out") == clean
+
+
+# ---------------------------------------------------------------------------- the split file is the run's
+def test_an_edited_split_file_is_refused_naming_the_files_it_moved(corpus, clean, tmp_path):
+    """decontaminate = false, the run killed once the holdout stage is done, a holdout file moved to train: the
+    resume used to exit 0 with that file's holdout documents in the train shards."""
+    root = tmp_path / "c"
+    shutil.copytree(corpus.parent, root)
+    recipe, split_path = root / "recipe.toml", root / "data" / "file_splits.json"
+    assert "decontaminate = false" in recipe.read_text()
+    out = tmp_path / "out"
+    killed = run(recipe, out, env={"TOKMIX_FAULT": "holdout:after-index:3"})  # the third and last domain
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert sorted(p.name for p in out.glob("val_*.bin")) == ["val_code.bin", "val_dclm.bin", "val_edu.bin"]
+    first = split_path.read_text()
+    split = json.loads(first)
+    moved = split["code"]["holdout"].pop(0)
+    split["code"]["train"].append(moved)
+    split_path.write_text(json.dumps(split, indent=2))
+    refused = run(recipe, out)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: split file {split_path}: changed since this run started (code: {moved} moved holdout -> train); "
+        "what is already written follows the first split: restore it, or use --restart to start over")
+    assert not list(out.glob("train_*.bin"))
+    split_path.write_text(first)  # restored: the run resumes to the clean run's bytes
+    assert run(recipe, out).returncode == 0
+    assert outputs(out) == clean

@@ -28,7 +28,7 @@ from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
 from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
-from tokmix.sources import HugeText, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
+from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
@@ -212,10 +212,44 @@ def _same_tokenizer(layout: Layout, path: str) -> str:
     return checksum
 
 
+def split_changes(old: Split, new: Split) -> list[str]:
+    """What an edit of the split file did, file by file: moved between holdout and train, added, removed, or
+    train files put in another order (the order is each stream's canonical document order)."""
+    changes = []
+    for domain in sorted(set(old) | set(new)):
+        was, now = old.get(domain, {}), new.get(domain, {})
+        part_was = {f: part for part in ("holdout", "train") for f in was.get(part, [])}
+        part_now = {f: part for part in ("holdout", "train") for f in now.get(part, [])}
+        moved = [f"{domain}: {f} {'moved ' if 'absent' not in (a, b) else ''}{a} -> {b}"
+                 for f in sorted(part_was.keys() | part_now.keys())
+                 if (a := part_was.get(f, "absent")) != (b := part_now.get(f, "absent"))]
+        if not moved and was != now:
+            moved = [f"{domain}: files listed in another order"]
+        changes += moved
+    return changes
+
+
+def _same_split(layout: Layout, path: str, split: Split) -> None:
+    """The split file's content, recorded when the run first reads it: it is part of the run's identity, like
+    the recipe. A resume finding another split is refused: the holdouts and units already written follow the
+    first one, and a file moved from holdout to train would put holdout documents in the train shards."""
+    record = layout.state / "split.json"
+    if not record.exists():
+        write_json(record, {"path": path, "split": split})
+        return
+    changes = split_changes(json.loads(record.read_text())["split"], split)
+    if changes:
+        more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+        raise TokmixError(f"split file {path}: changed since this run started ({'; '.join(changes[:3])}{more}); "
+                          "what is already written follows the first split: restore it, or use --restart to "
+                          "start over")
+
+
 def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings) -> Context:
     t0 = time.perf_counter()
     mirrors = parse_mirrors(options.mirrors)
     split = load_or_create_split(recipe, mirrors)
+    _same_split(layout, recipe.splits_path, split)
     tokenizer_path = recipe.tokenizer_path or str(layout.root / "tokenizer.json")
     if not os.path.exists(tokenizer_path):
         in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
