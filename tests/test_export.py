@@ -3,6 +3,7 @@ own IndexedDataset where it is installed): Megatron gives back the run's documen
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -66,16 +67,29 @@ def test_megatron_gives_back_every_document_once(run, tmp_path, chunk_bytes):
     }
     code, doc_index, docs = read_megatron(prefix)
     expected = documents(run.stream)
-    assert code == (8 if run.dtype == np.uint16 else 4)
+    assert code == 4  # ids up to 65,535 (no vocab_size recorded): int32, as Megatron's preprocess writes them
     assert len(docs) == len(expected) and np.array_equal(doc_index, np.arange(len(expected) + 1))
     assert all(np.array_equal(a, b) for a, b in zip(docs, expected))
     # the overlap tokens are not repeated: the .bin is the train stream token for token
-    megatron_dtype = "<u2" if run.dtype == np.uint16 else "<i4"
-    assert Path(f"{prefix}.bin").read_bytes() == run.stream.astype(megatron_dtype).tobytes()
+    assert Path(f"{prefix}.bin").read_bytes() == run.stream.astype("<i4").tobytes()
     for domain, tokens in run.val.items():
         _, _, val_docs = read_megatron(tmp_path / "mega" / f"tokmix_text_val_{domain}")
         assert [d.tolist() for d in val_docs] == [d.tolist() for d in documents(tokens)]
     assert not list((tmp_path / "mega").glob("*tmp*"))
+
+
+@pytest.mark.parametrize("vocab, code", [(50_257, 8), (65_499, 8), (65_500, 4), (65_536, 4), (128_256, 4)])
+def test_megatron_token_dtype_follows_its_preprocess(tmp_path, vocab, code):
+    """Megatron's preprocess (DType.optimal_dtype) writes uint16 for a vocabulary under 65,500 ids, int32 from
+    there, whatever dtype the run's shards use."""
+    run = build_run(tmp_path / "out", "uint16" if vocab <= 1 << 16 else "uint32")
+    index = json.loads((run.root / "index.json").read_text())
+    (run.root / "index.json").write_text(json.dumps({**index, "vocab_size": vocab}))
+    export_megatron(run.root, tmp_path / "m")
+    got, _, docs = read_megatron(tmp_path / "m")
+    assert got == code
+    dtype = "<u2" if code == 8 else "<i4"
+    assert (tmp_path / "m.bin").read_bytes() == run.stream.astype(dtype).tobytes()
 
 
 def test_megatron_core_reads_the_export(run, tmp_path):

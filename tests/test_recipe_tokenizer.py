@@ -11,8 +11,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tokmix.errors import TokmixError
 from tokmix.recipe import load_recipe
-from tokmix.shards import dtype_for_vocab
-from tokmix.tokenizer import load_tokenizer, token_byte_lengths, token_dtype
+from tokmix.shards import Delimiters, dtype_for_vocab
+from tokmix.tokenizer import document_delimiters, load_tokenizer, token_byte_lengths, token_dtype
 
 RECIPE = """
 seed = 1
@@ -62,6 +62,12 @@ def test_derived_numbers(tmp_path):
     ('path = "tok.json"', "", r"give exactly one of tokenizer.path and \[tokenizer.train\]"),
     ('domain = "web"', 'domain = "we b"', r"domain name 'we b'"),
     ("[streams.code]", "[streams.web]", r"not valid TOML"),
+    ('path = "tok.json"', 'path = "tok.json"\ndoc_prefix = []', r"give at least one token in tokenizer.doc_prefix or"),
+    ('path = "tok.json"', 'path = "tok.json"\ndoc_suffix = "<|endoftext|>"',
+     r"tokenizer.doc_prefix\[0\] '<\|endoftext\|>' marks where documents meet, so it cannot also be"),
+    ('path = "tok.json"', 'path = "tok.json"\ndoc_prefix = []\ndoc_suffix = ["</s>", "</s>"]',
+     r"tokenizer.doc_suffix\[-1\] '</s>' marks where documents meet"),
+    ('path = "tok.json"', 'path = "tok.json"\ndoc_prefix = [""]', r"an empty token name"),
 ])
 def test_recipe_mistakes_are_one_clear_line(tmp_path, old, new, message):
     with pytest.raises(TokmixError, match=message) as e:
@@ -74,6 +80,26 @@ def test_fingerprint_ignores_what_cannot_change_the_bytes(tmp_path):
     assert a.fingerprint() == a.with_backend("hf").fingerprint()
     assert a.fingerprint() != a.with_blocks(7).fingerprint()
     assert a.fingerprint() != recipe_with(tmp_path, "seed = 1", "seed = 2").fingerprint()
+    # the delimiters change the bytes; spelled as the default, they are the recipe written before they existed
+    same = recipe_with(tmp_path, 'path = "tok.json"', 'path = "tok.json"\ndoc_prefix = "<|endoftext|>"')
+    assert same.tokenizer.doc_prefix == ["<|endoftext|>"] and same.fingerprint() == a.fingerprint()
+    assert "doc_prefix" not in a.output_fields()["tokenizer"]
+    other = recipe_with(tmp_path, 'path = "tok.json"', 'path = "tok.json"\ndoc_suffix = ["<|end|>"]')
+    assert other.fingerprint() != a.fingerprint() and other.tokenizer.doc_suffix == ["<|end|>"]
+
+
+def test_delimiters_are_special_tokens_named_at_any_id(tmp_path):
+    """GPT-2's layout puts <|endoftext|> last, Llama's BOS/EOS elsewhere: any id serves, by name; a name that is
+    not one of the tokenizer's special tokens (text could produce a plain token) is one clear line."""
+    late = load_tokenizer(str(make_tokenizer(tmp_path / "late.json", ["<pad>", "<s>", "</s>", "<|endoftext|>"])))
+    assert document_delimiters(late, ["<|endoftext|>"], [], "late.json") == Delimiters((3,), ())
+    assert document_delimiters(late, ["<s>"], ["</s>", "<pad>"], "late.json") == Delimiters((1,), (2, 0))
+    with pytest.raises(TokmixError, match=r"late.json: tokenizer.doc_suffix names '<\|end\|>', which is not one of "
+                                          r"its special tokens \(<pad>, <s>, </s>, <\|endoftext\|>\)"):
+        document_delimiters(late, ["<s>"], ["<|end|>"], "late.json")
+    with pytest.raises(TokmixError, match=r"doc_prefix names 'hello'"):  # in the vocabulary, but not special
+        document_delimiters(late, ["hello"], [], "late.json")
+    assert token_byte_lengths(late)[[0, 1, 2, 3]].tolist() == [0, 0, 0, 0]
 
 
 def make_tokenizer(path: Path, specials: list[str], vocab: int = 300) -> Path:
@@ -91,10 +117,7 @@ def test_tokenizer_checks(tmp_path):
     assert good.encode("a <|endoftext|> b").ids.count(0) == 0  # a literal marker is plain text
     lengths = token_byte_lengths(good)
     assert lengths[0] == 0 and lengths[good.token_to_id("h")] == 1
-    with pytest.raises(TokmixError, match=r"<\|endoftext\|> is id 1; tokmix needs it at id 0"):
-        load_tokenizer(str(make_tokenizer(tmp_path / "late.json", ["<pad>", "<|endoftext|>"])))
-    with pytest.raises(TokmixError, match=r"has no <\|endoftext\|> token"):
-        load_tokenizer(str(make_tokenizer(tmp_path / "none.json", ["<pad>"])))
+    assert document_delimiters(good, ["<|endoftext|>"], [], "x") == Delimiters((0,), ())
     (tmp_path / "corrupt.json").write_text(json.dumps({"model": 3})[:-3])
     with pytest.raises(TokmixError, match=r"corrupt.json: not a valid tokenizer.json"):
         load_tokenizer(str(tmp_path / "corrupt.json"))

@@ -106,7 +106,8 @@ def _size_thread_pools(threads: int | None) -> None:
 
 
 class HFEncoder:
-    """The oracle: HF `tokenizers`, with a literal "<|endoftext|>" inside a document encoded as plain text."""
+    """The oracle: HF `tokenizers`, with a literal special token ("<|endoftext|>") inside a document encoded as plain
+    text, and no post-processor tokens (a template's BOS): the recipe's delimiters are the only tokens added."""
 
     name = "hf"
 
@@ -119,13 +120,13 @@ class HFEncoder:
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        docs = [e.ids for e in self._tok.encode_batch_fast(texts)]
+        docs = [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
         counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
         ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.uint32, count=int(counts.sum()))
         return ids, counts
 
     def encode(self, text: str) -> np.ndarray:
-        return np.array(self._tok.encode_batch_fast([text])[0].ids, dtype=np.uint32)
+        return np.array(self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids, dtype=np.uint32)
 
 
 class FastokensEncoder:
@@ -140,15 +141,10 @@ class FastokensEncoder:
         # Built from the JSON text alone, exactly what HF reads; nothing beside the file is consulted.
         self._tok = fastokens.Tokenizer.from_json_str(Path(tokenizer_path).read_text(encoding="utf-8"))
         self.vocab_size = self._tok.vocab_size
-        # HF adds the post-processor's tokens (a template's BOS) by default. fastokens does too when asked, but that
-        # path measured ~30% slower, so it is only taken for a tokenizer that has tokens to add.
-        self._add_special = self._tok.num_special_tokens_to_add(False) > 0
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         # split_special_tokens: a literal "<|endoftext|>" is text, as with HF's encode_special_tokens (else id 0)
-        ids, offsets = self._tok.encode_batch_flat(
-            texts, add_special_tokens=self._add_special, split_special_tokens=True
-        )
+        ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
         counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), counts
 
@@ -174,8 +170,6 @@ def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int]]:
         raise NotApplicable("the pre-tokenizer is not byte-level with the GPT-2 regex")
     if spec.get("normalizer"):
         raise NotApplicable(f"tiktoken has no {spec['normalizer'].get('type')} normalizer")
-    if (spec.get("post_processor") or {"type": "ByteLevel"})["type"] != "ByteLevel":
-        raise NotApplicable("the post-processor adds tokens")
     if model.get("type") != "BPE" or any(
         model.get(k) for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix")
     ):
@@ -398,8 +392,9 @@ _WORD_END = re.compile(f"[^{_SPACE_CLASS}](?=[{_SPACE_CLASS}])")
 
 def can_cut_documents(tokenizer_path: str | Path) -> bool:
     """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
-    byte-level BPE with GPT-2's regex, no normalizer, no post-processor tokens and only special added tokens
-    (which are encoded as text here) - pre-tokens never span such a cut and BPE works within pre-tokens."""
+    byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text
+    here; post-processor tokens are never added) - pre-tokens never span such a cut and BPE works within
+    pre-tokens."""
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
     pre = spec.get("pre_tokenizer") or {}
     return (
@@ -407,7 +402,6 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
         and pre.get("use_regex", True)
         and not pre.get("add_prefix_space")
         and not spec.get("normalizer")
-        and (spec.get("post_processor") or {"type": "ByteLevel"})["type"] == "ByteLevel"
         and all(t["special"] for t in spec.get("added_tokens") or [])
     )
 

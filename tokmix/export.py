@@ -4,12 +4,16 @@ committed atomically, so memory stays bounded whatever the run's size and a kill
 half-written under its final name.
 
 Megatron: the train token stream (shard 0 whole, every later shard without its first token, which repeats the
-previous shard's last) is cut before each EOT, so each document appears once and keeps its leading EOT as in
-the shards: the documents concatenated are the train stream token for token. The last document is cut where
-the run's last block ends, as in the shards. uint32 runs are written as int32, since Megatron's DType enum has
-no uint32. Holdouts are written the same way as `<prefix>_val_<domain>`.
+previous shard's last) is cut where documents meet (before each doc_prefix, after each doc_suffix), so each
+document appears once with its delimiters as in the shards: the documents concatenated are the train stream token
+for token. The last document is cut where the run's last block ends, as in the shards. Tokens are written as
+Megatron's preprocess writes them: uint16 for a vocabulary under 65,500 ids, int32 from there on
+(DType.optimal_dtype in megatron/core/datasets/indexed_dataset.py). Holdouts are written the same way as
+`<prefix>_val_<domain>`.
 
-llm.c: each train shard and holdout is copied token for token behind llm.c's 256-int32 header.
+llm.c: each train shard and holdout is copied token for token behind llm.c's 256-int32 header: "gpt-2"'s
+(magic 20240520, version 1) for uint16 tokens, "llama-3"'s (20240801, version 7) for uint32 ones
+(HEADERS_INFO in llm.c's dev/data/data_common.py).
 """
 
 from __future__ import annotations
@@ -41,8 +45,7 @@ MEGATRON_DTYPE_CODE = {
     np.dtype(np.float32): 7,
     np.dtype(np.uint16): 8,
 }
-# the dtype a run's tokens are written in: Megatron reads uint16 as is, and has no uint32
-MEGATRON_TOKEN_DTYPE = {np.dtype(np.uint16): np.dtype("<u2"), np.dtype(np.uint32): np.dtype("<i4")}
+MEGATRON_UINT16_BELOW = 65_500  # Megatron's preprocess writes uint16 tokens for fewer ids than this, else int32
 
 LLMC_HEADER_INTS = 256
 # llm.c dev/data/data_common.py HEADERS_INFO: "gpt-2" (uint16 tokens) and "llama-3" (uint32 tokens)
@@ -103,24 +106,34 @@ def _holdout_files(out_dir: Path) -> list[tuple[str, Path, int]]:
 
 
 # ---------------------------------------------------------------------- Megatron-LM
+def megatron_token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype Megatron's preprocess would write this vocabulary's tokens in."""
+    return np.dtype("<u2" if vocab_size < MEGATRON_UINT16_BELOW else "<i4")
+
+
 class _DocumentSplitter:
     """Fed the token stream chunk by chunk, returns the lengths of the documents each chunk completes. A
-    document runs from its EOT to the next EOT; the last one is completed by `finish()`."""
+    document runs from where one starts (shards.Delimiters.starts) to where the next does; the last one is
+    completed by `finish()`."""
 
-    def __init__(self):
+    def __init__(self, delimiters: shards.Delimiters):
+        self.delimiters = delimiters
         self.start: int | None = None  # where the open document began
+        self.previous: int | None = None  # the token before this chunk
         self.tokens = 0
         self.documents = 0
 
     def feed(self, chunk: np.ndarray) -> np.ndarray:
-        if self.start is None and chunk[0] != shards.EOT_ID:
-            raise TokmixError(f"the token stream starts with {int(chunk[0])}, not <|endoftext|> ({shards.EOT_ID})")
-        eots = np.flatnonzero(chunk == shards.EOT_ID) + self.tokens
+        starts = self.delimiters.starts(chunk, self.previous) + self.tokens
+        if self.start is None and (not len(starts) or starts[0] != 0):
+            raise TokmixError(f"the token stream starts with {int(chunk[0])}, not a document's first delimiter "
+                              f"({self.delimiters.marker})")
+        self.previous = int(chunk[-1])
         self.tokens += len(chunk)
-        if not len(eots):
-            return eots
-        lengths = np.diff(eots) if self.start is None else np.diff(eots, prepend=self.start)
-        self.start = int(eots[-1])
+        if not len(starts):
+            return starts
+        lengths = np.diff(starts) if self.start is None else np.diff(starts, prepend=self.start)
+        self.start = int(starts[-1])
         return self._count(lengths)
 
     def finish(self) -> np.ndarray:
@@ -135,15 +148,13 @@ class _DocumentSplitter:
         return lengths
 
 
-def _write_megatron(chunks: Iterable[np.ndarray], src_dtype: np.dtype, prefix: Path, chunk_bytes: int) -> list[Path]:
-    dtype = MEGATRON_TOKEN_DTYPE.get(src_dtype)
-    if dtype is None:
-        raise TokmixError(f"no Megatron token dtype for {src_dtype.name} runs")
+def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: shards.Delimiters, prefix: Path,
+                    chunk_bytes: int) -> list[Path]:
     bin_path, idx_path = prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
     limit = np.iinfo(dtype).max
     # document lengths are spooled to disk, 4 bytes a document, so a corpus of any size exports in bounded memory
     spool = idx_path.with_name(f"{idx_path.name}.lengths.tmp-{os.getpid()}")
-    splitter = _DocumentSplitter()
+    splitter = _DocumentSplitter(delimiters)
     try:
         with _AtomicFile(bin_path) as f, open(spool, "wb") as lengths:
             for chunk in chunks:
@@ -188,10 +199,15 @@ def export_megatron(
     Returns the files written."""
     out_dir, prefix = Path(out_dir), Path(out_prefix)
     blocks = TrainBlocks(out_dir)
-    written = _write_megatron(train_stream(blocks, chunk_bytes), blocks.dtype, prefix, chunk_bytes)
+    index = read_run_index(out_dir)
+    # an index without vocab_size: the largest vocabulary the run's dtype holds
+    dtype = megatron_token_dtype(index.get("vocab_size") or np.iinfo(blocks.dtype).max + 1)
+    delimiters = shards.Delimiters.from_index(index)
+    written = _write_megatron(train_stream(blocks, chunk_bytes), dtype, delimiters, prefix, chunk_bytes)
     for domain, path, _ in _holdout_files(out_dir):
         chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
-        written += _write_megatron(chunks, blocks.dtype, prefix.with_name(f"{prefix.name}_val_{domain}"), chunk_bytes)
+        written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
+                                   chunk_bytes)
     return written
 
 

@@ -1,6 +1,6 @@
 """Look inside a finished run: the summary tables of index.json (mix, holdouts, shards with checksums) and one
-block of a train shard (or one eval window of a holdout) decoded back to text, with every document boundary
-(each <|endoftext|>, id 0) shown as a visible marker."""
+block of a train shard (or one eval window of a holdout) decoded back to text, with every document delimiter (the
+recipe's doc_prefix and doc_suffix tokens; the reference's <|endoftext|>) shown as a visible marker."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
-from tokmix.shards import EOT_ID, read_index, read_tokens
+from tokmix.shards import Delimiters, read_index, read_tokens
 from tokmix.summary import holdout_table, mix_table
 
-DOC_MARKER = "⟦doc⟧"  # stands for each <|endoftext|>: the start of a document
+DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
 
 
 def _index(out_dir: str | os.PathLike) -> dict:
@@ -50,14 +50,16 @@ def summary(out_dir: str | os.PathLike) -> Group:
 # ---------------------------------------------------------------------------- decoding
 @dataclass
 class BlockView:
-    """One block (or eval window) of seq_len + 1 tokens, decoded: `pieces` alternate document text and EOTs
-    (None stands for an EOT), `text` is their concatenation with DOC_MARKER for each EOT."""
+    """One block (or eval window) of seq_len + 1 tokens, decoded: `pieces` alternate document text and delimiters
+    (None stands for the marker, the delimiter where documents meet; the other delimiters are decoded as text, e.g.
+    "<|end_of_text|>"), `text` is their concatenation with DOC_MARKER for each marker."""
 
     file: str
     title: str
     start: int  # token offset in the file
     tokens: np.ndarray
     pieces: list[str | None]
+    delimiters: Delimiters
 
     @property
     def text(self) -> str:
@@ -65,7 +67,7 @@ class BlockView:
 
     @property
     def documents_started(self) -> int:
-        return int(np.count_nonzero(self.tokens == EOT_ID))
+        return int(np.count_nonzero(self.tokens == self.delimiters.marker))
 
 
 def run_tokenizer(out_dir: Path, index: dict):
@@ -79,10 +81,11 @@ def run_tokenizer(out_dir: Path, index: dict):
     raise TokmixError(f"tokenizer {recorded} not found (nor {out_dir / 'tokenizer.json'}); it decodes the tokens")
 
 
-def decode_pieces(tokenizer, tokens: np.ndarray) -> list[str | None]:
-    """Document texts between EOTs, each decoded on its own (a document boundary never splits a character)."""
+def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:
+    """Texts between the markers, each decoded on its own (a document boundary never splits a character), with
+    the other delimiters decoded in them by name."""
     pieces: list[str | None] = []
-    cuts = np.flatnonzero(tokens == EOT_ID)
+    cuts = np.flatnonzero(tokens == delimiters.marker)
     start = 0
     for cut in [*cuts.tolist(), len(tokens)]:
         if cut > start:
@@ -127,7 +130,9 @@ def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockVi
 
 
 def _view(out_dir: Path, index: dict, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:
-    return BlockView(file, title, start, tokens, decode_pieces(run_tokenizer(out_dir, index), tokens))
+    delimiters = Delimiters.from_index(index)
+    return BlockView(file, title, start, tokens, decode_pieces(run_tokenizer(out_dir, index), tokens, delimiters),
+                     delimiters)
 
 
 def render_block(view: BlockView) -> Panel:
@@ -137,5 +142,6 @@ def render_block(view: BlockView) -> Panel:
             body.append(DOC_MARKER, style="bold black on yellow")
         else:
             body.append(piece)
-    subtitle = f"{len(view.tokens):,} tokens, {view.documents_started} document start(s) marked {DOC_MARKER}"
+    meet = "start(s)" if view.delimiters.prefix else "end(s)"
+    subtitle = f"{len(view.tokens):,} tokens, {view.documents_started} document {meet} marked {DOC_MARKER}"
     return Panel(body, title=view.title, title_align="left", subtitle=subtitle, subtitle_align="left")

@@ -35,6 +35,7 @@ from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import (
+    document_delimiters,
     load_tokenizer,
     token_byte_lengths,
     token_dtype,
@@ -118,7 +119,8 @@ def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
                     left -= len(piece)
                     yield piece
 
-    train_tokenizer(texts(), spec.vocab_size, spec.min_frequency, path)
+    train_tokenizer(texts(), spec.vocab_size, spec.min_frequency, path,
+                    recipe.tokenizer.doc_prefix + recipe.tokenizer.doc_suffix)
     fault_point("tokenizer:after-train")
     return str(path)
 
@@ -254,6 +256,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     if not os.path.exists(tokenizer_path):
         in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
     tok = load_tokenizer(tokenizer_path)
+    delimiters = document_delimiters(tok, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix, tokenizer_path)
     checksum = _same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(tok, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
@@ -263,7 +266,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
-                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok))
+                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok), delimiters=delimiters)
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:

@@ -45,7 +45,7 @@ from tokmix.sources import (
     read_texts,
     stream_files,
 )
-from tokmix.tokenizer import load_tokenizer, vocab_size
+from tokmix.tokenizer import document_delimiters, load_tokenizer, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -60,7 +60,7 @@ PARQUET_LENGTH_BYTES = 4  # each plain-encoded string's length prefix, inside th
 # ---------------------------------------------------------------------------- what a plan holds
 @dataclass
 class Supply:
-    """Tokens (EOT included) that a list of files holds: measured on a sample, scaled to the files' size."""
+    """Tokens (delimiters included) that a list of files holds: measured on a sample, scaled to the files' size."""
 
     files: int = 0
     text_bytes: int = 0  # UTF-8 bytes of the documents
@@ -74,7 +74,7 @@ class Supply:
 
     @property
     def bytes_per_token(self) -> float:
-        """Text bytes per token, EOTs counted as tokens (as index.json's holdout bytes/targets)."""
+        """Text bytes per token, delimiters counted as tokens (as index.json's holdout bytes/targets)."""
         return self.sample_text_bytes / max(self.sample_tokens, 1)
 
     def guessed_at(self, guessed: bool) -> Supply:
@@ -314,9 +314,9 @@ class _Count:
         return _Count(n_bytes, round(self.text_bytes * rate), round(self.docs * rate), round(self.tokens * rate))
 
 
-def _counter(encoder):
-    """texts -> (tokens of each non-empty document plus its EOT, documents, text bytes), by the encoder or,
-    without a tokenizer, by GUESS_BYTES_PER_TOKEN."""
+def _counter(encoder, per_document: int):
+    """texts -> (tokens of each non-empty document plus its `per_document` delimiters, documents, text bytes), by
+    the encoder or, without a tokenizer, by GUESS_BYTES_PER_TOKEN."""
 
     def count(texts: list[str]) -> tuple[int, int, int]:
         texts = [clean_surrogates(t) for t in texts if t]
@@ -324,9 +324,9 @@ def _counter(encoder):
         if not texts:
             return 0, 0, 0
         if encoder is None:
-            return round(n_bytes / GUESS_BYTES_PER_TOKEN) + len(texts), len(texts), n_bytes
+            return round(n_bytes / GUESS_BYTES_PER_TOKEN) + per_document * len(texts), len(texts), n_bytes
         _, lengths = encoder.encode_batch(texts)
-        return int(lengths.sum()) + len(texts), len(texts), n_bytes
+        return int(lengths.sum()) + per_document * len(texts), len(texts), n_bytes
 
     return count
 
@@ -395,8 +395,11 @@ def _split(recipe: Recipe, mirrors) -> tuple[Split, str]:
 
 def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
     """The tokenizer to sample with (None: guess), its vocabulary size, and how the estimate is made."""
+    spec = recipe.tokenizer
     if recipe.tokenizer_path:
-        return recipe.tokenizer_path, vocab_size(load_tokenizer(recipe.tokenizer_path)), recipe.tokenizer_path
+        tok = load_tokenizer(recipe.tokenizer_path)
+        document_delimiters(tok, spec.doc_prefix, spec.doc_suffix, recipe.tokenizer_path)  # refused now, not mid-run
+        return recipe.tokenizer_path, vocab_size(tok), recipe.tokenizer_path
     vocab = recipe.tokenizer.train.vocab_size
     earlier = out / "tokenizer.json"
     if earlier.exists():
@@ -500,7 +503,7 @@ def make_plan(
     encoder, backend = _encoder(tokenizer_path, recipe.tokenizer.backend)
     if encoder is not None:
         tokenizer_note += f"; sample tokenized with {backend}"
-    count = _counter(encoder)
+    count = _counter(encoder, len(recipe.tokenizer.doc_prefix) + len(recipe.tokenizer.doc_suffix))
 
     streams = {}
     for name, spec in recipe.streams.items():

@@ -34,11 +34,37 @@ class TokenizerTrain(_Strict):
     max_bytes: int = Field(default=256 << 20, gt=0)
 
 
+REFERENCE_PREFIX = ["<|endoftext|>"]  # the reference's layout: its end-of-text token before each document
+
+
 class TokenizerSpec(_Strict):
     path: str | None = None
     train: TokenizerTrain | None = None
     backend: Literal["auto", "hf", "tiktoken", "fastokens"] = "auto"
     dtype: Literal["auto", "uint16", "uint32"] = "auto"
+    # the special tokens, by name, written before and after every document's text (each at its own id)
+    doc_prefix: list[str] = Field(default_factory=lambda: list(REFERENCE_PREFIX))
+    doc_suffix: list[str] = Field(default_factory=list)
+
+    @field_validator("doc_prefix", "doc_suffix", mode="before")
+    @classmethod
+    def _one_or_more(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _delimited(self) -> TokenizerSpec:
+        if not self.doc_prefix and not self.doc_suffix:
+            raise ValueError("give at least one token in tokenizer.doc_prefix or tokenizer.doc_suffix: "
+                             "without one, documents cannot be told apart")
+        if any(not name for name in self.doc_prefix + self.doc_suffix):
+            raise ValueError("an empty token name in tokenizer.doc_prefix or tokenizer.doc_suffix")
+        # the marker is the one token that shows where documents meet: it must not occur anywhere else
+        marker, others, key = ((self.doc_prefix[0], self.doc_prefix[1:] + self.doc_suffix, "doc_prefix[0]")
+                               if self.doc_prefix else (self.doc_suffix[-1], self.doc_suffix[:-1], "doc_suffix[-1]"))
+        if marker in others:
+            raise ValueError(f"tokenizer.{key} {marker!r} marks where documents meet, so it cannot also be "
+                             "another of the delimiters")
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerSpec:
@@ -158,6 +184,9 @@ class Recipe(_Strict):
         data = self.model_dump(mode="json")
         data["tokenizer"]["path"] = self.tokenizer_path
         data["tokenizer"].pop("backend")  # every backend gives identical ids
+        for key, default in (("doc_prefix", REFERENCE_PREFIX), ("doc_suffix", [])):
+            if data["tokenizer"][key] == default:  # absent before these keys existed: runs from then still resume
+                data["tokenizer"].pop(key)
         data["holdout"]["splits"] = self.splits_path
         data["layout"]["blocks"] = self.blocks
         for name, stream in data["streams"].items():

@@ -2,8 +2,9 @@
 requested vs realized shares, the share of each shard, document lengths, bytes per token, throughput, holdouts.
 
 Per-stream document lengths come from the units' .len files when the run kept its intermediates
-(--keep-streams); otherwise one streaming pass over the shards finds them at the EOTs (id 0 starts every
-document) and gives each document its stream by replaying the seeded interleave from index.json.
+(--keep-streams); otherwise one streaming pass over the shards finds them at the delimiters (by default
+<|endoftext|> starts every document) and gives each document its stream by replaying the seeded interleave from
+index.json.
 Plots with matplotlib, one of tokmix's dependencies.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.shards import EOT_ID, Layout, iter_token_chunks, read_index
+from tokmix.shards import Delimiters, Layout, iter_token_chunks, read_index
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
 HIST_BINS = 40
@@ -32,7 +33,7 @@ HIST_BINS = 40
 class StreamFacts:
     name: str
     domain: str
-    doc_lengths: np.ndarray  # tokens per document, EOT included
+    doc_lengths: np.ndarray  # tokens per document, delimiters included
     lengths_from: str  # "units" or "shards"
     units: list[dict] = field(default_factory=list)  # unit records (intermediates kept), with their commit time
     chars: int | None = None  # characters of the units' documents, and their tokens
@@ -57,23 +58,27 @@ def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict
     dtype = np.dtype(index["dtype"])
     tokens = np.zeros(n_streams, dtype=np.int64)
     text_bytes = np.zeros(n_streams, dtype=np.float64)
-    ends: list[np.ndarray] = []  # positions of the EOTs, across shards (overlap tokens counted once)
-    doc, offset = -1, 0
+    ends: list[np.ndarray] = []  # where documents start, across shards (overlap tokens counted once)
+    doc, offset, previous = -1, 0, None
+    delimiters = Delimiters.from_index(index)
     for k, shard in enumerate(index["shards"]):
         first = k > 0  # a shard's first token repeats the previous shard's last one
         for chunk in iter_token_chunks(out_dir / shard["file"], dtype, SCAN_CHUNK_BYTES):
             if first:
                 chunk, first = chunk[1:], False
-            is_eot = chunk == EOT_ID
-            doc_of = doc + np.cumsum(is_eot)  # the document each token belongs to
+            starts = delimiters.starts(chunk, previous)
+            is_start = np.zeros(len(chunk), dtype=bool)
+            is_start[starts] = True
+            doc_of = doc + np.cumsum(is_start)  # the document each token belongs to
             if len(doc_of) and doc_of[0] < 0:
-                raise TokmixError(f"{shard['file']}: the run does not start with <|endoftext|>")
+                raise TokmixError(f"{shard['file']}: the run does not start with a document's first delimiter")
             labels = order[doc_of]
             tokens += np.bincount(labels, minlength=n_streams)
             if byte_len is not None:
                 text_bytes += np.bincount(labels, weights=byte_len[chunk], minlength=n_streams)
-            ends.append(offset + np.flatnonzero(is_eot))
+            ends.append(offset + starts)
             doc = int(doc_of[-1]) if len(doc_of) else doc
+            previous = int(chunk[-1]) if len(chunk) else previous
             offset += len(chunk)
     starts = np.concatenate(ends) if ends else np.empty(0, np.int64)
     lengths = np.diff(starts)  # whole documents only: the last one runs past the end of the run
@@ -267,7 +272,7 @@ def plot_doc_lengths(plt, facts: dict[str, StreamFacts]) -> str:
             )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per document (EOT included)")
+    ax.set_xlabel("tokens per document (delimiters included)")
     ax.set_ylabel("documents")
     ax.set_title("document length per stream")
     if ax.get_legend_handles_labels()[0]:
@@ -309,7 +314,7 @@ def plot_bytes_per_token(plt, rows: list[tuple[str, str, float]]) -> str:
         )
     ax.set_xticks(x, [r[1] for r in rows], fontsize=8)
     ax.set_ylabel("bytes per token")
-    ax.set_title("bytes per token (EOTs counted as tokens)")
+    ax.set_title("bytes per token (delimiters counted as tokens)")
     kinds = list(dict.fromkeys(r[0] for r in rows))
     names = {"stream": "stream: UTF-8 bytes", "stream (chars)": "stream: characters", "holdout": "holdout: bytes"}
     ax.legend(
@@ -465,7 +470,7 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
     lengths_note = (
         "from the units' .len files (intermediates kept)"
         if sources == {"units"}
-        else "from the shards (EOT positions; streams by replaying the seeded interleave); the run's last, cut "
+        else "from the shards (delimiter positions; streams by replaying the seeded interleave); the run's last, cut "
         "document is left out"
         if sources == {"shards"}
         else "not available: the intermediates are gone and the shards were not scanned (--no-scan)"

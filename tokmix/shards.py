@@ -1,4 +1,4 @@
-"""The output format: file names in the output directory, token dtype, EOT id, block arithmetic, atomic
+"""The output format: file names in the output directory, token dtype, document delimiters, block arithmetic, atomic
 writes and index.json. Every producer and consumer of shards goes through this module, and it imports
 nothing of the pipeline, so a training job that reads shards needs numpy alone.
 
@@ -14,6 +14,7 @@ import io
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,20 +40,70 @@ def dtype_for_vocab(vocab_size: int, forced: str = "auto") -> np.dtype:
     return dtype
 
 
-def with_eot(ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Flat ids of several documents -> the same documents each prefixed with EOT, in `dtype`."""
-    out = np.empty(len(ids) + len(lengths), dtype=dtype)
-    starts = np.cumsum(lengths + 1) - (lengths + 1)
-    out[starts] = EOT_ID
-    if len(ids) >= 64 * len(lengths):  # documents of 64+ tokens: a copy per document, ~2x a boolean mask
-        ends = np.cumsum(lengths)
-        for start, begin, end in zip(starts.tolist(), (ends - lengths).tolist(), ends.tolist()):
-            out[start + 1 : start + 1 + end - begin] = ids[begin:end]
-    else:
-        is_text = np.ones(len(out), dtype=bool)
-        is_text[starts] = False
-        out[is_text] = ids
-    return out
+@dataclass(frozen=True)
+class Delimiters:
+    """The special tokens framing every document, by id: `prefix` before its text, `suffix` after it. The
+    reference's layout is prefix (0,), its <|endoftext|>, and no suffix. One id, the marker, shows where documents
+    meet: the prefix's first (a document starts at it) or, with no prefix, the suffix's last (the next document
+    starts after it). It occurs nowhere else: delimiters are special tokens, which text never encodes to."""
+
+    prefix: tuple[int, ...] = (EOT_ID,)
+    suffix: tuple[int, ...] = ()
+
+    @property
+    def per_document(self) -> int:
+        """Tokens each document gets besides its text's."""
+        return len(self.prefix) + len(self.suffix)
+
+    @property
+    def marker(self) -> int:
+        return self.prefix[0] if self.prefix else self.suffix[-1]
+
+    def frame(self, ids: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """Flat ids of several documents (`lengths` tokens each) -> the same documents framed, in `dtype`."""
+        n_pre, extra = len(self.prefix), self.per_document
+        out = np.empty(len(ids) + extra * len(lengths), dtype=dtype)
+        starts = np.cumsum(lengths + extra) - (lengths + extra)
+        for j, token in enumerate(self.prefix):
+            out[starts + j] = token
+        for j, token in enumerate(self.suffix):
+            out[starts + n_pre + lengths + j] = token
+        if len(ids) >= 64 * len(lengths):  # documents of 64+ tokens: a copy per document, ~2x a boolean mask
+            ends = np.cumsum(lengths)
+            for start, begin, end in zip((starts + n_pre).tolist(), (ends - lengths).tolist(), ends.tolist()):
+                out[start : start + end - begin] = ids[begin:end]
+        else:
+            is_text = np.ones(len(out), dtype=bool)
+            for j in range(n_pre):
+                is_text[starts + j] = False
+            for j in range(len(self.suffix)):
+                is_text[starts + n_pre + lengths + j] = False
+            out[is_text] = ids
+        return out
+
+    def starts(self, tokens: np.ndarray, previous: int | None) -> np.ndarray:
+        """Where documents start among `tokens`, which follow the token `previous` (None: the run's first
+        tokens, where a document starts by definition; with a prefix, the caller checks it is there)."""
+        if self.prefix:
+            return np.flatnonzero(tokens == self.marker)
+        after = np.flatnonzero(tokens[:-1] == self.marker) + 1
+        if previous is None or previous == self.marker:
+            after = np.concatenate([[0], after])
+        return after.astype(np.int64)
+
+    def to_index(self) -> dict[str, list[int]]:
+        return {"prefix": list(self.prefix), "suffix": list(self.suffix)}
+
+    @classmethod
+    def from_index(cls, index: dict[str, Any]) -> Delimiters:
+        """A run's delimiters from its index.json (one written before they were recorded: the reference's)."""
+        found = index.get("delimiters")
+        if found is None:
+            return cls((int(index.get("eot_id", EOT_ID)),), ())
+        return cls(tuple(found["prefix"]), tuple(found["suffix"]))
+
+
+REFERENCE_DELIMITERS = Delimiters()
 
 
 def train_name(k: int) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from tokmix.backends import HUGE_DOC_CHARS, Encoder, make_encoder
 from tokmix.progress import RunProgress
 from tokmix.recipe import Recipe
-from tokmix.shards import UNIT_BYTES, Layout
+from tokmix.shards import REFERENCE_DELIMITERS, UNIT_BYTES, Delimiters, Layout
 from tokmix.sources import Split
 
 
@@ -41,6 +41,7 @@ class Context:
     # UTF-8 bytes each token id stands for (tokmix.tokenizer.token_byte_lengths), for the holdouts' bits per byte;
     # taken from the tokenizer build_context loads anyway (loading it again cost the holdout stage ~0.07 s)
     token_bytes: np.ndarray | None = None
+    delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

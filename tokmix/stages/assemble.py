@@ -17,7 +17,6 @@ from tokmix import __version__
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
-    EOT_ID,
     BlockFingerprinter,
     TokenFileWriter,
     fingerprints_path,
@@ -287,7 +286,9 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         "seq_len": recipe.layout.seq_len,
         "block": recipe.layout.seq_len + 1,
         "stride": recipe.layout.seq_len,
-        "eot_id": EOT_ID,
+        "eot_id": ctx.delimiters.marker,  # the reference's key: the id that shows where documents meet
+        "delimiters": ctx.delimiters.to_index(),
+        "delimiter_tokens": {"prefix": recipe.tokenizer.doc_prefix, "suffix": recipe.tokenizer.doc_suffix},
         "seed": recipe.seed,
         "recipe_fingerprint": recipe.fingerprint(),
         "mix": {

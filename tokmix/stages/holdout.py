@@ -16,7 +16,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import CHECKSUM, with_eot, write_json, write_npy, write_tokens
+from tokmix.shards import CHECKSUM, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
 
@@ -50,7 +50,7 @@ def holdout_lengths(ctx: Context) -> np.ndarray | None:
 
 def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
                  budget: float) -> tuple[list, np.ndarray, np.ndarray]:
-    """Documents of one stream's holdout files, in file order, empty ones included (each is a lone EOT),
+    """Documents of one stream's holdout files, in file order, empty ones included (each its delimiters alone),
     up to and including the one that crosses `budget` tokens; and the hashes and lengths (characters) of
     their texts, or none when the recipe does not decontaminate."""
     docs, hashes, chars, got = [], [], [], 0
@@ -61,7 +61,8 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
         if not batch:
             break
         ids, lengths = encoder.encode_batch(batch)
-        docs_ids = np.split(with_eot(ids, lengths, ctx.dtype), np.cumsum(lengths + 1)[:-1])
+        framed = ctx.delimiters.frame(ids, lengths, ctx.dtype)
+        docs_ids = np.split(framed, np.cumsum(lengths + ctx.delimiters.per_document)[:-1])
         for k, doc in enumerate(docs_ids):
             docs.append((stream, doc))
             got += len(doc)

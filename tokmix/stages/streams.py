@@ -1,6 +1,7 @@
 """Stage 2: each stream tokenized to its budget. A stream's content is its train documents in canonical
 order (split-file order, rows in file order, empty texts and copies of holdout documents dropped), each
-prefixed with EOT, up to and including the document that crosses the budget.
+framed by the recipe's delimiters (the reference's: <|endoftext|> before it), up to and including the document that
+crosses the budget.
 
 Work units (contiguous pieces of files) are tokenized independently by workers; each commits three files
 in `streams/<name>/units/`: tokens (.tok), document lengths (.len) and, last, its record (.json), which is
@@ -22,11 +23,11 @@ import numpy as np
 from tokmix.backends import document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import EOT_ID, TokenFileWriter, with_eot, write_bytes, write_json, write_npy
+from tokmix.shards import REFERENCE_DELIMITERS, Delimiters, TokenFileWriter, write_bytes, write_json, write_npy
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context, cached, shared_encoder
 
-LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, EOT included
+LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, its delimiters included
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 UNITS_IN_FLIGHT_PER_WORKER = 2
 
@@ -46,18 +47,21 @@ class UnitTask:
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
     limit: int | None = None
     lengths_path: str | None = None  # the holdout documents' lengths, when recorded: only texts of those are hashed
+    delimiters: Delimiters = REFERENCE_DELIMITERS
 
 
 # ---------------------------------------------------------------------------- worker side
-def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter) -> int:
+def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter, delimiters: Delimiters) -> int:
     """One huge document, encoded piece by piece (ids identical to encoding it whole, see document_pieces) and
-    written as it goes, so memory holds the text and one piece's ids; returns its token count."""
-    writer.write(np.array([EOT_ID], dtype=writer.dtype))
-    n = 0
+    written as it goes, so memory holds the text and one piece's ids; returns its token count, delimiters
+    included."""
+    writer.write(np.array(delimiters.prefix, dtype=writer.dtype))
+    n = delimiters.per_document
     for piece in text.pieces() if isinstance(text, HugeText) else document_pieces(text):
         ids, _ = encoder.encode_batch([piece])
         writer.write(ids)
         n += len(ids)
+    writer.write(np.array(delimiters.suffix, dtype=writer.dtype))
     return n
 
 
@@ -107,7 +111,8 @@ def tokenize_unit(task: UnitTask) -> dict:
     writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
-    huge = task.huge
+    huge, delimiters = task.huge, task.delimiters
+    extra = delimiters.per_document
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge)
     try:
         for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
@@ -120,15 +125,15 @@ def tokenize_unit(task: UnitTask) -> dict:
                 continue
             t0 = time.perf_counter()
             if isinstance(batch[0], HugeText) or len(batch[0]) > huge:
-                lens = np.array([_write_in_pieces(encoder, batch[0], writer)], dtype=np.int64) + 1
+                lens = np.array([_write_in_pieces(encoder, batch[0], writer, delimiters)], dtype=np.int64)
             else:
                 ids, lens = encoder.encode_batch(batch)
-                lens = lens + 1
+                lens = lens + extra
                 if task.limit is not None and writer.tokens + int(lens.sum()) >= task.limit:
                     # the stream ends in this batch: keep it up to the document that reaches the limit
                     keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1
-                    batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep]
-                writer.write(with_eot(ids, lens - 1, writer.dtype))
+                    batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep * extra]
+                writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
             lengths.append(lens.astype(LENGTH_DTYPE))
             kept += len(batch)
@@ -346,7 +351,8 @@ class StreamRun:
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
-                        limit=self.budget - self.prefix_tokens if ready else None, lengths_path=self.lengths)
+                        limit=self.budget - self.prefix_tokens if ready else None, lengths_path=self.lengths,
+                        delimiters=self.ctx.delimiters)
 
     def committed(self, unit: Unit, record: dict) -> None:
         self._add(record)

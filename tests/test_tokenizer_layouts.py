@@ -1,0 +1,173 @@
+"""Whole runs with tokenizers of the three common layouts, each with its own document delimiters, checked by
+decoding what was written: GPT-2's (byte-level BPE, <|endoftext|> the last id, before each document), Llama-3's
+(GPT-4-style split regex, <|begin_of_text|> before and <|end_of_text|> after each document, uint32 tokens) and a
+SentencePiece-derived one (byte fallback, metaspace, </s> after each document as Megatron and datatrove write).
+The tokenizers are built here, to those layouts, from the test corpus's train files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import tokmix
+from tests.corpus import make_corpus, write_recipe, write_split
+from tokmix.export import export_megatron
+from tokmix.inspect import DOC_MARKER, read_block
+from tokmix.shards import Delimiters, read_tokens
+from tokmix.stages.validate import validate_dir
+
+# Llama-3's (and GPT-4's cl100k) pre-tokenizer split
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _train_texts(files: dict[str, list[Path]]) -> list[str]:
+    return [t for paths in files.values() for p in paths[:-1] for t in pq.read_table(p)["text"].to_pylist() if t]
+
+
+def gpt2_layout(texts: list[str], path: Path) -> Path:
+    """Byte-level BPE with GPT-2's regex; <|endoftext|> added after the vocabulary, so it is the last id."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path))
+    return path
+
+
+def llama3_layout(texts: list[str], path: Path) -> Path:
+    """Llama-3's pipeline: split by its regex, then byte-level without GPT-2's regex; BOS and EOS after the
+    vocabulary, and its template that prepends BOS (which tokmix must not add: the recipe says where BOS goes)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    spec = json.loads(tok.to_str())
+    bos = tok.token_to_id("<|begin_of_text|>")
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos],
+                                                 "tokens": ["<|begin_of_text|>"]}}}
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def sentencepiece_layout(texts: list[str], path: Path) -> Path:
+    """What transformers writes for a Llama-2 / Mistral SentencePiece model: <unk> <s> </s> at 0-2, the 256
+    byte-fallback tokens <0x00>..<0xFF> at 3-258, then the BPE pieces; metaspace pre-tokenizer prepending "▁" to
+    the first word; a decoder that turns bytes back into text."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=500, show_progress=False, limit_alphabet=100))
+    spec = json.loads(tok.to_str())
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    learned = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *byte_tokens,
+                                         *(t for t in learned if t not in byte_tokens)])}
+    spec["model"].update(vocab=vocab, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    spec["added_tokens"] = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    path.write_text(json.dumps(spec))
+    return path
+
+
+LAYOUTS = {  # name: (builder, recipe lines of [tokenizer], prefix tokens, suffix tokens)
+    "gpt2": (gpt2_layout, [], ["<|endoftext|>"], []),
+    "llama3": (llama3_layout, ['doc_prefix = ["<|begin_of_text|>"]', 'doc_suffix = ["<|end_of_text|>"]',
+                               'dtype = "uint32"'], ["<|begin_of_text|>"], ["<|end_of_text|>"]),
+    "sentencepiece": (sentencepiece_layout, ["doc_prefix = []", 'doc_suffix = "</s>"'], [], ["</s>"]),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("layouts")
+    files = make_corpus(root, doc_limit=150)
+    write_split(root, files)
+    return root, _train_texts(files)
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout_run(request, corpus, tmp_path_factory):
+    root, texts = corpus
+    build, lines, prefix, suffix = LAYOUTS[request.param]
+    tok_path = build(texts, root / f"{request.param}.json")
+    text = write_recipe(root, tok_path.name).read_text()
+    recipe = root / f"{request.param}.toml"
+    recipe.write_text(text.replace(f'path = "{tok_path.name}"', "\n".join([f'path = "{tok_path.name}"', *lines])))
+    out = tmp_path_factory.mktemp(request.param)
+    tokmix.run(tokmix.load_recipe(recipe), out, workers=2)
+    tok = Tokenizer.from_file(str(tok_path))
+    return request.param, out, tok, [tok.token_to_id(t) for t in prefix], [tok.token_to_id(t) for t in suffix]
+
+
+def train_stream(out: Path, index: dict) -> np.ndarray:
+    parts = [read_tokens(out / s["file"], index["dtype"]) for s in index["shards"]]
+    return np.concatenate([parts[0]] + [p[1:] for p in parts[1:]])
+
+
+def documents(tokens: np.ndarray, delimiters: Delimiters) -> list[np.ndarray]:
+    return np.split(tokens, delimiters.starts(tokens, None)[1:])
+
+
+def test_every_document_is_framed_by_the_recipes_delimiters_at_their_ids(layout_run, corpus):
+    name, out, tok, prefix, suffix = layout_run
+    index = json.loads((out / "index.json").read_text())
+    assert index["delimiters"] == {"prefix": prefix, "suffix": suffix}
+    assert validate_dir(out) == []
+    if name == "gpt2":
+        assert prefix == [tok.get_vocab_size() - 1] and index["dtype"] == "uint16"
+    if name == "llama3":
+        assert index["dtype"] == "uint32" and prefix[0] == tok.get_vocab_size() - 2
+    sources = set(corpus[1])
+    docs = documents(train_stream(out, index), Delimiters(tuple(prefix), tuple(suffix)))
+    assert len(docs) > 50
+    for doc in docs[:-1]:  # the last is cut where the run ends
+        assert doc[: len(prefix)].tolist() == prefix and doc[len(doc) - len(suffix):].tolist() == suffix
+        text_ids = doc[len(prefix) : len(doc) - len(suffix)]
+        assert not np.isin(text_ids, prefix + suffix).any(), "a delimiter inside a document's text"
+        text = tok.decode(text_ids.tolist(), skip_special_tokens=False)
+        # a SentencePiece decoder strips the space its metaspace prepended, and so one the text began with
+        assert text in sources or (name == "sentencepiece" and " " + text in sources)
+    for domain, entry in index["val"].items():
+        val = read_tokens(out / entry["file"], index["dtype"])
+        assert val[: len(prefix)].tolist() == prefix, domain
+
+
+def test_inspect_marks_where_documents_meet(layout_run):
+    name, out, tok, prefix, suffix = layout_run
+    marker = (prefix or suffix[-1:])[0]
+    views = [read_block(out, 0, b) for b in range(20)]
+    for view in views:
+        assert view.text.count(DOC_MARKER) == int((view.tokens == marker).sum()) == view.documents_started
+    view = next(v for v in views if (v.tokens[2:-2] == marker).any())  # documents meet inside this block
+    if prefix and suffix:  # the other delimiter is decoded by name
+        assert tok.id_to_token(suffix[0]) in view.text
+
+
+def test_megatron_export_cuts_documents_at_the_delimiters(layout_run, tmp_path):
+    name, out, tok, prefix, suffix = layout_run
+    index = json.loads((out / "index.json").read_text())
+    export_megatron(out, tmp_path / "m")
+    from tests.test_export import read_megatron
+
+    code, _, docs = read_megatron(tmp_path / "m")
+    assert code == 8 if index["vocab_size"] < 65_500 else 4
+    want = documents(train_stream(out, index), Delimiters(tuple(prefix), tuple(suffix)))
+    assert [d.tolist() for d in docs] == [d.tolist() for d in want]
