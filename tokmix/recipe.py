@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokmix.errors import TokmixError
+from tokmix.shards import EOT_TOKEN
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,7 +35,7 @@ class TokenizerTrain(_Strict):
     max_bytes: int = Field(default=256 << 20, gt=0)
 
 
-REFERENCE_PREFIX = ["<|endoftext|>"]  # the reference's layout: its end-of-text token before each document
+REFERENCE_PREFIX = [EOT_TOKEN]  # the reference's layout: its end-of-text token before each document
 
 
 class TokenizerSpec(_Strict):

@@ -11,6 +11,7 @@ import numpy as np
 
 from tokmix.shards import (
     CHECKSUM,
+    EOT_TOKEN,
     READ_CHUNK_BYTES,
     Delimiters,
     Layout,
@@ -38,18 +39,18 @@ def _scan(path: Path, dtype: np.dtype) -> dict:
     return {"tokens": n, "max": top, "first": first, "last": last, "checksum": h.hexdigest()}
 
 
-def _starts_a_document(name: str, first: int | None, delimiters: Delimiters) -> list[str]:
+def _starts_a_document(name: str, first: int | None, index: dict) -> list[str]:
     """A file that begins with a document begins with the doc_prefix's first token (nothing to check without one:
-    a document's text comes first)."""
+    a document's text comes first), named as the recipe names it."""
+    delimiters = Delimiters.from_index(index)
     if delimiters.prefix and first != delimiters.prefix[0]:
-        return [f"{name}: does not start with a document's first delimiter, id {delimiters.prefix[0]} (its first "
-                f"token is {first})"]
+        token = (index.get("delimiter_tokens") or {"prefix": [EOT_TOKEN]})["prefix"][0]
+        return [f"{name}: does not start with {token}"]
     return []
 
 
 def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -> list[str]:
     problems, previous_last = [], None
-    delimiters = Delimiters.from_index(index)
     seq_len = index["seq_len"]
     for k, shard in enumerate(index.get("shards", [])):
         name, path = shard["file"], root / shard["file"]
@@ -71,7 +72,7 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)"
                             + _where(root, name, dtype, seq_len))
         if k == 0:
-            problems += _starts_a_document(name, got["first"], delimiters)
+            problems += _starts_a_document(name, got["first"], index)
         if previous_last is not None and got["first"] != previous_last:
             problems.append(f"{name}: first token {got['first']} does not repeat the previous shard's last "
                             f"token {previous_last}")
@@ -114,7 +115,7 @@ def _check_holdouts(root: Path, index: dict, dtype: np.dtype, vocab: int | None)
             problems.append(f"{entry['file']}: token id {got['max']} out of range (vocabulary {vocab:,})")
         if "checksum" in entry and got["checksum"] != entry["checksum"]:
             problems.append(f"{entry['file']}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
-        problems += _starts_a_document(entry["file"], got["first"], Delimiters.from_index(index))
+        problems += _starts_a_document(entry["file"], got["first"], index)
     return problems
 
 
