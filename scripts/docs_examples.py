@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -60,12 +59,21 @@ class Workspace:
         """`$ tokmix ARGS` and what it printed (stdout, then stderr), as a reader would see it."""
         command = " ".join(["tokmix", *args])
         if command not in self._outputs:
-            env = {**os.environ, "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"}
-            proc = subprocess.run([sys.executable, "-m", "tokmix.cli", *args], cwd=self.dir, env=env,
-                                  capture_output=True, text=True)
-            if proc.returncode not in (0, 1):
-                raise SystemExit(f"docs_examples: `{command}` failed ({proc.returncode}): {proc.stderr.strip()}")
-            self._outputs[command] = f"$ {command}\n" + _stable(proc.stdout + proc.stderr, self.dir)
+            # the command line's own code in this process (a run still starts its stage process): one
+            # interpreter start-up for all the examples instead of one per command
+            from typer.testing import CliRunner
+
+            from tokmix.cli import app
+
+            cwd = os.getcwd()
+            os.chdir(self.dir)
+            try:
+                result = CliRunner().invoke(app, list(args), env={"COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb"})
+            finally:
+                os.chdir(cwd)
+            if result.exit_code not in (0, 1):
+                raise SystemExit(f"docs_examples: `{command}` failed ({result.exit_code}): {result.stderr.strip()}")
+            self._outputs[command] = f"$ {command}\n" + _stable(result.stdout + result.stderr, self.dir)
         return self._outputs[command]
 
     def finished_run(self) -> Path:
