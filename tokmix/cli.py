@@ -12,9 +12,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
-from tokmix.errors import TokmixError
+from tokmix.errors import TokmixError, os_error_message
 
 
 class _FlagsShownAsFlags:
@@ -44,25 +45,29 @@ class _App(typer.Typer):
 
 app = _App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
            help="Turn raw text and code into token shards at exact mixture shares.")
-# a log file or CI gets tables 140 columns wide rather than rich's default of 80
-console = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+# a log file or CI gets tables 140 columns wide rather than rich's default of 80. No markup: messages hold the
+# user's paths and field names, whose square brackets are text ("data [v2]", text_field = "[/]"); styles are
+# given as Text objects
+console = Console(width=None if sys.stdout.isatty() else 140, markup=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400, markup=False)
 
-_SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str) -> int:
     """'1GiB', '512M', '2g', '1073741824' -> bytes (binary units)."""
     m = _SIZE.match(text)
     if not m:
-        raise typer.BadParameter(f"{text!r} is not a size such as 1GiB or 512MiB")
+        raise TokmixError(f"{option} {text!r}: not a size such as 1GiB or 512MiB")
     return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
 
 
 def _fail(e: Exception, debug: bool) -> None:
+    """One line on stderr, whatever the message holds; the traceback first with --debug."""
     if debug:
         err.print_exception()
-    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    message = os_error_message(e) if isinstance(e, OSError) else str(e)
+    err.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -122,14 +127,14 @@ def run(
     out_url = out if out and "://" in out else None
     out = Path(out) if out and not out_url else Path(f"{recipe.stem}-out")
     try:
-        options = RunOptions(max_memory=parse_size(max_memory), keep_streams=keep_streams, mirrors=mirror,
-                             executor=executor, ray_address=ray_address, debug=debug)
+        options = RunOptions(max_memory=parse_size(max_memory, "--max-memory"), keep_streams=keep_streams,
+                             mirrors=mirror, executor=executor, ray_address=ray_address, debug=debug)
         if workers is not None:
             options.workers = workers
         t0 = time.perf_counter()
         index = run_recipe(load_recipe(recipe), out_url or out, blocks=blocks, backend=backend, restart=restart,
                            work=work, options=options)
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
     except KeyboardInterrupt:
         err.print(f"interrupted; committed work is kept. Resume with the same command: tokmix run {recipe} "
@@ -185,7 +190,7 @@ def demo(
         if workers is not None:
             options.workers = workers
         index = run_recipe(load_recipe(recipe_path), out / "run", options=options)
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
     print_summary(out / "run", index)
     console.print(f"demo done in {time.perf_counter() - t0:,.1f}s -> {out / 'run'}")
@@ -203,7 +208,7 @@ def export(
 
     try:
         written = export_run(out, fmt, dest)
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
     for path in written or []:
         console.print(str(path))
@@ -228,8 +233,9 @@ def plan(
 
     out = out or Path(f"{recipe.stem}-out")
     try:
-        result = make_plan(load_recipe(recipe).with_blocks(blocks), mirror, out=out, sample_bytes=parse_size(sample))
-    except TokmixError as e:
+        result = make_plan(load_recipe(recipe).with_blocks(blocks), mirror, out=out,
+                           sample_bytes=parse_size(sample, "--sample"))
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
     console.print(render_plan(result))
     if not result.ok:
@@ -245,7 +251,7 @@ def status(out: Path = typer.Argument(..., help="output directory"),
 
     try:
         console.print(render_status(run_status(out)))
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
 
 
@@ -272,7 +278,7 @@ def inspect(
             console.print(render_block(read_window(out, holdout, block)))
         else:
             console.print(summary(out))
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
 
 
@@ -290,7 +296,7 @@ def report(
 
     try:
         path = write_report(out, html or out / "report.html", scan=scan)
-    except TokmixError as e:
+    except (TokmixError, OSError) as e:
         _fail(e, debug)
     console.print(f"report -> {path}")
 

@@ -5,7 +5,6 @@ for a restart, losing only the work in flight."""
 
 from __future__ import annotations
 
-import errno
 import itertools
 import json
 import multiprocessing as mp
@@ -21,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 import psutil
 
 from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, choose_backend, installed_backends
-from tokmix.errors import TokmixError
+from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import make_executor
 from tokmix.faults import exit_for_restart, fault_point
 from tokmix.progress import RunProgress, tree_rss
@@ -44,7 +43,7 @@ from tokmix.tokenizer import (
     vocab_size,
 )
 
-DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
 MEMORY_POLL_SECONDS = 0.25
 MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against HF when choosing a backend
@@ -253,7 +252,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
     tokenizer_path = recipe.tokenizer_path or str(layout.root / "tokenizer.json")
-    if not os.path.exists(tokenizer_path):
+    if recipe.tokenizer.train is not None and not os.path.exists(tokenizer_path):  # a given one is only read
         in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
     tok = load_tokenizer(tokenizer_path)
     delimiters = document_delimiters(tok, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix, tokenizer_path)
@@ -317,7 +316,29 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         shutil.rmtree(layout.root / STREAMS_DIR, ignore_errors=True)
 
 
-def child_main(out_dir: str) -> int:
+def _failure_message(e: BaseException, layout: Layout) -> str:
+    if isinstance(e, TokmixError):
+        return str(e)
+    if isinstance(e, KeyboardInterrupt):
+        return f"interrupted; committed work is kept: run the same command again to resume ({layout.root})"
+    if isinstance(e, OSError):  # a full disk, a permission: the file and the reason
+        return os_error_message(e, layout.root)
+    # a bug, not bad input: say so, with the traceback on --debug
+    return f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+
+
+def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
+    """Hand the one-line message to the supervisor through its pipe, which needs no disk space, and keep it in
+    tokmix-state/error.txt for `tokmix status` when the disk lets it be written."""
+    if report_fd is not None:
+        os.write(report_fd, message.encode()[:REPORT_BYTES])
+    try:
+        (layout.state / "error.txt").write_text(message + "\n")
+    except OSError:  # the full disk that stopped the run, most likely: the pipe carried the message
+        pass
+
+
+def child_main(out_dir: str, report_fd: int | None = None) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
     signal.signal(signal.SIGTERM, _interrupt)
@@ -325,25 +346,16 @@ def child_main(out_dir: str) -> int:
     try:
         run_stages(layout, options)
         return 0
-    except TokmixError as e:
-        message = str(e)
-    except KeyboardInterrupt:
-        message = f"interrupted; committed work is kept: run the same command again to resume ({layout.root})"
-    except OSError as e:
-        if e.errno not in DISK_FULL:
-            raise
-        message = (f"no space left writing {e.filename or layout.root} ({e.strerror}); committed work is kept: "
-                   "free some space and run the same command again to resume")
-    except Exception as e:  # a bug, not bad input: say so, with the traceback on --debug
-        message = f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
-    if options.debug:
-        traceback.print_exc()
-    (layout.state / "error.txt").write_text(message + "\n")
+    except (Exception, KeyboardInterrupt) as e:
+        if options.debug:  # here, while the exception is being handled: the stage process's own traceback
+            traceback.print_exc()
+        message = _failure_message(e, layout)
+    report_failure(message, layout, report_fd)
     return ERROR_EXIT_CODE
 
 
 def main() -> None:
     """The stage process's entry point (tokmix.runner.STAGE_BOOT): `python -c ... OUT_DIR`."""
-    code = child_main(sys.argv[1])
+    code = child_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
     sys.stdout.flush()
     os._exit(code)  # worker pools' threads must not stall the exit

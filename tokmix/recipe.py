@@ -25,7 +25,9 @@ SHARE_TOLERANCE = 1e-6
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a recipe's numbers and switches are TOML's own types. Without it "0.5" passes for a share and
+    # `true` for seq_len 1 (a bool is an int to Python); an int still passes for a float
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TokenizerTrain(_Strict):
@@ -113,7 +115,7 @@ class StreamSpec(_Strict):
 
 
 class Recipe(_Strict):
-    seed: int
+    seed: int = Field(ge=0, lt=1 << 64)  # numpy's default_rng takes a non-negative seed; the reference's are 64-bit
     tokenizer: TokenizerSpec
     layout: LayoutSpec
     holdout: HoldoutSpec
@@ -165,7 +167,9 @@ class Recipe(_Strict):
         return [n for n, s in self.streams.items() if s.domain == domain]
 
     def resolve(self, path: str) -> str:
-        """A recipe path: URLs as given, local paths relative to the recipe's directory."""
+        """A recipe path: URLs as given, local paths relative to the recipe's directory. A file:// URL is a local
+        path (every reader of a local file then takes it, and a run names it one way)."""
+        path = path.removeprefix("file://")
         if "://" in path or Path(path).is_absolute():
             return path
         return str(self.base_dir / path)
@@ -217,6 +221,8 @@ def _describe(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "recipe"
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"].endswith("_type") or first["type"].endswith("_parsing"):  # strict types: show what was given
+        message += f", got {json.dumps(first['input'], default=str)}"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{source}: {where}: {message}{more}"
 
@@ -232,9 +238,15 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; relative paths in it are relative to its directory."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TokmixError(f"{path}: recipe file not found") from None
+    except IsADirectoryError:
+        raise TokmixError(f"{path}: is a directory, not a recipe file") from None
+    except OSError as e:
+        raise TokmixError(f"{path}: cannot read the recipe ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise TokmixError(f"{path}: not a recipe: byte {e.start} is not UTF-8 text (a TOML file is)") from None
     except tomllib.TOMLDecodeError as e:
         raise TokmixError(f"{path}: not valid TOML: {e}") from None
     return recipe_from_dict(data, path.resolve().parent, str(path))

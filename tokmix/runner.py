@@ -150,12 +150,11 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         fruitless = 0
         while True:
             before = _progress_marker(layout)
-            code = _run_child(layout)
+            code, message = _run_child(layout)
             if code == 0:
                 break
             if code != RESTART_EXIT_CODE:
-                error = layout.state / "error.txt"
-                raise TokmixError(error.read_text().strip() if error.exists() else f"stage process exited with {code}")
+                raise TokmixError(message or f"stage process exited with {code}")
             fruitless = fruitless + 1 if _progress_marker(layout) == before else 0
             if fruitless >= MAX_FRUITLESS_RESTARTS:
                 raise TokmixError(f"the memory guard restarted the run {fruitless} times without progress: "
@@ -178,16 +177,23 @@ def _absolute_mirror(spec: str) -> str:
     return f"{prefix}={os.path.abspath(local)}" if sep and local and "://" not in local else spec
 
 
-def _run_child(layout: Layout) -> int:
-    """The stages in a child process. Ctrl-C reaches it too (same process group); SIGTERM to the supervisor
-    is passed on. Either way the child stops its workers and exits, and the run can be resumed."""
+def _run_child(layout: Layout) -> tuple[int, str]:
+    """The stages in a child process; returns its exit code and the one-line message it failed with, which
+    comes through a pipe: a full disk cannot stop it from reaching the terminal. Ctrl-C reaches the child too
+    (same process group); SIGTERM to the supervisor is passed on. Either way the child stops its workers and
+    exits, and the run can be resumed."""
     # the short-lived processes it starts leave their pools' semaphores behind; the tracker's warning is noise
     quiet = ["-W", "ignore:resource_tracker:UserWarning"]
-    proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.root)], cwd=layout.state)
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.root), str(write_end)],
+                                cwd=layout.state, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
@@ -195,6 +201,13 @@ def _run_child(layout: Layout) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        os.set_blocking(read_end, False)  # the child is gone; a worker it left behind may still hold the pipe
+        try:
+            message = os.read(read_end, 1 << 16).decode(errors="replace").strip()
+        except BlockingIOError:
+            message = ""
+        os.close(read_end)
+    return code, message
 
 
 def _interrupt(signum: int, frame: object) -> None:

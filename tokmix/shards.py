@@ -195,9 +195,13 @@ def _write_in_halves(f: BinaryIO, data: bytes | memoryview) -> None:
 
 def write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = _tmp_name(path)
-    with open(tmp, "wb") as f:
-        _write_in_halves(f, data)
-    commit(tmp, path, durable)
+    try:
+        with open(tmp, "wb") as f:
+            _write_in_halves(f, data)
+        commit(tmp, path, durable)
+    except OSError as e:  # a full disk: the message names the file being written, which the OS does not
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def write_json(path: Path, obj: Any) -> None:

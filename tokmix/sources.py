@@ -13,7 +13,9 @@ import io
 import json
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arrow buffers back; jemalloc hoards
@@ -61,13 +63,47 @@ def remap(url: str, mirrors: list[tuple[str, str]]) -> str:
     return url
 
 
+def _is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _mirror_hint(url: str) -> str:
+    """The --mirror prefix a user would give for `url`: a Hub dataset's root, else the bucket."""
+    scheme, _, rest = url.partition("://")
+    keep = 3 if scheme == "hf" and rest.startswith(("datasets/", "spaces/")) else 1
+    return f"{scheme}://{'/'.join(rest.split('/')[:keep])}"
+
+
+@contextmanager
+def remote_errors(url: str, mirrors: list[tuple[str, str]]):
+    """A remote file system's failure (no network, a refused request: httpx, aiohttp, botocore each raise their
+    own types) as one line naming the URL and the local copy --mirror would read instead. Local files and
+    tokmix's own errors pass through."""
+    try:
+        yield
+    except (TokmixError, FileNotFoundError):
+        raise
+    except Exception as e:
+        if not _is_remote(remap(url, mirrors)):
+            raise
+        kinds = " ".join(c.__name__ for c in type(e).__mro__)
+        offline = isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or "Connect" in kinds \
+            or "Timeout" in kinds
+        how = "unreachable" if offline else "cannot be read"
+        detail = (str(e).splitlines() or [""])[0][:200]
+        raise TokmixError(f"{url}: {how} ({type(e).__name__}: {detail}); check the network, or read a local copy "
+                          f"with --mirror {_mirror_hint(url)}=LOCAL_DIR") from None
+
+
 def open_file(url: str, mirrors: list[tuple[str, str]], mode: str = "rb"):
-    return fsspec.open(remap(url, mirrors), mode).open()
+    with remote_errors(url, mirrors):
+        return fsspec.open(remap(url, mirrors), mode).open()
 
 
 def file_size(url: str, mirrors: list[tuple[str, str]]) -> int:
-    fs, path = fsspec.core.url_to_fs(remap(url, mirrors))
-    return int(fs.size(path))
+    with remote_errors(url, mirrors):
+        fs, path = fsspec.core.url_to_fs(remap(url, mirrors))
+        return int(fs.size(path))
 
 
 def _has_magic(pattern: str) -> bool:
@@ -83,8 +119,9 @@ def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
     if not _has_magic(pattern):
         return [_normalize(pattern)]
     local = remap(pattern, mirrors)
-    fs, path = fsspec.core.url_to_fs(local)
-    found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+    with remote_errors(pattern, mirrors):
+        fs, path = fsspec.core.url_to_fs(local)
+        found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
     if local == pattern:  # not mirrored: name files the way the pattern did
         return [fs.unstrip_protocol(p) if "://" in pattern else _normalize(p) for p in found]
     # mirrored: name files by their original URL so the split file does not depend on where the copy lives
@@ -130,12 +167,16 @@ def load_or_create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Spli
     """The persisted split: used as given when it exists, written once when it does not."""
     path = recipe.splits_path
     fs, fpath = fsspec.core.url_to_fs(path)
+    if fs.isdir(fpath):
+        raise TokmixError(f"split file {path}: is a directory; [holdout] splits names the split file (JSON)")
     if fs.exists(fpath):
         try:
-            with fs.open(fpath, "r") as f:
-                split = json.load(f)
-        except json.JSONDecodeError as e:
+            with fs.open(fpath, "rb") as f:
+                split = json.loads(f.read())
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
             raise TokmixError(f"split file {path}: not valid JSON: {e}") from None
+        except OSError as e:
+            raise TokmixError(f"split file {path}: cannot read it ({e.strerror or e})") from None
         _check_split_shape(split, path)
         return split
     split = create_split(recipe, mirrors)
@@ -314,6 +355,8 @@ def _parquet_texts(piece: Piece, field: str, stream: str, mirrors, huge: int | N
         if field not in pf.schema_arrow.names:
             raise _bad(stream, piece.path, "schema", f"no column {field!r} (columns: {pf.schema_arrow.names})")
         column_type = pf.schema_arrow.field(field).type
+        if pa.types.is_dictionary(column_type):  # a dictionary-encoded column: its values are the texts
+            column_type = column_type.value_type
         if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
             raise _bad(stream, piece.path, f"column {field!r}", f"type {column_type} is not a string type")
         row = piece.first_row
@@ -358,6 +401,8 @@ def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
 def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,
                   row: int) -> Iterator[str | HugeText]:
     """One batch's documents; `row` is the file's row number of its first."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
     if column.null_count:
         first = column.is_null().index(True).as_py()
         raise _bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
@@ -384,6 +429,9 @@ def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
         record = json.loads(line)
     except ValueError as e:
         raise _bad(stream, path, where(), f"invalid JSON ({e})") from None
+    except RecursionError:  # orjson stops at 1024 levels, json at Python's recursion limit
+        raise _bad(stream, path, where(), "JSON nested too deeply to read (over 1,024 levels of arrays or "
+                   "objects)") from None
     if not isinstance(record, dict) or field not in record:
         raise _bad(stream, path, where(), f"no field {field!r}")
     text = record[field]
@@ -400,19 +448,23 @@ _ESCAPE_SPAN = 12  # the longest JSON escape: a surrogate pair, \ud83d\ude00
 def huge_json_text(line: bytes, field: str, stream: str, path: str, where, huge: int) -> str | HugeText:
     """json_text for a line longer than `huge` bytes, without holding its text as one Python string (a 200 MB
     text with one character beyond U+FFFF is an 800 MB str): every string literal longer than `huge` is
-    swapped for a short placeholder, the rest of the line is parsed (so it is checked as JSON), and when
-    the field's value is such a literal, its escapes are decoded a piece at a time into UTF-8 bytes."""
-    spans, parts, last = [], [], 0
+    swapped for an empty one, the rest of the line is parsed (so it is checked as JSON), and when the field's
+    value is such a literal (found by where it stands in the line, never by what it holds: no text can pass
+    for a swapped one), its escapes are decoded a piece at a time into UTF-8 bytes."""
+    parts, swapped, last, at = [], {}, 0, 0
     for start, end in _string_literals(line):
         if end - start > huge:
-            parts += [line[last:start], b'"\\u0000tokmix-huge-value-%d"' % len(spans)]
-            spans.append((start + 1, end - 1))
+            parts.append(line[last:start])
+            at += start - last
+            swapped[at] = (start + 1, end - 1)  # where its "" stands in the shortened line -> its content
+            parts.append(b'""')
+            at += 2
             last = end
-    text = json_text(b"".join([*parts, line[last:]]), field, stream, path, where)
-    placeholder = re.fullmatch("\x00tokmix-huge-value-([0-9]+)", text)
-    if placeholder is None:
-        return text
-    start, stop = spans[int(placeholder[1])]
+    short = b"".join([*parts, line[last:]])
+    text = json_text(short, field, stream, path, where)
+    if text or (span := swapped.get(_value_offset(short, field))) is None:
+        return text  # a swapped literal parses as "": a text that is not empty, or stands elsewhere, is the field's
+    start, stop = span
     data = bytearray()
     while start < stop:
         cut = _escape_free_cut(line, start, min(start + huge, stop), stop)
@@ -423,6 +475,25 @@ def huge_json_text(line: bytes, field: str, stream: str, path: str, where, huge:
         data += clean_surrogates(piece).encode("utf-8")
         start = cut
     return HugeText(data, path, stream)
+
+
+def _value_offset(line: bytes, field: str) -> int | None:
+    """Byte offset in a JSON object's line (already parsed once, so valid) of the value of its top-level key
+    `field`, the last one when the key repeats (as json and orjson keep it)."""
+    text = line.decode(json.detect_encoding(line), "surrogatepass")
+    decoder, skip = json.JSONDecoder(), json.decoder.WHITESPACE.match
+    i = skip(text, 0).end() + 1  # past "{"
+    found = None
+    while text[(i := skip(text, i).end())] != "}":
+        key, i = decoder.raw_decode(text, i)
+        i = skip(text, skip(text, i).end() + 1).end()  # past ":"
+        if key == field:
+            found = i
+        _, i = decoder.raw_decode(text, i)
+        i = skip(text, i).end()
+        i += text[i] == ","
+    return None if found is None else len(text[:found].encode("utf-8", "surrogatepass")) + line.startswith(
+        b"\xef\xbb\xbf") * 3
 
 
 def _string_literals(line: bytes) -> Iterator[tuple[int, int]]:
@@ -573,12 +644,13 @@ def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
     pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
     for piece in pieces:
         try:
-            if piece.kind == "parquet":
-                yield from _parquet_texts(piece, field, stream, mirrors, huge, skip_huge)
-            elif piece.kind == "jsonl":
-                yield from _jsonl_texts(piece, field, stream, mirrors, huge, skip_huge)
-            elif not (skip_huge and huge is not None and piece.size > huge):
-                yield _text_document(piece, stream, mirrors, huge)
+            with remote_errors(piece.path, mirrors):
+                if piece.kind == "parquet":
+                    yield from _parquet_texts(piece, field, stream, mirrors, huge, skip_huge)
+                elif piece.kind == "jsonl":
+                    yield from _jsonl_texts(piece, field, stream, mirrors, huge, skip_huge)
+                elif not (skip_huge and huge is not None and piece.size > huge):
+                    yield _text_document(piece, stream, mirrors, huge)
         except FileNotFoundError:
             raise _bad(stream, piece.path, "open", "file not found") from None
         except (pa.ArrowException, OSError) as e:

@@ -33,6 +33,11 @@ def load_tokenizer(path: str) -> Tokenizer:
         raise TokmixError(f"tokenizer {path}: file not found") from None
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
         raise TokmixError(f"tokenizer {path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    token, top = max(vocab.items(), key=lambda item: item[1])
+    if top >= len(vocab):  # ids must be 0..n-1: the shards' consumers size their tables by the vocabulary
+        raise TokmixError(f"tokenizer {path}: token {token!r} has id {top:,}, past its vocabulary of {len(vocab):,} "
+                          f"tokens (ids 0-{len(vocab) - 1:,}); renumber its tokens without gaps")
     tok.encode_special_tokens = True
     return tok
 
