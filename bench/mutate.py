@@ -50,10 +50,6 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str) -> 
     return Mutation(name, guarantee, file, old, new, tests)
 
 
-def kills(*faults: str) -> str:
-    return FAULT_KILL + " -k " + " or ".join(f"'{f}'" for f in faults)
-
-
 SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
 RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources.py"
@@ -255,7 +251,7 @@ MUTATIONS = [
       "tests/test_pipeline.py::test_a_unit_with_a_limit_is_the_prefix_of_the_whole_unit_up_to_the_document_that_reaches_it"),
     m("the limit given is the whole budget", "budgets", STREAMS,
       "limit=self.budget - self.prefix_tokens if ready else None", "limit=self.budget if ready else None",
-      "tests/test_pipeline.py -k limited_unit_is_the_one"),
+      "tests/test_pipeline.py::test_a_limited_unit_is_the_one_that_reaches_the_budget_and_ends_there"),
     m("the committed prefix stops one unit early", "budgets", STREAMS,
       "        return self.prefix_tokens >= self.budget\n", "        return self.prefix_tokens + 1 >= self.budget\n",
       "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
@@ -346,27 +342,22 @@ def scratch_tree(dest: Path) -> Path:
 
 
 def run_tests(tree: Path, selection: tuple[str, ...], timeout: float) -> tuple[str, float]:
-    """'passed', 'failed', 'timeout' or 'error' (no test ran: a selection that names nothing)."""
+    """'passed', 'failed', 'timeout' or 'error: ...' (no test ran: a selection that names nothing). One pytest
+    process for the whole selection, so module fixtures (a corpus, a clean run) are built once."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("CI", None)
     t0 = time.perf_counter()
-    status = "passed"
-    for spec in selection:
-        path, *k = spec.split(" -k ", 1)
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", path, *(["-k", k[0]] if k else [])]
-        try:
-            proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout,
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired:
-            return "timeout", time.perf_counter() - t0
-        if proc.returncode == 1:
-            return "failed", time.perf_counter() - t0
-        if proc.returncode != 0:  # 2: interrupted or a collection error; 4, 5: usage error, nothing collected
-            status = "error" if proc.returncode in (4, 5) else "failed"
-            if status == "failed":
-                return status, time.perf_counter() - t0
-            return f"error: {spec} (pytest exit {proc.returncode})", time.perf_counter() - t0
-    return status, time.perf_counter() - t0
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection]
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if proc.returncode in (0, 1, 2):  # 2: a collection error, e.g. the mutated module does not import
+        return ("passed", "failed", "failed")[proc.returncode], seconds
+    # 4: a selected test does not exist (renamed?), 5: nothing collected
+    return f"error (pytest exit {proc.returncode}: {proc.stdout.strip()[-200:]})", seconds
 
 
 def main() -> None:
@@ -375,11 +366,18 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="list the mutations and whether each applies")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutation's tests may take")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--no-baseline", action="store_true", help="skip running the selected tests unmutated first")
     args = parser.parse_args()
     chosen = [mu for mu in MUTATIONS if not args.only or any(o in mu.name for o in args.only)]
     scratch = Path(tempfile.mkdtemp(prefix="tokmix-mutate-"))
     try:
         tree = scratch_tree(scratch)
+        if not args.list and not args.no_baseline:  # a test failing without any mutation would catch them all
+            selected = sorted({t for mu in chosen for t in mu.tests})
+            outcome, seconds = run_tests(tree, tuple(selected), args.timeout * 3)
+            print(f"baseline: the {len(selected)} selections unmutated: {outcome} in {seconds:.0f}s", flush=True)
+            if outcome != "passed":
+                sys.exit("the tests fail without a mutation: fix them first")
         rows = []
         for n, mu in enumerate(chosen, 1):
             path = tree / mu.file
