@@ -17,11 +17,13 @@ POINTS = (
     "tokenizer:after-train",
     "holdout:after-write",  # val_<domain>.bin renamed, index.json not yet updated
     "holdout:after-index",
+    "streams:unit-mid-write",  # half of a batch of a unit's tokens written (tokmix.shards.TokenFileWriter)
     "streams:unit-before-rename",  # a unit's tokens written under the temporary name
     "streams:unit-before-record",  # tokens and lengths committed, the unit's record not yet
     "streams:after-unit",  # the coordinator got a committed unit
     "streams:before-meta",
     "streams:after-meta",
+    "assemble:mid-write",  # half of a gathered part of a shard written
     "assemble:before-rename",  # a shard fully written under its temporary name
     "assemble:after-rename",  # the shard visible, its record not yet written
     "assemble:after-record",
@@ -30,7 +32,7 @@ POINTS = (
     "cleanup:before",  # validated, intermediates not yet removed
     "runner:before-restart",  # the supervisor between a stage process's restart exit and the next start
     "publish:before-move",  # an object uploaded under its temporary name, not yet moved to its final one
-    "write:middle",  # half of a file's bytes written (tokmix.shards: every file, token files at every write)
+    "write:middle",  # half of a file's bytes written (tokmix.shards.write_bytes: every file but token files)
 )
 
 _counts: dict[str, int] = {}

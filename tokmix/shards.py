@@ -181,15 +181,15 @@ def commit(tmp: Path, path: Path, durable: bool = True) -> None:
     os.replace(tmp, path)
 
 
-def _write_in_halves(f: BinaryIO, data: bytes | memoryview) -> None:
-    """One write, as two: the crash-safety tests kill a run between the halves (fault point `write:middle`),
-    which leaves a half-written file wherever one can be."""
+def _write_in_halves(f: BinaryIO, data: bytes | memoryview, fault: str = "write:middle") -> None:
+    """One write, as two: the crash-safety tests kill a run between the halves (fault point `fault`), which
+    leaves a half-written file wherever one can be."""
     half = len(data) // 2
     f.write(data[:half])
     if "TOKMIX_FAULT" in os.environ:  # imported only then: a training job imports this module and numpy alone
         from tokmix.faults import fault_point
 
-        fault_point("write:middle")
+        fault_point(fault)
     f.write(data[half:])
 
 
@@ -240,8 +240,8 @@ class TokenFileWriter:
     starts going to disk at once (on Linux), while the checksum is computed and the next tokens gathered,
     so the fsync of the commit waits for little."""
 
-    def __init__(self, path: Path, dtype: np.dtype, checksum: bool = True):
-        self.path, self.dtype = path, np.dtype(dtype)
+    def __init__(self, path: Path, dtype: np.dtype, checksum: bool = True, fault: str = "write:middle"):
+        self.path, self.dtype, self.fault = path, np.dtype(dtype), fault  # fault: the point inside each write
         self.tmp = _tmp_name(path)
         self.f = open(self.tmp, "wb")
         self.tokens = 0
@@ -250,7 +250,7 @@ class TokenFileWriter:
     def write(self, tokens: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")  # no copy when it is one
         try:
-            _write_in_halves(self.f, data)
+            _write_in_halves(self.f, data, self.fault)
         except OSError as e:  # a full disk: say which file
             raise OSError(e.errno, e.strerror, str(self.path)) from None
         if _SYNC_FILE_RANGE is not None:

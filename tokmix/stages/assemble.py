@@ -56,7 +56,7 @@ def write_shard(task: ShardTask) -> dict:
     see), and a 500M-token shard's units held ~1.9 GB of them. Reads go into one GATHER_TOKENS buffer."""
     drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
     paths = [p for files in task.unit_files for p in files]
-    writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype))
+    writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype), fault="assemble:mid-write")
     marks = BlockFingerprinter(task.seq_len, writer.dtype)
     gathered, pending = np.empty(min(GATHER_TOKENS, task.n_tokens), dtype=writer.dtype), 0
     files = _OpenUnits(paths, writer.dtype.itemsize)

@@ -108,7 +108,8 @@ def tokenize_unit(task: UnitTask) -> dict:
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
     # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False,
+                             fault="streams:unit-mid-write")
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
