@@ -113,7 +113,7 @@ MUTATIONS = [
     m("fingerprints weight every token alike", "checksums", SHARDS,
       "return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)",
       "return np.ones(seq_len, dtype=np.uint32)",
-      f"{V}::test_a_flipped_shard_byte_names_its_block", "tests/test_pipeline.py::test_validate_names_the_file_and_block_of_a_flipped_byte"),
+      f"{V}::test_a_flipped_shard_byte_names_its_block", f"{V}::test_two_swapped_tokens_name_their_block"),
     # ------------------------------------------------------------------ validate, check by check
     m("validate: a missing shard is not named", "validate", VALIDATE,
       'problems.append(f"{name}: missing")', "pass", f"{V}::test_a_missing_shard"),

@@ -205,3 +205,12 @@ def test_a_share_off_its_target_is_a_warning_not_a_failure(run):
     assert result.exit_code == 0 and result.stderr == ""
     realized = index_of(run)["total"]["share_by_stream"]["edu"]
     assert f"warning: stream edu: realized share {realized:.4f} vs target 0.3000" in result.stdout
+
+
+def test_two_swapped_tokens_name_their_block(run):
+    """The block fingerprints weigh each position differently: a swap within a block changes it too."""
+    tokens = np.fromfile(run / "train_001.bin", dtype=np.uint16)
+    at = next(p for p in range(10 * 64, 11 * 64 - 1) if tokens[p] != tokens[p + 1])
+    set_tokens(run, "train_001.bin", {at: int(tokens[at + 1]), at + 1: int(tokens[at])}, checksum=False)
+    assert validate(run) == (1, ["train_001.bin: sha256 checksum differs from index.json (file changed or corrupt): "
+                                 "block 10 (tokens 640-704)"])
