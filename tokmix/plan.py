@@ -30,7 +30,7 @@ from rich.text import Text
 from tokmix.backends import choose_backend, clean_surrogates, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import Layout, dtype_for_vocab, shard_blocks, shard_tokens
+from tokmix.shards import Delimiters, Layout, dtype_for_vocab, shard_blocks, shard_tokens
 from tokmix.sources import (
     COMPRESSED,
     Piece,
@@ -45,6 +45,8 @@ from tokmix.sources import (
     read_texts,
     stream_files,
 )
+from tokmix.stages.holdout import draw, read_stream, stream_reads
+from tokmix.stages.passes import passes_needed
 from tokmix.tokenizer import document_delimiters, load_tokenizer, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
@@ -94,11 +96,17 @@ class StreamPlan:
     holdout_files: list[str]
     train: Supply
     holdout: Supply
-    holdout_need: int  # tokens this stream gives its domain's holdout
+    holdout_need: int  # tokens of this stream the holdout stage reads: its share of its domain's holdout
+    max_epochs: int = 1
+
+    @property
+    def passes(self) -> int:
+        """Passes over the train documents the budget needs (more than max_epochs: the run would fail)."""
+        return passes_needed(self.budget, self.train.tokens) if self.train.tokens else 1 << 62
 
     @property
     def short(self) -> bool:
-        return self.train.tokens < self.budget
+        return self.passes > self.max_epochs
 
     @property
     def holdout_short(self) -> bool:
@@ -112,6 +120,9 @@ class HoldoutPlan:
     eval_targets: int
     streams: list[str]
     supply: int
+    # tokens each stream gives: what the holdout stage's seeded draw takes from what they read (None when there
+    # is no tokenizer to read them with yet)
+    gives: dict[str, int] | None = None
 
 
 @dataclass
@@ -140,6 +151,7 @@ class Plan:
     shards: list[int]  # blocks of each shard
     disk: Disk
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # worth knowing, not a reason to refuse
     seconds: float = 0.0
 
     @property
@@ -389,8 +401,26 @@ def _split(recipe: Recipe, mirrors) -> tuple[Split, str]:
     path = recipe.splits_path
     fs, fpath = fsspec.core.url_to_fs(path)
     if fs.exists(fpath):
-        return load_or_create_split(recipe, mirrors), f"{path} (exists; used as is)"
+        split = load_or_create_split(recipe, mirrors)
+        return split, f"{path} (exists; used as is)" + "".join(f"; {d}" for d in _split_differences(recipe, split,
+                                                                                                    mirrors))
     return create_split(recipe, mirrors), f"{path} (not there yet: computed here, the run writes it)"
+
+
+def _split_differences(recipe: Recipe, split: Split, mirrors) -> list[str]:
+    """Streams whose own holdout keys would hold out other files than the existing split file does: the split
+    file wins (it is written once), which a user who just edited the keys should hear."""
+    keyed = [n for n, s in recipe.streams.items() if s.holdout_files is not None or s.holdout_fraction is not None]
+    if not keyed:
+        return []
+    fresh = create_split(recipe, mirrors)
+    differences = []
+    for name in keyed:
+        would, does = stream_files(recipe, fresh, name, "holdout"), stream_files(recipe, split, name, "holdout")
+        if would != does:
+            differences.append(f"stream {name}: the recipe would hold out {', '.join(Path(f).name for f in would)}, "
+                               f"the split file holds out {', '.join(Path(f).name for f in does)}")
+    return differences
 
 
 def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
@@ -444,16 +474,53 @@ def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPla
     )
 
 
+def _holdout_gives(recipe: Recipe, encoder, split: Split, mirrors, delimiters: Delimiters, dtype: np.dtype,
+                   h: HoldoutPlan) -> dict[str, int]:
+    """Tokens each stream gives the domain's holdout: the documents the holdout stage reads, drawn as it draws
+    them (tokmix.stages.holdout), so plan and run agree; at most the holdout's tokens plus a document per
+    stream are tokenized."""
+    docs = []
+    for name, reads in stream_reads(recipe, h.domain).items():
+        files = stream_files(recipe, split, name, "holdout")
+        docs += read_stream(recipe, encoder, name, files, reads, mirrors, delimiters, dtype, decontaminate=False)[0]
+    return draw(docs, h.streams, h.tokens, recipe.seed)[1]
+
+
+def _holdout_notes(plan: Plan) -> list[str]:
+    """A stream of a several-stream domain that gives its holdout nothing: the documents read were drawn in
+    a seeded order and a long one filled the holdout first (the reference's semantics, kept for conformance)."""
+    notes = []
+    for h in plan.holdouts.values():
+        if h.gives is None or len(h.streams) < 2:
+            continue
+        for name in h.streams:
+            if h.gives[name] == 0 and plan.streams[name].holdout.tokens:
+                others = ", ".join(f"{n} {g:,}" for n, g in h.gives.items() if g)
+                share = plan.streams[name].holdout_need
+                notes.append(f"holdout {h.domain}: stream {name} gives none of its {share:,}-token share: the seeded "
+                             f"draw of the documents read (the reference's) filled the {h.tokens:,} tokens before "
+                             f"reaching one of {name}'s ({others}); a document longer than a share is taken whole: "
+                             "hold out files with smaller documents or raise [holdout] tokens")
+    return notes
+
+
 def _problems(plan: Plan) -> list[str]:
     problems = []
     for s in plan.streams.values():
         if s.short:
             missing = s.budget / max(s.train.tokens, 1) - 1
+            hold = (f"its {len(s.train_files)} train file(s) hold {'' if s.train.exact else 'about '}"
+                    f"{s.train.tokens:,} tokens, its budget is {s.budget:,}")
+            if s.max_epochs > 1 and s.train.tokens:
+                problems.append(f"stream {s.name} needs max_epochs = {s.passes} (it is {s.max_epochs}): {hold}, "
+                                f"{s.passes} passes over them: raise max_epochs, add train files or lower its "
+                                "share or the number of blocks")
+                continue
+            repeat = f", or let its documents repeat: max_epochs = {s.passes}" if s.train.tokens else ""
             problems.append(
-                f"stream {s.name} is likely to run short: its {len(s.train_files)} train file(s) hold "
-                f"{'' if s.train.exact else 'about '}{s.train.tokens:,} tokens, its budget is {s.budget:,} (about "
+                f"stream {s.name} is likely to run short: {hold} (about "
                 f"{missing:.0%} more text needed): add "
-                "train files or lower its share or the number of blocks"
+                f"train files or lower its share or the number of blocks{repeat}"
             )
     for h in plan.holdouts.values():
         for name in h.streams:
@@ -522,6 +589,7 @@ def make_plan(
             holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
                 encoder is None),
             holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * spec.share / in_domain)),
+            max_epochs=spec.max_epochs,
         )
     holdouts = {
         d: HoldoutPlan(
@@ -533,10 +601,17 @@ def make_plan(
         )
         for d in recipe.domains
     }
+    if encoder is not None:
+        spec = recipe.tokenizer
+        delimiters = document_delimiters(load_tokenizer(tokenizer_path), spec.doc_prefix, spec.doc_suffix,
+                                         tokenizer_path)
+        for h in holdouts.values():
+            h.gives = _holdout_gives(recipe, encoder, split, mirrors, delimiters, dtype, h)
     shards = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
     disk = _disk(recipe, out, dtype.itemsize, streams, shards)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk)
     plan.problems = _problems(plan)
+    plan.notes = _holdout_notes(plan)
     plan.seconds = time.perf_counter() - t0
     return plan
 
@@ -565,6 +640,13 @@ def _status(short: bool, exact: bool, ratio: float) -> Text:
     return Text("ok", style="green")
 
 
+def _passes(s: StreamPlan) -> str:
+    """Passes the budget needs over the stream's train documents, with the recipe's max_epochs when it allows
+    more than one."""
+    need = "-" if s.passes == 1 << 62 else f"{s.passes:,}"
+    return need if s.max_epochs == 1 else f"{need} of max {s.max_epochs}"
+
+
 def streams_table(plan: Plan) -> Table:
     table = Table(title="streams (train files)", title_justify="left")
     for col in (
@@ -578,6 +660,7 @@ def streams_table(plan: Plan) -> Table:
         "bytes/token",
         "est. supply",
         "budget/supply",
+        "passes",
         "",
     ):
         table.add_column(col, justify="left" if col in ("stream", "domain", "") else "right")
@@ -595,7 +678,8 @@ def streams_table(plan: Plan) -> Table:
             f"{GUESS_BYTES_PER_TOKEN:g} (guess)" if t.guessed else f"{t.bytes_per_token:.3f}",
             ("" if t.exact else "~") + f"{t.tokens:,}",
             f"{ratio:.0%}",
-            _status(s.short, t.exact, ratio),
+            _passes(s),
+            _status(s.short, t.exact, ratio / s.max_epochs),  # tight: near what max_epochs allows
         )
     total_budget = sum(s.budget for s in plan.streams.values())
     total_supply = sum(s.train.tokens for s in plan.streams.values())
@@ -612,13 +696,14 @@ def streams_table(plan: Plan) -> Table:
         f"{total_supply:,}",
         f"{total_budget / max(total_supply, 1):.0%}",
         "",
+        "",
     )
     return table
 
 
 def holdouts_table(plan: Plan) -> Table:
     table = Table(title="holdouts (holdout files)", title_justify="left")
-    for col in ("domain", "stream", "files", "text", "gives", "est. supply", "eval targets", ""):
+    for col in ("domain", "stream", "files", "text", "reads", "gives", "est. supply", "eval targets", ""):
         table.add_column(col, justify="left" if col in ("domain", "stream", "") else "right")
     for h in plan.holdouts.values():
         for k, name in enumerate(h.streams):
@@ -629,11 +714,12 @@ def holdouts_table(plan: Plan) -> Table:
                 f"{len(s.holdout_files):,}",
                 _bytes(s.holdout.text_bytes),
                 f"{s.holdout_need:,}",
+                f"{h.gives[name]:,}" if h.gives is not None else f"~{s.holdout_need:,}",
                 ("" if s.holdout.exact else "~") + f"{s.holdout.tokens:,}",
                 f"{h.eval_targets:,}" if k == 0 else "",
                 _status(s.holdout_short, s.holdout.exact, s.holdout_need / max(s.holdout.tokens, 1)),
             )
-        table.add_row("", "total", "", "", f"{h.tokens:,}", f"{h.supply:,}", "", "", end_section=True)
+        table.add_row("", "total", "", "", "", f"{h.tokens:,}", f"{h.supply:,}", "", "", end_section=True)
     return table
 
 
@@ -669,6 +755,8 @@ def render_plan(plan: Plan) -> Group:
     )
     head.append("output     ", style="bold").append(f"{plan.out}")
     parts: list = [head, streams_table(plan), holdouts_table(plan), disk_table(plan)]
+    for note in plan.notes:
+        parts.append(Text.assemble(("note: ", "bold yellow"), note))
     for problem in plan.problems:
         parts.append(Text.assemble(("problem: ", "bold red"), problem))
     verdict = (

@@ -105,6 +105,23 @@ class StreamSpec(_Strict):
     share: float
     files: list[str] = Field(min_length=1)
     text_field: str = "text"
+    # passes over the train documents the stream may make when they hold fewer tokens than its budget; each
+    # pass after the first in a seeded order of its own (tokmix.stages.streams)
+    max_epochs: int = Field(default=1, ge=1)
+    # which of the stream's files the split file holds out when it is created: a count of its last files, or
+    # files/globs by name; or a fraction of its files. None: [holdout] holdout_files.
+    holdout_files: int | list[str] | None = None
+    holdout_fraction: float | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _one_holdout_rule(self) -> StreamSpec:
+        if self.holdout_files is not None and self.holdout_fraction is not None:
+            raise ValueError("give holdout_files or holdout_fraction, not both")
+        if isinstance(self.holdout_files, int) and self.holdout_files < 1:
+            raise ValueError(f"holdout_files must be at least 1, got {self.holdout_files}")
+        if isinstance(self.holdout_files, list) and not (self.holdout_files and all(self.holdout_files)):
+            raise ValueError("holdout_files: name at least one file, and no empty name")
+        return self
 
     @field_validator("share")
     @classmethod
@@ -196,6 +213,12 @@ class Recipe(_Strict):
         data["layout"]["blocks"] = self.blocks
         for name, stream in data["streams"].items():
             stream["files"] = [self.resolve(f) for f in self.streams[name].files]
+            # max_epochs only allows passes, the budget and seed decide them: raising it after a run ran out
+            # resumes that run instead of being refused as a change
+            stream.pop("max_epochs")
+            for key in ("holdout_files", "holdout_fraction"):  # unset: a run recorded before these existed
+                if stream[key] is None:
+                    stream.pop(key)
         return data
 
     def fingerprint(self) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.shards import Delimiters, Layout, iter_token_chunks, read_index
+from tokmix.summary import passes
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
 HIST_BINS = 40
@@ -440,6 +441,7 @@ def _mix_rows(index: dict) -> list[list]:
                 f"{real - target:+.2%}",
                 f"{total['tokens_by_stream'][n]:,}",
                 f"{mix['documents_used'][n]:,}",
+                passes(index, n),
                 f"{meta.get('dropped_holdout_duplicates', 0):,}",
             ]
         )
@@ -511,11 +513,12 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
                 "difference",
                 "tokens",
                 "documents",
+                "passes",
                 "holdout copies dropped",
             ],
             _mix_rows(index),
             left=2,
-            total=["total", "", "100.00%", "100.00%", "", f"{index['total']['tokens']:,}", "", ""],
+            total=["total", "", "100.00%", "100.00%", "", f"{index['total']['tokens']:,}", "", "", ""],
         ),
         "<h2>Share per shard</h2>",
         _img(plot_shard_shares(plt, index), "share of each stream in each shard"),

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import socket
@@ -147,19 +148,43 @@ def _split_entry(recipe: Recipe, path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _held_out(recipe: Recipe, name: str, files: list[str]) -> list[str]:
+    """The stream's files to hold out: those its `holdout_files` names, or its last files (sorted order) by its
+    count or `holdout_fraction` (rounded up), else by [holdout] holdout_files. At least one file trains."""
+    stream = recipe.streams[name]
+    if isinstance(stream.holdout_files, list):
+        held = []
+        for pattern in stream.holdout_files:
+            match = matcher([recipe.resolve(pattern)])
+            found = [f for f in files if match.fullmatch(_normalize(f))]
+            if not found:
+                raise TokmixError(f"stream {name}: holdout_files entry {pattern!r} matches none of the stream's "
+                                  f"{len(files)} file(s) (its files: {stream.files})")
+            held += found
+        held = [f for f in files if f in set(held)]  # the stream's order, each file once
+        rule = f"holdout_files {stream.holdout_files}"
+    else:
+        if stream.holdout_fraction is not None:
+            n, rule = math.ceil(stream.holdout_fraction * len(files)), f"holdout_fraction={stream.holdout_fraction}"
+        elif stream.holdout_files is not None:
+            n, rule = stream.holdout_files, f"holdout_files={stream.holdout_files}"
+        else:
+            n, rule = recipe.holdout.holdout_files, f"holdout_files={recipe.holdout.holdout_files}"
+        held = files[len(files) - n :] if n <= len(files) else files
+    if len(held) >= len(files):
+        raise TokmixError(f"stream {name}: {len(files)} file(s) match {stream.files} and {rule} holds out "
+                          f"{len(held)}: keep at least one to train on")
+    return held
+
+
 def create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
-    """Per stream, the last `holdout_files` files (in sorted order) are held out, the rest train."""
+    """Per stream, the files _held_out picks are held out, the rest train, each in sorted order."""
     split: Split = {d: {"holdout": [], "train": []} for d in recipe.domains}
-    n_hold = recipe.holdout.holdout_files
     for name, stream in recipe.streams.items():
         files = list(dict.fromkeys(f for p in stream.files for f in expand(recipe.resolve(p), mirrors)))
-        if len(files) <= n_hold:
-            raise TokmixError(
-                f"stream {name}: {len(files)} file(s) match {stream.files}; need more than "
-                f"holdout_files={n_hold} to hold some out and train on the rest"
-            )
-        split[stream.domain]["holdout"] += [_split_entry(recipe, f) for f in files[-n_hold:]]
-        split[stream.domain]["train"] += [_split_entry(recipe, f) for f in files[:-n_hold]]
+        held = set(_held_out(recipe, name, files))
+        split[stream.domain]["holdout"] += [_split_entry(recipe, f) for f in files if f in held]
+        split[stream.domain]["train"] += [_split_entry(recipe, f) for f in files if f not in held]
     return split
 
 

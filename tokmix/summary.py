@@ -10,13 +10,19 @@ def _tokens(n: float) -> str:
     return f"{n / 1e9:,.2f}B" if n >= 1e9 else f"{n / 1e6:,.2f}M" if n >= 1e6 else f"{n:,.0f}"
 
 
+def passes(index: dict, name: str) -> str:
+    """Passes the shards make over a stream's train documents: '1', or e.g. '2.25' for a repeated stream."""
+    n = index["mix"].get("passes_by_stream", {}).get(name, 1)
+    return f"{n:g}" if n == int(n) else f"{n:.2f}"
+
+
 def mix_table(index: dict) -> Table:
     total = index["total"]
     mix = index["mix"]
     table = Table(title=f"mix: {index['blocks']:,} blocks of {index['seq_len']} tokens, "
                         f"{len(index['shards'])} shard(s), {index['dtype']}", title_justify="left")
-    for col in ("stream", "domain", "requested", "realized", "tokens", "documents", "holdout copies dropped",
-                "tok/s"):
+    for col in ("stream", "domain", "requested", "realized", "tokens", "documents", "passes",
+                "holdout copies dropped", "tok/s"):
         table.add_column(col, justify="left" if col in ("stream", "domain") else "right")
     domains = {}
     for name, meta in mix["streams"].items():
@@ -24,16 +30,16 @@ def mix_table(index: dict) -> Table:
         domains.setdefault(domain, []).append(name)
         table.add_row(
             name, domain, f"{mix['target_share_by_stream'][name]:.2%}", f"{total['share_by_stream'][name]:.2%}",
-            _tokens(total["tokens_by_stream"][name]), f"{mix['documents_used'][name]:,}",
+            _tokens(total["tokens_by_stream"][name]), f"{mix['documents_used'][name]:,}", passes(index, name),
             f"{meta.get('dropped_holdout_duplicates', 0):,}", f"{meta.get('tok_s_end_to_end', 0):,}",
         )
     table.add_section()
     for domain, names in domains.items():
         requested = sum(mix["target_share_by_stream"][n] for n in names)
         table.add_row("", domain, f"{requested:.2%}", f"{total['share_by_domain'].get(domain, 0):.2%}",
-                      _tokens(total["tokens_by_domain"].get(domain, 0)), "", "", "")
+                      _tokens(total["tokens_by_domain"].get(domain, 0)), "", "", "", "")
     table.add_section()
-    table.add_row("total", "", "100.00%", "100.00%", _tokens(total["tokens"]), "", "", "")
+    table.add_row("total", "", "100.00%", "100.00%", _tokens(total["tokens"]), "", "", "", "")
     return table
 
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import CHECKSUM, write_json, write_npy, write_tokens
+from tokmix.recipe import Recipe
+from tokmix.shards import CHECKSUM, Delimiters, write_json, write_npy, write_tokens
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
 
@@ -48,28 +49,29 @@ def holdout_lengths(ctx: Context) -> np.ndarray | None:
     return _union(paths, np.int64) if all(p.exists() for p in paths) else None
 
 
-def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
-                 budget: float) -> tuple[list, np.ndarray, np.ndarray]:
+def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: float, mirrors,
+                delimiters: Delimiters, dtype: np.dtype, decontaminate: bool) -> tuple[list, np.ndarray, np.ndarray]:
     """Documents of one stream's holdout files, in file order, empty ones included (each its delimiters alone),
     up to and including the one that crosses `budget` tokens; and the hashes and lengths (characters) of
-    their texts, or none when the recipe does not decontaminate."""
+    their texts, or none without `decontaminate`. (`tokmix plan` reads them too, to show what each stream
+    gives.)"""
     docs, hashes, chars, got = [], [], [], 0
-    field = ctx.recipe.streams[stream].text_field
-    reader = iter_file_texts(files, field, stream, ctx.mirrors)
+    field = recipe.streams[stream].text_field
+    reader = iter_file_texts(files, field, stream, mirrors)
     while got < budget:
         batch = list(itertools.islice(reader, READ_BATCH))
         if not batch:
             break
         ids, lengths = encoder.encode_batch(batch)
-        framed = ctx.delimiters.frame(ids, lengths, ctx.dtype)
-        docs_ids = np.split(framed, np.cumsum(lengths + ctx.delimiters.per_document)[:-1])
+        framed = delimiters.frame(ids, lengths, dtype)
+        docs_ids = np.split(framed, np.cumsum(lengths + delimiters.per_document)[:-1])
         for k, doc in enumerate(docs_ids):
             docs.append((stream, doc))
             got += len(doc)
             if got >= budget:
                 batch = batch[: k + 1]
                 break
-        if ctx.recipe.holdout.decontaminate:  # only decontamination reads them (hashing: ~13% of this stage)
+        if decontaminate:  # only decontamination reads them (hashing: ~13% of this stage)
             hashes.append(text_hashes(batch))
             chars += map(len, batch)
     return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
@@ -78,11 +80,36 @@ def _read_stream(ctx: Context, encoder, stream: str, files: list[str],
 def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
     """The domain's streams' holdout documents, each stream read on a thread of the pool (the encoder encodes
     a call on its caller's thread)."""
-    recipe, need = ctx.recipe, ctx.recipe.holdout.tokens + 1
-    names = recipe.streams_of(domain)
+    recipe = ctx.recipe
+    return {name: pool.submit(read_stream, recipe, encoder, name, stream_files(recipe, ctx.split, name, "holdout"),
+                              reads, ctx.mirrors, ctx.delimiters, ctx.dtype, recipe.holdout.decontaminate)
+            for name, reads in stream_reads(recipe, domain).items()}
+
+
+def stream_reads(recipe: Recipe, domain: str) -> dict[str, float]:
+    """Tokens read from each of the domain's streams: its share of the holdout within the domain (the last
+    document read crosses it). The shuffle in `draw` decides what each then gives."""
+    need, names = recipe.holdout.tokens + 1, recipe.streams_of(domain)
     total_share = sum(recipe.streams[n].share for n in names)
-    return {name: pool.submit(_read_stream, ctx, encoder, name, stream_files(recipe, ctx.split, name, "holdout"),
-                              need * recipe.streams[name].share / total_share) for name in names}
+    return {name: need * recipe.streams[name].share / total_share for name in names}
+
+
+def draw(docs: list[tuple[str, np.ndarray]], names: list[str], need: int,
+         seed: int) -> tuple[list[np.ndarray], dict[str, int], int]:
+    """The holdout from the documents its streams read: shuffled with random.Random(seed), then taken in that
+    order until `need` tokens (the last one cut), as the reference does. Each stream reads its share, but a
+    document longer than a share can take the place of several streams' documents. Returns the pieces taken,
+    the tokens each stream gave and their total (less than `need` when the documents run out)."""
+    random.Random(seed).shuffle(docs)
+    chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
+    for name, ids in docs:
+        take = min(len(ids), need - n)
+        chunks.append(ids[:take])
+        by_stream[name] += take
+        n += take
+        if n == need:
+            break
+    return chunks, by_stream, n
 
 
 def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: np.ndarray) -> dict:
@@ -95,15 +122,7 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         docs += got_docs
         hashes.append(got_hashes)
         lengths.append(got_lengths)
-    random.Random(recipe.seed).shuffle(docs)
-    chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
-    for name, ids in docs:
-        take = min(len(ids), need - n)
-        chunks.append(ids[:take])
-        by_stream[name] += take
-        n += take
-        if n == need:
-            break
+    chunks, by_stream, n = draw(docs, names, need, recipe.seed)
     if n < need:
         raise TokmixError(
             f"holdout {domain}: its holdout files give only {n:,} of the {need:,} tokens asked for "

@@ -26,6 +26,7 @@ from tokmix.faults import fault_point
 from tokmix.shards import REFERENCE_DELIMITERS, Delimiters, TokenFileWriter, write_bytes, write_json, write_npy
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context, cached, shared_encoder
+from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, its delimiters included
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
@@ -167,6 +168,11 @@ def tokenize_unit(task: UnitTask) -> dict:
     return record
 
 
+def make_unit(task: UnitTask | RepeatTask) -> dict:
+    """A unit of pass 1 is tokenized from its files, a unit of a later pass copied from pass 1's."""
+    return repeat_unit(task) if isinstance(task, RepeatTask) else tokenize_unit(task)
+
+
 # ---------------------------------------------------------------------------- coordinator side
 def merged_holdout_path(ctx: Context, kind: str) -> Path:
     """Every domain's holdout hashes or lengths in one file, which the units' tasks name."""
@@ -199,16 +205,25 @@ def _committed(directory: Path) -> dict[int, dict]:
     return records
 
 
-def _out_of_source(stream: str, got: int, budget: int, records: list[dict]) -> TokmixError:
+def _out_of_source(stream: str, got: int, budget: int, records: list[dict], max_epochs: int) -> TokmixError:
+    """The stream's train documents, all of them `got` tokens, fall short of its budget even in `max_epochs`
+    passes."""
+    if max_epochs > 1 and got:
+        return TokmixError(
+            f"stream {stream}: its train documents hold {got:,} tokens, its budget of {budget:,} needs "
+            f"{passes_needed(budget, got)} passes over them and max_epochs is {max_epochs}: raise max_epochs, add "
+            "train files or lower the stream's share or the number of blocks"
+        )
     chars = sum(r["chars"] for r in records)
-    more = ""
+    more = repeat = ""
     if got:
         missing = (budget - got) * chars / got
         size = f"{missing / 1e6:,.1f} MB" if missing >= 1e5 else f"{missing / 1e3:,.1f} kB"
         more = f"; about {size} more text ({100 * (budget - got) / got:.0f}% more) is needed"
+        repeat = f", or let its documents repeat (max_epochs = {passes_needed(budget, got)})"
     return TokmixError(
         f"stream {stream}: source files ran out at {got:,} tokens of a budget of {budget:,}{more}: "
-        "add train files or lower the stream's share or the number of blocks"
+        f"add train files or lower the stream's share or the number of blocks{repeat}"
     )
 
 
@@ -245,7 +260,9 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
     cum = np.cumsum(unit_lengths(ctx, stream, last["name"]), dtype=np.int64)
     last_docs = int(np.searchsorted(cum, budget - before)) + 1
     dropped = sum(len(r["dropped_at"]) for r in used[:-1]) + sum(1 for k in last["dropped_at"] if k <= last_docs)
-    encode_seconds = sum(r["encode_seconds"] for r in used) or 1e-9
+    tokenized = [r for r in used if r.get("pass", 1) == 1]  # later passes are copies of these
+    encode_seconds = sum(r["encode_seconds"] for r in tokenized) or 1e-9
+    passes = last.get("pass", 1)
     meta = {
         "name": stream,
         "tokens": before + int(cum[last_docs - 1]),
@@ -253,10 +270,13 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         "budget": budget,
         "seconds_last_run": round(seconds, 3),
         "tok_s_end_to_end": round(new_tokens / max(seconds, 1e-9)),
-        "tok_s_tokenizer_capacity": round(sum(r["tokens"] for r in used) / encode_seconds * ctx.workers),
+        "tok_s_tokenizer_capacity": round(sum(r["tokens"] for r in tokenized) / encode_seconds * ctx.workers),
         "num_proc": ctx.workers,
         "backend": ctx.backend,
         "dropped_holdout_duplicates": dropped,
+        "passes": passes,  # over the train documents: more than 1 when they hold fewer tokens than the budget
+        **({"pass_tokens": sum(r["tokens"] for r in tokenized), "pass_docs": sum(r["docs"] for r in tokenized)}
+           if passes > 1 else {}),
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
@@ -282,6 +302,10 @@ class StreamRun:
                                ctx.unit_bytes)
         self.prefix = self.prefix_tokens = self.new_tokens = self.in_flight = self.in_flight_bytes = 0
         self.exhausted = False
+        self.max_epochs = ctx.recipe.streams[stream].max_epochs
+        self.planned_units = 0  # units of the files planned so far; all of pass 1 once the plan ends
+        self.pass_units: int | None = None  # set when the files' plan ends
+        self.repeating = False
         self.upcoming: Unit | None = None
         self.started = time.perf_counter()
         self.hashes = self.lengths = None
@@ -307,7 +331,24 @@ class StreamRun:
         while self.prefix in self.records and self.prefix_tokens < self.budget:
             self.prefix_tokens += self.records[self.prefix]["tokens"]
             self.prefix += 1
+        if self.prefix_tokens < self.budget:
+            self._repeat_if_allowed()
         return self.prefix_tokens >= self.budget
+
+    def _repeat_if_allowed(self) -> None:
+        """Once every unit of the files is committed short of the budget: plan the later passes, if
+        max_epochs allows as many as the budget needs (else the stream stays exhausted and runs out)."""
+        if self.repeating or self.pass_units is None or self.prefix < self.pass_units or self.max_epochs == 1:
+            return
+        first = [self.records[i] for i in range(self.pass_units)]
+        pass_tokens = sum(r["tokens"] for r in first)
+        if not pass_tokens or passes_needed(self.budget, pass_tokens) > self.max_epochs:
+            return
+        passes = passes_needed(self.budget, pass_tokens)
+        self.ctx.log(f"{self.name}: its train documents hold {pass_tokens:,} tokens: {passes} passes over them")
+        self.plan = (RepeatUnit(self.name, (p - 1) * self.pass_units + j, p, j, r.get("size", 0))
+                     for p in range(2, passes + 1) for j, r in enumerate(first))
+        self.repeating, self.exhausted = True, False
 
     def _tokens_per_byte(self) -> float:
         """This stream's tokens per source byte over its whole committed units, or one token per 3 bytes before
@@ -322,21 +363,29 @@ class StreamRun:
         return self.prefix_tokens + self.in_flight_bytes * self._tokens_per_byte() < self.budget
 
     def _next_unit(self) -> Unit | None:
-        """The first planned unit not committed yet (kept until it is submitted), or None when the files are
-        exhausted."""
+        """The first planned unit not committed yet (kept until it is submitted): of the files, then of the later
+        passes when the stream repeats; or None when there is none (for now, while pass 1 is in flight)."""
         while self.upcoming is None:
             unit = next(self.plan, None)
             if unit is None:
+                if not self.repeating:  # the files are planned: pass 1 is complete once its units are committed
+                    self.pass_units = self.planned_units
+                    self._repeat_if_allowed()
+                    if self.repeating:
+                        continue
                 self.exhausted = True
                 return None
+            self.planned_units += not self.repeating
             record = self.records.get(unit.index)
             if record is None:
                 self.upcoming = unit
+            elif isinstance(unit, RepeatUnit):
+                continue
             elif (changed := _changed_source(self.name, unit, record)) is not None:
                 raise changed
         return self.upcoming
 
-    def next_task(self) -> UnitTask | None:
+    def next_task(self) -> UnitTask | RepeatTask | None:
         """The next unit to tokenize, or None for now. A unit expected to reach the budget waits until every
         unit before it is committed: it then carries the exact tokens left (UnitTask.limit) and stops there,
         instead of tokenizing the rest of its text for nothing. Meanwhile the workers take other streams' units."""
@@ -349,11 +398,14 @@ class StreamRun:
         self.upcoming = None
         self.in_flight += 1
         self.in_flight_bytes += unit.size
+        limit = self.budget - self.prefix_tokens if ready else None
+        if isinstance(unit, RepeatUnit):
+            return RepeatTask(unit, str(self.directory), self.ctx.dtype.str, self.ctx.recipe.seed,
+                              self.pass_units, limit)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
-                        limit=self.budget - self.prefix_tokens if ready else None, lengths_path=self.lengths,
-                        delimiters=self.ctx.delimiters)
+                        limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters)
 
     def committed(self, unit: Unit, record: dict) -> None:
         self._add(record)
@@ -364,7 +416,7 @@ class StreamRun:
     def out_of_source(self) -> TokmixError | None:
         if self.exhausted and not self.in_flight and self.prefix_tokens < self.budget:
             return _out_of_source(self.name, self.prefix_tokens, self.budget,
-                                  [self.records[i] for i in range(self.prefix)])
+                                  [self.records[i] for i in range(self.prefix)], self.max_epochs)
         return None
 
     def finish(self) -> dict:
@@ -393,7 +445,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             return metas
         for run in active:
             while len(pending) < window and run.wants_more() and (task := run.next_task()):
-                pending[executor.submit(tokenize_unit, task)] = (run, task.unit)
+                pending[executor.submit(make_unit, task)] = (run, task.unit)
         if not pending:
             failed = next((e for e in map(StreamRun.out_of_source, active) if e), None)
             if failed:

@@ -1,0 +1,130 @@
+"""Later passes over a stream whose train documents hold fewer tokens than its budget (`max_epochs` > 1).
+Pass 1 is the stream's documents in canonical order, tokenized into units as usual; pass p >= 2 is the same
+documents in a seeded order of pass p's own, materialized as further units copied from the committed pass-1
+units. So the stream stays one sequence of documents in units (assemble reads it as any other), pass p + 1
+starts only once pass p is used up, and every document appears floor(k) or ceil(k) times for a budget of k
+passes. Decontamination happened in pass 1: a dropped holdout copy is in no pass."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokmix.faults import fault_point
+from tokmix.shards import TokenFileWriter, read_tokens, write_bytes, write_json
+from tokmix.stages import cached
+
+LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, delimiters included (as a tokenized unit's .len)
+GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
+
+
+@dataclass(frozen=True)
+class RepeatUnit:
+    """Unit `source` of pass 1 repeated in pass `pass_no`: as many documents, taken at the same places of
+    that pass's order. `size` is the source unit's bytes, for scheduling (its tokens are about the same)."""
+
+    stream: str
+    index: int
+    pass_no: int
+    source: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+
+@dataclass(frozen=True)
+class RepeatTask:
+    unit: RepeatUnit
+    unit_dir: str
+    dtype: str
+    seed: int
+    pass_units: int  # units of pass 1: indices 0 .. pass_units - 1
+    limit: int | None = None  # as UnitTask.limit: stop after the document that reaches it
+
+
+def passes_needed(budget: int, pass_tokens: int) -> int:
+    """Passes that reach `budget`: the document that crosses it ends the stream, so a budget of exactly m
+    passes' tokens needs m passes, one token more needs m + 1."""
+    return -(-budget // pass_tokens)
+
+
+def passes_used(meta: dict, docs_used: int) -> float:
+    """The passes over a stream's train documents that its first `docs_used` documents make, fractional (1.5:
+    pass 2 half used), from its record (tokmix.stages.streams); 1 for a stream that did not repeat."""
+    return docs_used / meta["pass_docs"] if meta.get("pass_docs") else 1.0
+
+
+def pass_order(seed: int, stream: str, pass_no: int, docs: int) -> np.ndarray:
+    """The order of the pass-1 documents in pass `pass_no` >= 2: seeded by the recipe's seed, the stream and
+    the pass, so each pass has its own and a resume finds the same."""
+    rng = np.random.default_rng([seed, zlib.crc32(stream.encode()), pass_no])
+    return rng.permutation(docs)
+
+
+def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where pass 1's documents lie: each one's length, unit and first token in its unit, and the first
+    document of each unit (pass_units + 1 entries). Built once per process: every repeat unit needs it."""
+
+    def build():
+        per_unit = [np.fromfile(Path(unit_dir) / f"{i:06d}.len", dtype=LENGTH_DTYPE) for i in range(pass_units)]
+        lengths = np.concatenate(per_unit).astype(np.int64)
+        unit = np.repeat(np.arange(pass_units, dtype=np.int32), [len(x) for x in per_unit])
+        offset = np.concatenate([np.cumsum(x, dtype=np.int64) - x for x in per_unit])
+        first = np.concatenate([[0], np.cumsum([len(x) for x in per_unit])])
+        return lengths, unit, offset, first
+
+    return cached(("pass one", unit_dir, pass_units), build)
+
+
+def repeat_unit(task: RepeatTask) -> dict:
+    """Copy one repeat unit's documents from the pass-1 units and commit it as a tokenized unit is
+    committed (tokens, lengths, then the record); returns its record."""
+    unit, unit_dir = task.unit, Path(task.unit_dir)
+    lengths, doc_unit, offset, first = _pass_one(task.unit_dir, task.pass_units)
+    docs = pass_order(task.seed, unit.stream, unit.pass_no, len(lengths))[first[unit.source] : first[unit.source + 1]]
+    take = lengths[docs]
+    if task.limit is not None:
+        reached = np.flatnonzero(np.cumsum(take) >= task.limit)
+        if len(reached):
+            docs, take = docs[: reached[0] + 1], take[: reached[0] + 1]
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
+    sources: dict[int, np.ndarray] = {}
+    chunk, pending = [], 0
+    try:
+        for d in docs.tolist():
+            u = int(doc_unit[d])
+            if u not in sources:
+                sources[u] = read_tokens(unit_dir / f"{u:06d}.tok", task.dtype)
+            chunk.append(sources[u][offset[d] : offset[d] + lengths[d]])
+            pending += int(lengths[d])
+            if pending >= GATHER_TOKENS:
+                writer.write(np.concatenate(chunk))
+                chunk, pending = [], 0
+        if chunk:
+            writer.write(np.concatenate(chunk))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
+    write_bytes(unit_dir / f"{unit.name}.len", take.astype(LENGTH_DTYPE).tobytes())
+    fault_point("streams:unit-before-record")
+    record = {
+        "index": unit.index,
+        "name": unit.name,
+        "pass": unit.pass_no,
+        "source_unit": unit.source,
+        "tokens": writer.tokens,
+        "docs": len(docs),
+        "chars": 0,
+        "size": unit.size,
+        "limit": task.limit,
+        "dropped_at": [],
+        "encode_seconds": 0.0,
+    }
+    write_json(unit_dir / f"{unit.name}.json", record)
+    return record
