@@ -184,13 +184,15 @@ def test_shards_repeat_each_document_floor_or_ceil_times_at_exact_shares(corpus,
     k = used / d
     counts = Counter(content)
     assert set(counts.values()) <= {math.floor(k), math.ceil(k)} and len(counts) == d
-    assert index["mix"]["passes_by_stream"] == {"code": round(k, 4), "prose": 1.0}
     # shares: index.json's token counts are the tokens of each stream's documents found in the shards
     tokens = Counter()
     for doc, name in zip(whole, names):
         tokens[name] += len(doc) // 2
     tokens[cut_name] += len(cut) // 2
     assert index["total"]["tokens_by_stream"] == dict(tokens)
+    # epochs in the shards: code's tokens there over one pass's tokens
+    pass_tokens = index["mix"]["streams"]["code"]["pass_tokens"]
+    assert index["mix"]["passes_by_stream"] == {"code": round(tokens["code"] / pass_tokens, 4), "prose": 1.0}
     assert abs(index["total"]["share_by_stream"]["code"] - 0.2) < 0.01
 
 

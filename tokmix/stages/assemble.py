@@ -299,8 +299,8 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
             "streams": summary,
             "documents_used": used,
-            # passes over each stream's train documents that the shards use (2.25: a quarter of the third)
-            "passes_by_stream": {n: round(passes_used(metas[n], used[n]), 4) for n in names},
+            # epochs of each stream's train documents in the shards: its tokens there over one pass's tokens
+            "passes_by_stream": {n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
         },
         "blocks": recipe.blocks,
         "train_steps": recipe.layout.steps,

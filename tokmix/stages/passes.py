@@ -53,10 +53,11 @@ def passes_needed(budget: int, pass_tokens: int) -> int:
     return -(-budget // pass_tokens)
 
 
-def passes_used(meta: dict, docs_used: int) -> float:
-    """The passes over a stream's train documents that its first `docs_used` documents make, fractional (1.5:
-    pass 2 half used), from its record (tokmix.stages.streams); 1 for a stream that did not repeat."""
-    return docs_used / meta["pass_docs"] if meta.get("pass_docs") else 1.0
+def passes_used(meta: dict, tokens_used: int) -> float:
+    """The epochs that `tokens_used` tokens of a stream make: over the tokens of one pass of its train
+    documents, from its record (tokmix.stages.streams); 1 for a stream that did not repeat. (In documents
+    it differs: a pass's documents come in its own order, long ones early or late.)"""
+    return tokens_used / meta["pass_tokens"] if meta.get("pass_tokens") else 1.0
 
 
 def pass_order(seed: int, stream: str, pass_no: int, docs: int) -> np.ndarray:
