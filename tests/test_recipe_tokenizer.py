@@ -59,7 +59,11 @@ def test_derived_numbers(tmp_path):
     ("share = 0.4", "share = 0", r"streams.code.share: share must be a positive number"),
     ("steps = 10", "", r"layout.steps: Field required"),
     ("seq_len = 128", "seq_len = 128\nsequence = 3", r"layout.sequence: Extra inputs are not permitted"),
-    ('path = "tok.json"', "", r"give exactly one of tokenizer.path and \[tokenizer.train\]"),
+    ('path = "tok.json"', "", r"give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken and "
+                              r"\[tokenizer.train\]"),
+    ('path = "tok.json"', 'path = "tok.json"\nhf = "org/name"', r"give exactly one of tokenizer.path, tokenizer.hf"),
+    ('path = "tok.json"', 'tiktoken = "cl100k_base"\ntiktoken_pattern = "x"',
+     r"tokenizer.tiktoken_pattern goes with a .tiktoken file \(an encoding has its own\)"),
     ('domain = "web"', 'domain = "we b"', r"domain name 'we b'"),
     ("[streams.code]", "[streams.web]", r"not valid TOML"),
     ('path = "tok.json"', 'path = "tok.json"\ndoc_prefix = []', r"give at least one token in tokenizer.doc_prefix or"),
@@ -83,7 +87,10 @@ def test_fingerprint_ignores_what_cannot_change_the_bytes(tmp_path):
     # the delimiters change the bytes; spelled as the default, they are the recipe written before they existed
     same = recipe_with(tmp_path, 'path = "tok.json"', 'path = "tok.json"\ndoc_prefix = "<|endoftext|>"')
     assert same.tokenizer.doc_prefix == ["<|endoftext|>"] and same.fingerprint() == a.fingerprint()
-    assert "doc_prefix" not in a.output_fields()["tokenizer"]
+    assert not {"doc_prefix", "hf", "tiktoken", "tiktoken_pattern"} & set(a.output_fields()["tokenizer"])
+    ranks = recipe_with(tmp_path, 'path = "tok.json"', 'tiktoken = "vocab/gpt2.tiktoken"')
+    assert ranks.output_fields()["tokenizer"]["tiktoken"] == str(tmp_path / "vocab" / "gpt2.tiktoken")
+    assert ranks.tokenizer.fetched and not a.tokenizer.fetched
     other = recipe_with(tmp_path, 'path = "tok.json"', 'path = "tok.json"\ndoc_suffix = ["<|end|>"]')
     assert other.fingerprint() != a.fingerprint() and other.tokenizer.doc_suffix == ["<|end|>"]
 

@@ -1,8 +1,12 @@
-"""Whole runs with tokenizers of the three common layouts, each with its own document delimiters, checked by
-decoding what was written: GPT-2's (byte-level BPE, <|endoftext|> the last id, before each document), Llama-3's
-(GPT-4-style split regex, <|begin_of_text|> before and <|end_of_text|> after each document, uint32 tokens) and a
-SentencePiece-derived one (byte fallback, metaspace, </s> after each document as Megatron and datatrove write).
-The tokenizers are built here, to those layouts, from the test corpus's train files."""
+"""Whole runs with tokenizers of the three common layouts, each from another source and with its own document
+delimiters, checked by decoding what was written:
+- GPT-2's real vocabulary (tests/data/vocab), given as tiktoken ranks (`tiktoken = "gpt2.tiktoken"`): byte-level
+  BPE, <|endoftext|> the last id (50,256), before each document;
+- Llama-3's layout (GPT-4-style split regex, <|begin_of_text|> before and <|end_of_text|> after each document,
+  uint32 tokens), built here from the test corpus and given as an fsspec URL (`path = "file://..."`);
+- Mistral 7B's real SentencePiece vocabulary (byte fallback, Metaspace) as a Hugging Face Hub name read from a
+  local HF cache with the Hub offline (`hf = "..."`), </s> after each document as Megatron and datatrove write.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 import tokmix
 from tests.corpus import make_corpus, write_recipe, write_split
+from tests.test_export import read_megatron
+from tests.vocab import gpt2_tiktoken, mistral_tokenizer_json
 from tokmix.export import export_megatron
 from tokmix.inspect import DOC_MARKER, read_block
 from tokmix.shards import Delimiters, read_tokens
@@ -30,19 +36,12 @@ def _train_texts(files: dict[str, list[Path]]) -> list[str]:
     return [t for paths in files.values() for p in paths[:-1] for t in pq.read_table(p)["text"].to_pylist() if t]
 
 
-def gpt2_layout(texts: list[str], path: Path) -> Path:
-    """Byte-level BPE with GPT-2's regex; <|endoftext|> added after the vocabulary, so it is the last id."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=700, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path))
-    return path
+def gpt2_layout(texts: list[str], root: Path) -> tuple[list[str], Path]:
+    """GPT-2's own ranks; tokmix converts them (the delimiters become special tokens after the ranks)."""
+    return [f'tiktoken = "{gpt2_tiktoken(root).name}"'], root / "tokenizer.json"
 
 
-def llama3_layout(texts: list[str], path: Path) -> Path:
+def llama3_layout(texts: list[str], root: Path) -> tuple[list[str], Path]:
     """Llama-3's pipeline: split by its regex, then byte-level without GPT-2's regex; BOS and EOS after the
     vocabulary, and its template that prepends BOS (which tokmix must not add: the recipe says where BOS goes)."""
     tok = Tokenizer(models.BPE())
@@ -61,33 +60,26 @@ def llama3_layout(texts: list[str], path: Path) -> Path:
         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos],
                                                  "tokens": ["<|begin_of_text|>"]}}}
+    path = root / "llama3.json"
     path.write_text(json.dumps(spec))
-    return path
+    return [f'path = "{path.as_uri()}"'], path
 
 
-def sentencepiece_layout(texts: list[str], path: Path) -> Path:
-    """What transformers writes for a Llama-2 / Mistral SentencePiece model: <unk> <s> </s> at 0-2, the 256
-    byte-fallback tokens <0x00>..<0xFF> at 3-258, then the BPE pieces; metaspace pre-tokenizer prepending "▁" to
-    the first word; a decoder that turns bytes back into text."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=500, show_progress=False, limit_alphabet=100))
-    spec = json.loads(tok.to_str())
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    learned = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
-    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *byte_tokens,
-                                         *(t for t in learned if t not in byte_tokens)])}
-    spec["model"].update(vocab=vocab, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
-    spec["added_tokens"] = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])]
-    spec["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    path.write_text(json.dumps(spec))
-    return path
+HUB_REPO = "mistralai/tokmix-test"  # a name the Hub does not have: only the local cache can answer
 
 
-LAYOUTS = {  # name: (builder, recipe lines of [tokenizer], prefix tokens, suffix tokens)
+def sentencepiece_layout(texts: list[str], root: Path) -> tuple[list[str], Path]:
+    """Mistral 7B's vocabulary in the Metaspace layout, laid out as huggingface_hub's cache keeps a download."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / "hf-cache" / f"models--{HUB_REPO.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    path = mistral_tokenizer_json(repo / "snapshots" / commit / "tokenizer.json", metaspace=True)
+    return [f'hf = "{HUB_REPO}"'], path
+
+
+LAYOUTS = {  # name: (builder, more [tokenizer] lines, prefix tokens, suffix tokens)
     "gpt2": (gpt2_layout, [], ["<|endoftext|>"], []),
     "llama3": (llama3_layout, ['doc_prefix = ["<|begin_of_text|>"]', 'doc_suffix = ["<|end_of_text|>"]',
                                'dtype = "uint32"'], ["<|begin_of_text|>"], ["<|end_of_text|>"]),
@@ -98,7 +90,7 @@ LAYOUTS = {  # name: (builder, recipe lines of [tokenizer], prefix tokens, suffi
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("layouts")
-    files = make_corpus(root, doc_limit=150)
+    files = make_corpus(root, doc_limit=300)
     write_split(root, files)
     return root, _train_texts(files)
 
@@ -107,12 +99,16 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 def layout_run(request, corpus, tmp_path_factory):
     root, texts = corpus
     build, lines, prefix, suffix = LAYOUTS[request.param]
-    tok_path = build(texts, root / f"{request.param}.json")
-    text = write_recipe(root, tok_path.name).read_text()
+    source, tok_path = build(texts, root)
     recipe = root / f"{request.param}.toml"
-    recipe.write_text(text.replace(f'path = "{tok_path.name}"', "\n".join([f'path = "{tok_path.name}"', *lines])))
+    recipe.write_text(write_recipe(root, "x").read_text().replace('path = "x"', "\n".join(source + lines)))
     out = tmp_path_factory.mktemp(request.param)
-    tokmix.run(tokmix.load_recipe(recipe), out, workers=2)
+    with pytest.MonkeyPatch.context() as env:  # the stage process inherits these
+        env.setenv("HF_HUB_CACHE", str(root / "hf-cache"))
+        env.setenv("HF_HUB_OFFLINE", "1")
+        tokmix.run(tokmix.load_recipe(recipe), out, workers=2)
+    if request.param == "gpt2":
+        tok_path = out / "tokenizer.json"  # the run's conversion of the ranks
     tok = Tokenizer.from_file(str(tok_path))
     return request.param, out, tok, [tok.token_to_id(t) for t in prefix], [tok.token_to_id(t) for t in suffix]
 
@@ -131,8 +127,15 @@ def test_every_document_is_framed_by_the_recipes_delimiters_at_their_ids(layout_
     index = json.loads((out / "index.json").read_text())
     assert index["delimiters"] == {"prefix": prefix, "suffix": suffix}
     assert validate_dir(out) == []
-    if name == "gpt2":
-        assert prefix == [tok.get_vocab_size() - 1] and index["dtype"] == "uint16"
+    # the fast backend passed its exactness check against HF on this tokenizer: nothing fell back
+    assert index["throughput"]["backend"] == "fastokens"
+    assert json.loads((out / "tokmix-state" / "backend.json").read_text())["notices"] == []
+    if name == "gpt2":  # GPT-2's published ids
+        assert prefix == [50256] and index["vocab_size"] == 50257 and index["dtype"] == "uint16"
+        assert tok.encode("Hello world").ids == [15496, 995]
+    if name == "sentencepiece":  # Mistral 7B's
+        assert suffix == [2] and index["vocab_size"] == 32000
+        assert tok.encode("Hello world", add_special_tokens=False).ids == [22557, 1526]
     if name == "llama3":
         assert index["dtype"] == "uint32" and prefix[0] == tok.get_vocab_size() - 2
     sources = set(corpus[1])
@@ -165,8 +168,6 @@ def test_megatron_export_cuts_documents_at_the_delimiters(layout_run, tmp_path):
     name, out, tok, prefix, suffix = layout_run
     index = json.loads((out / "index.json").read_text())
     export_megatron(out, tmp_path / "m")
-    from tests.test_export import read_megatron
-
     code, _, docs = read_megatron(tmp_path / "m")
     assert code == 8 if index["vocab_size"] < 65_500 else 4
     want = documents(train_stream(out, index), Delimiters(tuple(prefix), tuple(suffix)))

@@ -26,8 +26,10 @@ from tokmix.errors import TokmixError
 BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "hf")  # fastest first
 _MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "hf": "tokenizers"}
 
-# The split HF's ByteLevel pre-tokenizer does with use_regex=True (GPT-2's pattern).
+# The split HF's ByteLevel pre-tokenizer does with use_regex=True (GPT-2's pattern), and the same as tiktoken's
+# gpt2 / r50k_base / p50k_base encodings write it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+TIKTOKEN_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def clean_surrogates(text: str) -> str:
@@ -129,8 +131,25 @@ class HFEncoder:
         return np.array(self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids, dtype=np.uint32)
 
 
+def _metaspace_as_normalizer(spec: dict) -> bool:
+    """Rewrite, in place, a SentencePiece-style tokenizer whose Metaspace pre-tokenizer keeps the text whole
+    (split false, as Mistral's and Llama's newer tokenizer.json have it) into one without a pre-tokenizer, whose
+    normalizer turns spaces into "▁"; the encoder then prepends the "▁" Metaspace would (to a text that does not
+    start with one or with a space). fastokens has no Metaspace; it has the rest. False when there is nothing
+    to rewrite (the exactness check judges the result either way)."""
+    pre = spec.get("pre_tokenizer") or {}
+    if (pre.get("type") != "Metaspace" or pre.get("split", True) or spec.get("normalizer")
+            or pre.get("prepend_scheme", "always") not in ("first", "always")):
+        return False
+    replacement = pre.get("replacement", "\u2581")
+    spec["pre_tokenizer"] = None
+    spec["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": replacement}
+    return True
+
+
 class FastokensEncoder:
-    """fastokens on the unmodified tokenizer.json, through its flat batch API (no per-token Python objects)."""
+    """fastokens on the tokenizer.json (a Metaspace pre-tokenizer rewritten, see _metaspace_as_normalizer), through
+    its flat batch API (no per-token Python objects)."""
 
     name = "fastokens"
 
@@ -139,11 +158,20 @@ class FastokensEncoder:
         import fastokens
 
         # Built from the JSON text alone, exactly what HF reads; nothing beside the file is consulted.
-        self._tok = fastokens.Tokenizer.from_json_str(Path(tokenizer_path).read_text(encoding="utf-8"))
+        text = Path(tokenizer_path).read_text(encoding="utf-8")
+        spec = json.loads(text)
+        self._prepend = None
+        if _metaspace_as_normalizer(spec):
+            self._prepend = spec["normalizer"]["content"]
+            text = json.dumps(spec)
+        self._tok = fastokens.Tokenizer.from_json_str(text)
         self.vocab_size = self._tok.vocab_size
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         # split_special_tokens: a literal "<|endoftext|>" is text, as with HF's encode_special_tokens (else id 0)
+        if self._prepend is not None:
+            mark = self._prepend
+            texts = [mark + t if t and t[0] != " " and t[0] != mark else t for t in texts]
         ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
         counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), counts
@@ -153,7 +181,7 @@ class NotApplicable(Exception):
     """This backend cannot mirror this tokenizer; auto skips it."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's table: the character byte-level BPE writes for each byte in its vocabulary strings."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table = {b: chr(b) for b in printable}
@@ -162,12 +190,30 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int]]:
-    """Mergeable ranks and special tokens for tiktoken from a parsed tokenizer.json; NotApplicable if tiktoken's
-    rank-ordered BPE cannot give HF's ids for it."""
+def _split_pattern(pre: dict) -> str:
+    """The regex tiktoken must split text by to match this pre-tokenizer: GPT-2's for HF's ByteLevel with its
+    regex, or the pattern of a Split isolating matches followed by a ByteLevel without one (Llama-3's layout, and
+    what tokmix writes for tiktoken ranks); NotApplicable for anything else."""
+    byte_level = pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space")
+    if byte_level and pre.get("use_regex", True):
+        return GPT2_PATTERN
+    steps = pre.get("pretokenizers") or []
+    if pre.get("type") == "Sequence" and len(steps) == 2:
+        split, last = steps
+        if (split.get("type") == "Split" and "Regex" in (split.get("pattern") or {})
+                and split.get("behavior") == "Isolated" and not split.get("invert")
+                and last.get("type") == "ByteLevel" and not last.get("use_regex", True)
+                and not last.get("add_prefix_space")):
+            return split["pattern"]["Regex"]
+    raise NotApplicable("the pre-tokenizer is neither byte-level with the GPT-2 regex nor a regex split then "
+                        "byte-level")
+
+
+def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int], str]:
+    """Mergeable ranks, special tokens and split pattern for tiktoken from a parsed tokenizer.json; NotApplicable
+    if tiktoken's rank-ordered BPE cannot give HF's ids for it."""
     pre, model = spec.get("pre_tokenizer") or {}, spec["model"]
-    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space"):
-        raise NotApplicable("the pre-tokenizer is not byte-level with the GPT-2 regex")
+    pattern = _split_pattern(pre)
     if spec.get("normalizer"):
         raise NotApplicable(f"tiktoken has no {spec['normalizer'].get('type')} normalizer")
     if model.get("type") != "BPE" or any(
@@ -178,7 +224,7 @@ def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int]]:
     if any(not t["special"] for t in added):  # HF still matches these with encode_special_tokens
         raise NotApplicable("it has added tokens that are not special")
 
-    to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
     specials = {t["content"]: t["id"] for t in added}
     vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
     try:
@@ -199,7 +245,7 @@ def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int]]:
         previous = rank
     if len(merges) != len(ranks) - 256:
         raise NotApplicable("some vocabulary tokens are not produced by any merge")
-    return ranks, specials
+    return ranks, specials, pattern
 
 
 class TiktokenEncoder:
@@ -212,9 +258,9 @@ class TiktokenEncoder:
         import tiktoken
 
         self._path = Path(tokenizer_path)
-        ranks, specials = _tiktoken_vocab(json.loads(self._path.read_text(encoding="utf-8")))
+        ranks, specials, pattern = _tiktoken_vocab(json.loads(self._path.read_text(encoding="utf-8")))
         self._enc = tiktoken.Encoding(
-            f"tokmix:{self._path}", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+            f"tokmix:{self._path}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
         )
         self.vocab_size = self._enc.n_vocab
         threads = threads or os.cpu_count() or 1
@@ -277,10 +323,11 @@ def _build(backend: str, tokenizer_path: str | Path, threads: int | None) -> Enc
     except (NotApplicable, TokmixError):
         raise
     except Exception as e:  # e.g. fastokens: "unsupported normalizer type: NFKC"
-        raise NotApplicable(f"it cannot load the tokenizer ({_first_line(e)})") from e
+        raise NotApplicable(f"it cannot load the tokenizer ({first_line(e)})") from e
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
@@ -333,7 +380,7 @@ def _check(
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # Rust panics included
-        return f"failed on the check texts ({_first_line(e)})"
+        return f"failed on the check texts ({first_line(e)})"
     return _first_difference(name, got, want, labels)
 
 

@@ -34,11 +34,13 @@ from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import (
+    TOKENIZER_FILE,
     document_delimiters,
     load_tokenizer,
     token_byte_lengths,
     token_dtype,
     tokenizer_checksum,
+    tokenizer_file,
     train_tokenizer,
     vocab_size,
 )
@@ -103,7 +105,7 @@ def is_complete(layout: Layout, recipe: Recipe) -> bool:
 def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
     """[tokenizer.train]: learn a byte-level BPE from the train files only (each stream its share of
     max_bytes, in canonical order), once; later processes of the run load the saved file."""
-    path = layout.root / "tokenizer.json"
+    path = layout.root / TOKENIZER_FILE
     spec = recipe.tokenizer.train
 
     def texts():
@@ -251,9 +253,9 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     mirrors = parse_mirrors(options.mirrors)
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
-    tokenizer_path = recipe.tokenizer_path or str(layout.root / "tokenizer.json")
-    if recipe.tokenizer.train is not None and not os.path.exists(tokenizer_path):  # a given one is only read
-        in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
+    tokenizer_path = tokenizer_file(recipe, layout.root / TOKENIZER_FILE)
+    if tokenizer_path is None:
+        tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
     tok = load_tokenizer(tokenizer_path)
     delimiters = document_delimiters(tok, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix, tokenizer_path)
     checksum = _same_tokenizer(layout, tokenizer_path)

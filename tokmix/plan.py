@@ -10,9 +10,11 @@ whole counts with its real token count.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
+import tempfile
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -47,7 +49,7 @@ from tokmix.sources import (
 )
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
-from tokmix.tokenizer import document_delimiters, load_tokenizer, vocab_size
+from tokmix.tokenizer import TOKENIZER_FILE, document_delimiters, load_tokenizer, tokenizer_file, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -426,16 +428,28 @@ def _split_differences(recipe: Recipe, split: Split, mirrors) -> list[str]:
 def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
     """The tokenizer to sample with (None: guess), its vocabulary size, and how the estimate is made."""
     spec = recipe.tokenizer
-    if recipe.tokenizer_path:
-        tok = load_tokenizer(recipe.tokenizer_path)
-        document_delimiters(tok, spec.doc_prefix, spec.doc_suffix, recipe.tokenizer_path)  # refused now, not mid-run
-        return recipe.tokenizer_path, vocab_size(tok), recipe.tokenizer_path
-    vocab = recipe.tokenizer.train.vocab_size
-    earlier = out / "tokenizer.json"
-    if earlier.exists():
-        return str(earlier), vocab, f"trained by an earlier run of this directory ({earlier})"
-    note = f"trained by the run (vocab {vocab:,}); supply estimated at {GUESS_BYTES_PER_TOKEN:g} bytes/token"
-    return None, vocab, note
+    earlier = out / TOKENIZER_FILE
+    if spec.train is not None:
+        vocab = spec.train.vocab_size
+        if earlier.exists():
+            return str(earlier), vocab, f"trained by an earlier run of this directory ({earlier})"
+        note = f"trained by the run (vocab {vocab:,}); supply estimated at {GUESS_BYTES_PER_TOKEN:g} bytes/token"
+        return None, vocab, note
+    own = earlier
+    if spec.fetched and not earlier.exists():  # the run would write it; plan writes nothing of the run's
+        scratch = tempfile.mkdtemp(prefix="tokmix-plan-")
+        atexit.register(shutil.rmtree, scratch, True)
+        own = Path(scratch) / TOKENIZER_FILE
+    path = tokenizer_file(recipe, own)
+    tok = load_tokenizer(path)
+    document_delimiters(tok, spec.doc_prefix, spec.doc_suffix, path)  # refused now, not mid-run
+    return path, vocab_size(tok), path if spec.path and not spec.fetched else f"{_source(spec)} ({path})"
+
+
+def _source(spec) -> str:
+    if spec.hf is not None:
+        return f"hf = {spec.hf!r}"
+    return f"tiktoken = {spec.tiktoken!r}" if spec.tiktoken is not None else f"{spec.path} (copied)"
 
 
 def _encoder(path: str | None, backend: str):

@@ -37,12 +37,20 @@ class TokenizerTrain(_Strict):
     max_bytes: int = Field(default=256 << 20, gt=0)
 
 
+def is_tiktoken_file(source: str) -> bool:
+    """A tiktoken source that is a file (else it is an encoding name such as "cl100k_base")."""
+    return source.endswith(".tiktoken") or "/" in source or "\\" in source
+
+
 REFERENCE_PREFIX = [EOT_TOKEN]  # the reference's layout: its end-of-text token before each document
 
 
 class TokenizerSpec(_Strict):
-    path: str | None = None
+    path: str | None = None  # a tokenizer.json: local path or fsspec URL
     train: TokenizerTrain | None = None
+    hf: str | None = None  # a Hugging Face Hub repository ("org/name") whose tokenizer.json is used
+    tiktoken: str | None = None  # tiktoken ranks: a .tiktoken file, or the name of a tiktoken encoding
+    tiktoken_pattern: str | None = None  # the split regex for a .tiktoken file (default: GPT-2's)
     backend: Literal["auto", "hf", "tiktoken", "fastokens"] = "auto"
     dtype: Literal["auto", "uint16", "uint32"] = "auto"
     # the special tokens, by name, written before and after every document's text (each at its own id)
@@ -71,9 +79,19 @@ class TokenizerSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerSpec:
-        if (self.path is None) == (self.train is None):
-            raise ValueError("give exactly one of tokenizer.path and [tokenizer.train]")
+        given = [self.path, self.train, self.hf, self.tiktoken]
+        if sum(x is not None for x in given) != 1:
+            raise ValueError("give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken and "
+                             "[tokenizer.train]")
+        if self.tiktoken_pattern is not None and not (self.tiktoken and is_tiktoken_file(self.tiktoken)):
+            raise ValueError("tokenizer.tiktoken_pattern goes with a .tiktoken file (an encoding has its own)")
         return self
+
+    @property
+    def fetched(self) -> bool:
+        """Whether the run keeps its own copy of the tokenizer (a URL's, converted tiktoken ranks, a trained one)
+        as tokenizer.json in its output directory, instead of reading it where the recipe says."""
+        return self.train is not None or self.tiktoken is not None or (self.path is not None and "://" in self.path)
 
 
 class LayoutSpec(_Strict):
@@ -205,6 +223,11 @@ class Recipe(_Strict):
         same sources is the same run)."""
         data = self.model_dump(mode="json")
         data["tokenizer"]["path"] = self.tokenizer_path
+        for key in ("hf", "tiktoken", "tiktoken_pattern"):  # absent before these keys existed
+            if data["tokenizer"][key] is None:
+                data["tokenizer"].pop(key)
+        if self.tokenizer.tiktoken and is_tiktoken_file(self.tokenizer.tiktoken):
+            data["tokenizer"]["tiktoken"] = self.resolve(self.tokenizer.tiktoken)
         data["tokenizer"].pop("backend")  # every backend gives identical ids
         for key, default in (("doc_prefix", REFERENCE_PREFIX), ("doc_suffix", [])):
             if data["tokenizer"][key] == default:  # absent before these keys existed: runs from then still resume

@@ -3,6 +3,7 @@ recipe's document delimiters as its ids; and the UTF-8 bytes each token id stand
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -13,8 +14,9 @@ import fsspec
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tokmix.backends import GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, bytes_to_unicode, first_line
 from tokmix.errors import TokmixError
-from tokmix.recipe import REFERENCE_PREFIX
+from tokmix.recipe import REFERENCE_PREFIX, Recipe, is_tiktoken_file
 from tokmix.shards import CHECKSUM, Delimiters, dtype_for_vocab
 
 
@@ -63,8 +65,13 @@ def document_delimiters(tok: Tokenizer, prefix: list[str], suffix: list[str], pa
     return Delimiters(ids(prefix, "doc_prefix"), ids(suffix, "doc_suffix"))
 
 
+TOKENIZER_FILE = "tokenizer.json"  # a Hub repository's; and a run's own (trained, copied or converted) in its output
+
+
 def vocab_size(tok: Tokenizer) -> int:
-    return tok.get_vocab_size(with_added_tokens=True)
+    """Ids the tokenizer can give: its largest id + 1 (tiktoken encodings leave gaps before their special tokens,
+    so counting tokens would fall short)."""
+    return max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
 
 def token_dtype(tok: Tokenizer, forced: str, path: str) -> np.dtype:
@@ -130,3 +137,170 @@ def train_tokenizer(texts: Iterator[str], vocab: int, min_frequency: int, out_pa
     tmp = out_path.with_name(out_path.name + ".tmp")
     tmp.write_text(tok.to_str(pretty=False))
     tmp.replace(out_path)
+
+
+# ---------------------------------------------------------------------------- where the tokenizer comes from
+def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
+    """The local tokenizer.json a run reads: the recipe's `path` itself, a Hub repository's file in
+    huggingface_hub's cache, or `own` (the run's tokenizer.json, written once) holding a copy of a URL's file or
+    the conversion of tiktoken ranks; None for one still to be trained."""
+    spec = recipe.tokenizer
+    if spec.hf is not None:
+        return fetch_hf_tokenizer(spec.hf)
+    if not spec.fetched:
+        return recipe.tokenizer_path
+    if own.exists():
+        return str(own)
+    if spec.train is not None:
+        return None
+    if spec.tiktoken is not None:
+        text = tiktoken_tokenizer_json(recipe)
+    else:
+        try:
+            with fsspec.open(recipe.tokenizer_path, "r", encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise TokmixError(f"tokenizer {recipe.tokenizer_path}: file not found") from None
+    own.parent.mkdir(parents=True, exist_ok=True)
+    tmp = own.with_name(own.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(own)
+    return str(own)
+
+
+def fetch_hf_tokenizer(repo: str) -> str:
+    """The local path of a Hub repository's tokenizer.json, through huggingface_hub's cache: offline when the
+    cache has it (the Hub is not asked then), downloaded into the cache otherwise."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(repo, TOKENIZER_FILE, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError): ask the Hub
+        pass
+    try:
+        return hf_hub_download(repo, TOKENIZER_FILE)
+    except Exception as e:  # noqa: BLE001 - offline, unknown or gated repository, no tokenizer.json, ...
+        raise TokmixError(f"tokenizer hf = {repo!r}: not in the Hugging Face cache and not downloadable "
+                          f"({first_line(e)})") from None
+
+
+def _read_tiktoken_file(path: str) -> dict[bytes, int]:
+    """A .tiktoken file's ranks: one `<base64 token> <rank>` a line."""
+    try:
+        with fsspec.open(path, "r", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise TokmixError(f"tokenizer tiktoken = {path}: file not found") from None
+    except UnicodeDecodeError:
+        raise TokmixError(f"tokenizer tiktoken = {path}: not a .tiktoken file (not ASCII)") from None
+    ranks = {}
+    for n, line in enumerate(lines, 1):
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:  # binascii.Error is a ValueError
+            raise TokmixError(f"tokenizer tiktoken = {path}: line {n} is not '<base64 token> <rank>'") from None
+    return ranks
+
+
+def _local_encoding(name: str):
+    """tiktoken's encoding `name` from ranks already on this machine (tiktoken's cache, TIKTOKEN_CACHE_DIR): the
+    fetch tiktoken would make otherwise is refused, so a run never depends on the network for them."""
+    import tiktoken
+    import tiktoken.load
+
+    fetch = tiktoken.load.read_file
+
+    def local_only(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise FileNotFoundError(f"{blobpath} is not in tiktoken's cache")
+        return fetch(blobpath)
+
+    tiktoken.load.read_file = local_only
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as e:
+        if "Unknown encoding" not in str(e):
+            raise TokmixError(f"tokenizer tiktoken = {name!r}: {first_line(e)}") from None
+        known = ", ".join(tiktoken.list_encoding_names())
+        raise TokmixError(f"tokenizer tiktoken = {name!r}: no such encoding ({known}) and not a .tiktoken "
+                          "file") from None
+    except FileNotFoundError:
+        raise TokmixError(f"tokenizer tiktoken = {name!r}: its ranks are not in tiktoken's cache "
+                          "(TIKTOKEN_CACHE_DIR); put them there or give the .tiktoken file") from None
+    finally:
+        tiktoken.load.read_file = fetch
+
+
+def _bpe_parts(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]:
+    """tiktoken's BPE on `token`'s bytes with merges of rank below `below` only: for a token of the ranks, the two
+    parts whose merge makes it."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        best, at = below, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], below)
+            if rank < best:
+                best, at = rank, i
+        if at < 0:
+            break
+        parts[at : at + 2] = [parts[at] + parts[at + 1]]
+    return parts
+
+
+def tiktoken_tokenizer_json(recipe: Recipe) -> str:
+    """The tokenizer.json of the recipe's tiktoken ranks: ids are ranks. An encoding brings its split pattern and
+    special tokens; a .tiktoken file takes tiktoken_pattern (GPT-2's by default) and gets the recipe's delimiters
+    as special tokens after its ranks (so GPT-2's ranks give <|endoftext|> its id, 50256)."""
+    spec = recipe.tokenizer
+    source = spec.tiktoken
+    if is_tiktoken_file(source):
+        source = recipe.resolve(source)
+        ranks, pattern = _read_tiktoken_file(source), spec.tiktoken_pattern or GPT2_PATTERN
+        first = max(ranks.values(), default=-1) + 1
+        specials = {name: first + i for i, name in enumerate(dict.fromkeys(spec.doc_prefix + spec.doc_suffix))}
+    else:
+        enc = _local_encoding(source)
+        ranks, pattern, specials = enc._mergeable_ranks, enc._pat_str, dict(enc._special_tokens)
+    return ranks_tokenizer_json(ranks, pattern, specials, source)
+
+
+def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[str, int], source: str) -> str:
+    """An HF tokenizer.json that gives tiktoken's ids for these ranks: byte-level BPE, id = rank, each token's merge
+    the two parts tiktoken joins last, ignore_merges (tiktoken takes a piece that is a whole token as it is), the
+    split pattern (GPT-2's as HF's own ByteLevel split, which keeps long documents cuttable), and the special
+    tokens as added special tokens."""
+    table = bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(table[x] for x in b)
+
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokmixError(f"tokenizer tiktoken = {source}: byte {missing[0]:#04x} has no rank (byte-level BPE "
+                          "needs all 256)")
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        parts = _bpe_parts(ranks, token, rank)
+        if len(parts) != 2:
+            raise TokmixError(f"tokenizer tiktoken = {source}: rank {rank} ({token!r}) is not the merge of two "
+                              "tokens of lower rank")
+        merges.append([text(parts[0]), text(parts[1])])
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    if pattern in (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN):
+        pre = byte_level
+    else:
+        pre = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {**byte_level, "use_regex": False}]}
+    added = [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for name, i in sorted(specials.items(), key=lambda kv: kv[1])]
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": pre, "post_processor": None, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": {text(t): r for t, r in ranks.items()}, "merges": merges},
+    }, ensure_ascii=False)

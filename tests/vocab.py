@@ -1,0 +1,125 @@
+"""Real pretrained vocabularies for the tests (tests/data/vocab, copied from PyPI packages; see its README): GPT-2's
+ranks in tiktoken's format, and Mistral 7B's SentencePiece model turned into the tokenizer.json that HF's
+converters write for Llama-2 / Mistral (byte fallback, metaspace pre-tokenizer)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data" / "vocab"
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"  # tiktoken's r50k_base
+
+
+def gpt2_tiktoken(folder: Path) -> Path:
+    """GPT-2's ranks as a .tiktoken file."""
+    path = folder / "gpt2.tiktoken"
+    path.write_bytes(gzip.decompress((DATA / "gpt2.tiktoken.gz").read_bytes()))
+    return path
+
+
+def tiktoken_cache(folder: Path) -> Path:
+    """A TIKTOKEN_CACHE_DIR holding r50k_base's ranks, where tiktoken looks before fetching them (the file named by
+    the sha1 of its URL; tiktoken checks its sha256, which GPT-2's file has)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gpt2_tiktoken(folder).rename(folder / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    return folder
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return n, i
+
+
+def _fields(buf: bytes):
+    """(field number, value) of a protobuf message: ints for varints, bytes for the rest."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i : i + n], i + n
+        else:  # fixed 64 or 32 bits
+            size = 8 if wire == 1 else 4
+            value, i = buf[i : i + size], i + size
+        yield key >> 3, value
+
+
+def sentencepiece_pieces(model: bytes) -> list[tuple[str, float, int]]:
+    """(piece, score, type) of each piece of a SentencePiece ModelProto (field 1; piece 1, score 2, type 3)."""
+    pieces = []
+    for number, value in _fields(model):
+        if number == 1:
+            piece, score, kind = "", 0.0, 1
+            for f, v in _fields(value):
+                if f == 1:
+                    piece = v.decode("utf-8")
+                elif f == 2:
+                    (score,) = struct.unpack("<f", v)
+                elif f == 3:
+                    kind = v
+            pieces.append((piece, score, kind))
+    return pieces
+
+
+def mistral_tokenizer_json(path: Path, metaspace: bool) -> Path:
+    """Mistral 7B's SentencePiece BPE as HF's converters lay it out: every piece at its id, a merge for each way to
+    split a piece into two pieces, in order of the merged piece's score; byte fallback; <unk> <s> </s> as special
+    tokens; and "▁" for spaces and before the text either by a Metaspace pre-tokenizer (`metaspace`, the newer
+    layout, as in Mistral 7B v0.3's tokenizer.json: it prepends none to a text that starts with a space) or by
+    a Prepend + Replace normalizer (the "legacy" layout of Llama-2's and Mistral 7B v0.1's, as sentencepiece)."""
+    pieces = sentencepiece_pieces(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
+    ranked = []
+    for merged, (piece, score, _) in enumerate(pieces):
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        ranked += [(-score, merged, n, left, right) for n, (left, right) in enumerate(splits)]
+    merges = [[left, right] for *_, left, right in sorted(ranked)]
+    special = [{"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                "special": True} for i, (p, _, kind) in enumerate(pieces) if kind in (2, 3)]  # UNKNOWN, CONTROL
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+        "normalizer": None if metaspace else {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "pre_tokenizer": ({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+                          if metaspace else None),
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    path.write_text(json.dumps(spec, ensure_ascii=False))
+    return path
+
+
+# The ids the sentencepiece package itself gives with Mistral 7B's model (published: "Hello world" -> 22557, 1526)
+MISTRAL_IDS = {
+    "Hello world": [22557, 1526],
+    " world": [28705, 1526],
+    "héllo 中文 🧪": [295, 28797, 584, 28709, 28705, 28991, 29019, 28705, 243, 162, 170, 173],
+    "def f(x):\n    return x  # ok\n": [801, 285, 28732, 28744, 1329, 13, 2287, 604, 1318, 28705, 422, 3614, 13],
+    "  two leading spaces": [259, 989, 5374, 10599],
+    "tab\there": [7683, 12, 7750],
+    "a\u00a0nbsp": [264, 29000, 14089],
+    "ÿ\x00ctrl": [28705, 30281, 3, 8022],
+}
