@@ -120,7 +120,7 @@ def test_a_url_is_copied_once_into_the_run(tmp_path, gpt2):
     own = tmp_path / "out" / "tokenizer.json"
     assert tokenizer_file(recipe(tmp_path, path=gpt2.as_uri()), own) == str(own)
     assert own.read_bytes() == gpt2.read_bytes()
-    with pytest.raises(TokmixError, match=r"tokenizer file://.*/absent.json: file not found"):
+    with pytest.raises(TokmixError, match=r"tokenizer \S*/absent.json: file not found"):
         tokenizer_file(recipe(tmp_path, path=(tmp_path / "absent.json").as_uri()), tmp_path / "o" / "tokenizer.json")
 
 
