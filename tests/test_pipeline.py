@@ -18,6 +18,7 @@ import pytest
 import tokmix
 from tests.corpus import make_inputs
 from tokmix import TokmixError
+from tokmix.executors import local_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +49,23 @@ def test_one_and_two_workers_write_identical_bytes(corpus, two_workers, tmp_path
     tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, workers=1)
     assert outputs(tmp_path) == outputs(two_workers)
     assert len([n for n in outputs(tmp_path) if n.startswith("train_")]) == 4
+
+
+def test_worker_processes_write_what_threads_write_whatever_their_number(corpus, two_workers, tmp_path):
+    """--executor processes (each worker its own encoder and GIL), with one process and with three on two
+    cores: the same bytes as two threads."""
+    recipe = tokmix.load_recipe(corpus / "recipe.toml")
+    tokmix.run(recipe, tmp_path / "one", workers=1, executor="processes")
+    tokmix.run(recipe, tmp_path / "three", workers=3, executor="processes", unit_bytes=20_000)
+    assert outputs(tmp_path / "one") == outputs(two_workers)
+    assert outputs(tmp_path / "three") == outputs(two_workers)
+
+
+def test_the_memory_budget_caps_the_worker_processes():
+    assert local_workers(64, 1 << 30) == 3  # 64 cores, the default 1 GiB: 3 processes of up to 256 MiB
+    assert local_workers(64, 32 << 30) == 64
+    assert local_workers(2, 1 << 30) == 2
+    assert local_workers(8, 300 << 20) == 1  # always one
 
 
 def test_index_matches_the_files(two_workers):

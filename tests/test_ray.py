@@ -197,7 +197,7 @@ def test_without_ray_the_executor_says_how_to_install_it(monkeypatch):
 
 
 def test_an_unknown_executor_is_named():
-    with pytest.raises(TokmixError, match="unknown executor 'dask'; choose 'local' or 'ray'"):
+    with pytest.raises(TokmixError, match="unknown executor 'dask'; choose 'local' or 'processes' or 'ray'"):
         make_executor("dask", 2)
 
 

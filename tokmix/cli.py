@@ -109,7 +109,8 @@ def run(
     max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
-    executor: str = typer.Option("local", "--executor", help="local (threads of this machine) | ray"),
+    executor: str = typer.Option("local", "--executor", help="local (threads of one process) | processes (one per "
+                                                       "worker: for many cores) | ray"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use with --executor ray "
                                                                        "(default: RAY_ADDRESS, else a local one)"),
     work: Path | None = typer.Option(None, "--work", help="local working directory when --out is a URL "

@@ -1,18 +1,21 @@
-"""Where work units and shards run: threads of the stage process, or Ray tasks on a cluster. Both run the same
-top-level functions on the same arguments, so the executor never changes the output. Ray is an optional
+"""Where work units and shards run: threads of the stage process, worker processes of this machine, or Ray tasks
+on a cluster. All run the same top-level functions on the same arguments, so the executor never changes the
+output. Ray is an optional
 extra, imported only by RayExecutor."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing as mp
 import os
 import re
 import signal
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from tokmix.errors import TokmixError
@@ -22,17 +25,22 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "ARROW_DEFAULT_MEMORY_POOL": "system",  # glibc gives arrow buffers back; jemalloc hoards
 }
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "processes", "ray")
 NO_RAY = "the Ray executor needs Ray: pip install 'tokmix[ray]'"
 RAY_MAX_RETRIES = 3  # reruns of a task whose worker process or node died; its writes are idempotent
 RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minutes: check it first
+# What one local worker process may hold at its peak: interpreter, numpy, pyarrow, its encoder and a 16 MiB
+# unit's text and ids. Measured ~115 MiB more in the tree per process than one process of threads (2 workers,
+# the bench recipe, 4 MiB units: 545 against 431 MiB at the peak); the rest is headroom for larger units.
+WORKER_PROCESS_BYTES = 256 << 20
+STAGE_PROCESS_BYTES = 256 << 20  # the stage process itself, in the streams and assemble stages
 
 
 class LocalExecutor:
-    """Threads of the stage process sharing one encoder. Every backend encodes with the GIL released, one
-    thread per call (tokmix.stages.ENCODER_THREADS), so `workers` threads keep as many cores encoding while
-    their units are read and written in between; one process holds one copy of the encoder (a process pool
-    held one per worker and paid for pickling every result)."""
+    """Threads of the stage process sharing one encoder: the least memory (one copy of the encoder), but one
+    GIL. Every backend encodes with the GIL released, yet around each call CPython converts text between
+    Arrow's UTF-8 and `str` with it held, ~16-17% of a worker's time (docs/scaling.md): past ~6 cores the
+    threads queue for it. The default: on a few cores the fastest and the leanest."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -60,6 +68,55 @@ class LocalExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close(cancel=exc[0] is not None)
+
+
+def _start_worker_process(encoder: tuple[str, str] | None) -> None:
+    """A local worker process: Ctrl-C reaches the whole process group, but stopping is the stage process's
+    job (it kills its workers; a unit in flight leaves only a temporary file), so workers ignore it. It builds
+    its encoder (tokenizer path, backend) as it starts, while the stage process runs the holdout stage."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(WORKER_ENV)
+    if encoder is not None:
+        from tokmix.stages import shared_encoder
+
+        try:
+            shared_encoder(*encoder)
+        except Exception:  # noqa: BLE001 - the first unit builds it again and reports why it cannot
+            pass
+
+
+def _started() -> None:
+    """A task that only makes the pool start a process."""
+
+
+class ProcessExecutor(LocalExecutor):
+    """Worker processes of this machine, each with its own encoder and its own GIL: per-core throughput does not
+    depend on the number of cores (the stage process only hands out task descriptions of ~1 KB and gets
+    records back: tokens go from a worker straight to its unit file). Started with `spawn`, never `fork`: the
+    stage process has threads (the memory guard, the encoder's pools). Each worker costs its own encoder and
+    interpreter, WORKER_PROCESS_BYTES in all, so the memory budget bounds how many run (local_workers)."""
+
+    def __init__(self, workers: int, encoder: tuple[str, str] | None = None):
+        self.workers = workers
+        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker_process,
+                                        initargs=(encoder,))
+        for _ in range(workers):  # the pool starts a process per task while none is idle: start them all now
+            self.pool.submit(_started)
+
+    def result(self, future: Future) -> Any:
+        try:
+            return future.result()
+        except BrokenProcessPool:  # killed from outside (the kernel's OOM killer, kill -9): not bad input
+            raise TokmixError("a worker process died in the middle of a task (killed from outside, e.g. out of "
+                              "memory); committed work is kept: run the same command again to resume") from None
+
+    def close(self, cancel: bool = False) -> None:
+        """On an error the queued tasks are dropped and the workers killed at once: a unit or shard in flight
+        leaves only its temporary file, which the next run removes."""
+        if cancel:
+            for process in list((self.pool._processes or {}).values()):  # None once the pool is shut down
+                process.kill()
+        self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
 
 
 class RayExecutor:
@@ -174,10 +231,20 @@ def check_executor(kind: str, address: str | None = None) -> None:
         _check_reachable(address or os.environ.get("RAY_ADDRESS"))
 
 
-def make_executor(kind: str, workers: int, address: str | None = None) -> LocalExecutor | RayExecutor:
-    """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs."""
+def local_workers(workers: int, max_memory: int) -> int:
+    """How many worker processes the memory budget holds, at most `workers` and at least one."""
+    return max(1, min(workers, (max_memory - STAGE_PROCESS_BYTES) // WORKER_PROCESS_BYTES))
+
+
+def make_executor(kind: str, workers: int, address: str | None = None, max_memory: int | None = None,
+                  encoder: tuple[str, str] | None = None) -> LocalExecutor | RayExecutor:
+    """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs.
+    `max_memory` (the tree's budget) caps the worker processes (local_workers), which build `encoder`
+    (tokenizer path, backend) as they start."""
     if kind == "local":
         return LocalExecutor(workers)
+    if kind == "processes":
+        return ProcessExecutor(workers if max_memory is None else local_workers(workers, max_memory), encoder)
     if kind == "ray":
         return RayExecutor(workers, address)
     raise _unknown(kind)

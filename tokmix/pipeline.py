@@ -21,7 +21,7 @@ import psutil
 
 from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, choose_backend, installed_backends
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import make_executor
+from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
@@ -274,7 +274,10 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed."""
     t0 = time.perf_counter()
     val = run_holdout(ctx)
-    release_memory()
+    if ctx.executor == "local":
+        release_memory()
+    else:  # the streams stage encodes in worker processes (or on Ray) with encoders of their own
+        drop_cached()
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     metas = run_streams(ctx)
@@ -307,7 +310,12 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         remove_tmp_files(layout.root)
         timings = Timings(layout)
         ctx = build_context(recipe, layout, options, timings)
-        with make_executor(ctx.executor, ctx.workers, options.ray_address) as ctx.pool:
+        if ctx.executor == "processes" and local_workers(ctx.workers, options.max_memory) < ctx.workers:
+            log(f"{local_workers(ctx.workers, options.max_memory)} worker processes fit in --max-memory "
+                f"{options.max_memory / 2**30:,.1f} GiB (each may hold ~{WORKER_PROCESS_BYTES >> 20} MiB), not "
+                f"{ctx.workers}: raise --max-memory to use more cores")
+        with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
+                           (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
             try:
                 run_pipeline(ctx, timings)
             finally:
@@ -344,7 +352,7 @@ def child_main(out_dir: str, report_fd: int | None = None) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
     signal.signal(signal.SIGTERM, _interrupt)
-    _start_memory_guard(options.max_memory, with_workers=options.executor == "local")
+    _start_memory_guard(options.max_memory, with_workers=options.executor != "ray")
     try:
         run_stages(layout, options)
         return 0
