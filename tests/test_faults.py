@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -178,6 +179,33 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(corpus, clean, tmp_path):
     assert "committed work is kept" in stderr and "tokmix run" in stderr
     assert tokmix_run(corpus, tmp_path / "o").returncode == 0
     assert outputs(tmp_path / "o") == clean
+
+
+def test_worker_processes_killed_or_stopped_leave_nothing_behind_and_resume(corpus, clean, tmp_path):
+    """--executor processes: a SIGKILL of the whole group inside a worker process's unit, then SIGTERM while
+    workers run: the stage process kills its workers (none outlives the run), and the resumed run is
+    byte-identical to an uninterrupted one."""
+    out, processes = tmp_path / "o", ("--executor", "processes")
+    killed = tokmix_run(corpus, out, "streams:unit-before-rename:1", UNIT_BYTES, *processes)
+    assert killed.returncode == -signal.SIGKILL or killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
+    assert list(out.rglob("*.tok.tmp-*")), "the kill landed inside a unit"
+    fifo = tmp_path / "paused"
+    os.mkfifo(fifo)
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES), "TOKMIX_FAULT": "streams:after-unit:2:pause",
+           "TOKMIX_PAUSE_FIFO": str(fifo)}
+    proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(corpus), "--out", str(out), "--workers",
+                             "2", *processes], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    with open(fifo) as f:  # blocks until the stage process stands at the pause point, its workers started
+        assert f.read() == "paused"
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    assert workers, "no worker process"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "committed work is kept" in stderr
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "a worker outlived"
+    assert tokmix_run(corpus, out, None, UNIT_BYTES, *processes).returncode == 0
+    assert outputs(out) == clean
 
 
 def test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over(corpus, clean, tmp_path):
