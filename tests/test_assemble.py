@@ -10,7 +10,7 @@ import pytest
 
 from tokmix.errors import TokmixError
 from tokmix.shards import block_fingerprints, fingerprints_path
-from tokmix.stages.assemble import GATHER_TOKENS, ShardTask, write_shard
+from tokmix.stages.assemble import GATHER_TOKENS, Interleave, ShardTask, write_shard
 
 SEQ_LEN = 1024
 
@@ -95,3 +95,24 @@ def test_a_shard_writer_holds_one_gather_buffer_not_its_unit_files(tmp_path):
     gather_bytes = GATHER_TOKENS * 2
     assert unit_bytes >= 6 * gather_bytes
     assert grew < 2 * gather_bytes, f"peak RSS grew {grew / 2**20:.0f} MiB over {unit_bytes / 2**20:.0f} MiB of units"
+
+
+def test_a_document_that_starts_where_the_previous_one_of_another_file_ends_is_read_from_its_own_file(tmp_path):
+    """a0 = a's file [0, 1500), b0 = b's file [0, 1500), a1 = a's file [1500, 3000): b0 ends at the offset where
+    a1 starts, in another file, so the two are not one run."""
+    rng = np.random.default_rng(2)
+    units = _units(tmp_path, {"a": [[1_500, 1_500, 1_500]], "b": [[1_500, 1_500]]}, rng)
+    task, want = _task(tmp_path, units, ["a", "b", "a", "b", "a"], skip=0, blocks=7)
+    write_shard(task)
+    assert np.array_equal(np.fromfile(task.path, dtype=np.uint16), want)
+
+
+def test_documents_used_are_those_with_a_token_in_the_run():
+    """Document ends at 3, 5, 9, 14 tokens: a run of 5 tokens uses the first two documents exactly, one of 6 the
+    third one's first token too."""
+    interleave = Interleave.__new__(Interleave)  # the arrays alone: no unit files needed
+    interleave.streams, interleave.order = ("a", "b"), np.array([0, 1, 0, 1], dtype=np.uint8)
+    interleave.ends = np.cumsum([3, 2, 4, 5])
+    assert interleave.documents_used(5) == {"a": 1, "b": 1}
+    assert interleave.documents_used(6) == {"a": 2, "b": 1}
+    assert interleave.documents_used(14) == {"a": 2, "b": 2}

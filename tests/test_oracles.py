@@ -43,11 +43,12 @@ def stream_paths(inputs: dict, stream: str, part: str) -> list[Path]:
     return [inputs["root"] / f for f in inputs["split"][domain][part] if f.startswith(f"corpus/{stream}/")]
 
 
-def documents(inputs: dict, stream: str, part: str, skip_empty: bool) -> list[tuple[str, np.ndarray]]:
-    """(text, EOT + ids) of a stream's train or holdout files in split order."""
+def documents(inputs: dict, stream: str, part: str, skip_empty: bool,
+              drop: frozenset[str] = frozenset()) -> list[tuple[str, np.ndarray]]:
+    """(text, EOT + ids) of a stream's train or holdout files in split order, texts in `drop` left out."""
     out = []
     for path in stream_paths(inputs, stream, part):
-        batch = [t for t in texts(path) if t or not skip_empty]
+        batch = [t for t in texts(path) if (t or not skip_empty) and t not in drop]
         for text, enc in zip(batch, inputs["tok"].encode_batch(batch)):
             out.append((text, np.array([EOT, *enc.ids], dtype=np.uint16)))
     return out
@@ -60,15 +61,15 @@ def numbers(inputs: dict) -> tuple[int, int, int]:
     return blocks, layout.seq_len, blocks * layout.seq_len + 1
 
 
-def stream_contents(inputs: dict) -> dict[str, list[np.ndarray]]:
-    """Each stream's documents up to and including the one that crosses its budget: share x train tokens x slack,
-    rounded down, plus one."""
+def stream_contents(inputs: dict, drop: frozenset[str] = frozenset()) -> dict[str, list[np.ndarray]]:
+    """Each stream's documents (texts in `drop` left out) up to and including the one that crosses its budget:
+    share x train tokens x slack, rounded down, plus one."""
     _, _, train = numbers(inputs)
     out = {}
     for name, spec in inputs["recipe"].streams.items():
         budget = int(spec.share * train * inputs["recipe"].layout.stream_slack) + 1
         docs, got = [], 0
-        for _, ids in documents(inputs, name, "train", skip_empty=True):
+        for _, ids in documents(inputs, name, "train", skip_empty=True, drop=drop):
             docs.append(ids)
             got += len(ids)
             if got >= budget:
@@ -96,9 +97,11 @@ def holdout_read(inputs: dict, domain: str) -> list[tuple[str, str, np.ndarray]]
 
 def test_each_stream_ends_at_the_document_that_crosses_its_budget(inputs, finished_run):
     assert inputs["index"]["decontamination"]["dropped_by_stream"] == dict.fromkeys(inputs["recipe"].streams, 0)
+    _, _, train = numbers(inputs)
     for name, docs in stream_contents(inputs).items():
         meta = inputs["index"]["mix"]["streams"][name]
-        assert (meta["docs"], meta["tokens"]) == (len(docs), sum(map(len, docs))), name
+        budget = int(inputs["recipe"].streams[name].share * train * inputs["recipe"].layout.stream_slack) + 1
+        assert (meta["budget"], meta["docs"], meta["tokens"]) == (budget, len(docs), sum(map(len, docs))), name
         record = json.loads((finished_run / f"streams/{name}/stream.json").read_text())
         units = [np.fromfile(finished_run / f"streams/{name}/units/{u['name']}.tok", dtype=np.uint16)
                  for u in record["units"]]
@@ -145,8 +148,9 @@ def test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents(inputs, fin
 def test_every_planted_holdout_document_is_dropped(inputs, tmp_path):
     """Every holdout document the holdout stage reads (the one that crosses its budget included) is planted at
     the start of its stream's first train file, and one of code's also into dclm's (holdouts of all domains are
-    checked against every stream): dropped equals planted, stream by stream. The document after each crossing
-    one, never read, is planted too and must be kept."""
+    checked against every stream): dropped equals planted, stream by stream, and no planted copy reaches a
+    unit. Not counted: the document after each crossing one (never read, so no holdout document), planted
+    too, and a copy placed right after the document where edu's content ends (it is past the stream)."""
     root = tmp_path / "c"
     shutil.copytree(inputs["root"], root, ignore=shutil.ignore_patterns("out"))
     read = {d: holdout_read(inputs, d) for d in inputs["split"]}
@@ -156,21 +160,45 @@ def test_every_planted_holdout_document_is_dropped(inputs, tmp_path):
         for name, text, _ in domain:
             if text:  # an empty text is no document in training: nothing to plant
                 planted[name].append(text)
+    kept = {}
     for name in planted:
-        after = [t for t, _ in documents(inputs, name, "holdout", skip_empty=False)][len(
-            [1 for n, _, _ in (x for d in read.values() for x in d) if n == name]):]
-        unread = next(t for t in after if t and t not in held)
-        planted[name].append(unread)  # not a holdout document: kept
-    code_text = next(t for n, t, _ in read["code"] if t and n == "code_py")
-    planted["dclm"].append(code_text)
+        taken = sum(1 for d in read.values() for n, _, _ in d if n == name)
+        kept[name] = next(t for t, _ in documents(inputs, name, "holdout", skip_empty=False)[taken:]
+                          if t and t not in held)
+    planted["dclm"].append(next(t for n, t, _ in read["code"] if t and n == "code_py"))
     for name, extra in planted.items():
-        train = stream_paths(inputs, name, "train")[0]
-        path = root / train.relative_to(inputs["root"])
-        pq.write_table(pa.table({"text": extra + texts(path)}), path, row_group_size=16)
-    index = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2)
-    want = {name: len(extra) - 1 for name, extra in planted.items()}  # all but the unread document
-    assert index["decontamination"]["dropped_by_stream"] == want
-    assert all(n > 5 for n in want.values())
+        path = stream_paths(inputs, name, "train")[0]
+        column = [*extra, kept[name], *texts(path)]
+        pq.write_table(pa.table({"text": column}), root / path.relative_to(inputs["root"]), row_group_size=16)
+    planted_inputs = {**inputs, "root": root}
+    edu_end, seen = len(stream_contents(planted_inputs, drop=frozenset(held))["edu"]), 0
+    for path in stream_paths(planted_inputs, "edu", "train"):  # a copy right after edu's last document
+        column = texts(path)
+        at = next((i for i, t in enumerate(column) if t and t not in held and (seen := seen + 1) == edu_end), None)
+        if at is not None:
+            column.insert(at + 1, planted["edu"][0])
+            pq.write_table(pa.table({"text": column}), path, row_group_size=16)
+            break
+    else:
+        raise AssertionError("edu's last document not found")
+    index = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), tmp_path / "out", workers=2, keep_streams=True)
+    assert index["decontamination"]["dropped_by_stream"] == {name: len(extra) for name, extra in planted.items()}
+    assert all(len(extra) > 5 for extra in planted.values())
+    contents = stream_contents(planted_inputs, drop=frozenset(held))
+    for name, docs in contents.items():
+        units = [np.fromfile(tmp_path / f"out/streams/{name}/units/{u['name']}.tok", dtype=np.uint16) for u in
+                 json.loads((tmp_path / f"out/streams/{name}/stream.json").read_text())["units"]]
+        want = np.concatenate(docs)
+        assert np.array_equal(np.concatenate(units)[: len(want)], want), name
+
+
+def test_copies_are_exact_texts_not_normalised():
+    from tokmix.sources import text_hashes
+    from tokmix.stages.streams import holdout_copies
+
+    hashes = np.unique(text_hashes(["the held out document"]))
+    texts_ = ["the held out document", " the held out document", "the held out document\n", "The held out document"]
+    assert holdout_copies(texts_, hashes, None).tolist() == [True, False, False, False]
 
 
 def test_a_unit_without_its_lengths_file_is_redone(finished_run, inputs, tmp_path):

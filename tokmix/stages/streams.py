@@ -259,7 +259,8 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
     last = used[-1]
     cum = np.cumsum(unit_lengths(ctx, stream, last["name"]), dtype=np.int64)
     last_docs = int(np.searchsorted(cum, budget - before)) + 1
-    dropped = sum(len(r["dropped_at"]) for r in used[:-1]) + sum(1 for k in last["dropped_at"] if k <= last_docs)
+    # a copy dropped once the stream's last document was kept (dropped_at == last_docs) lies past the stream
+    dropped = sum(len(r["dropped_at"]) for r in used[:-1]) + sum(1 for k in last["dropped_at"] if k < last_docs)
     tokenized = [r for r in used if r.get("pass", 1) == 1]  # later passes are copies of these
     encode_seconds = sum(r["encode_seconds"] for r in tokenized) or 1e-9
     passes = last.get("pass", 1)
