@@ -4,7 +4,10 @@ on its train split, and plans through --mirror on local copies laid out as its H
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,3 +80,13 @@ def test_the_local_recipe_in_the_readme_finds_its_files(tmp_path):
     assert "tokenizer  trained by the run (vocab 32,000)" in result.stdout
     assert "problem: stream web is likely to run short: its 2 train file(s)" in result.stdout
     assert "problem: stream code is likely to run short: its 1 train file(s)" in result.stdout
+
+
+def test_the_shipped_recipe_without_the_hub_is_one_line_naming_the_url_and_mirror(tmp_path):
+    """No Hub to reach (a closed port on this machine stands for a machine without network)."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "plan", str(RECIPE), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "hf://datasets/" in proc.stderr and "--mirror hf://datasets/" in proc.stderr, proc.stderr
