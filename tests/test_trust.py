@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -98,3 +99,161 @@ def test_an_edited_split_file_is_refused_naming_the_files_it_moved(corpus, clean
     split_path.write_text(first)  # restored: the run resumes to the clean run's bytes
     assert run(recipe, out).returncode == 0
     assert outputs(out) == clean
+
+
+# ---------------------------------------------------------------------------- only what tokmix made is removed
+def _copy(corpus: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "c"
+    shutil.copytree(corpus.parent, root)
+    return root
+
+
+def _move_stream(root: Path, stream: str, folder: str) -> None:
+    """Move a stream's source files into `folder` (relative to root), and the recipe and split file with them."""
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for path in (root / "corpus" / stream).glob("*.parquet"):
+        path.rename(root / folder / path.name)
+    for name in ("recipe.toml", "data/file_splits.json"):
+        (root / name).write_text((root / name).read_text().replace(f"corpus/{stream}/", f"{folder}/"))
+
+
+def test_sources_under_the_output_directory_are_refused_and_kept(corpus, tmp_path):
+    """The issue's first case: a user keeps a streams/ folder of sources where the run is written; the run used
+    to exit 0 and then remove OUT/streams with every source file in it."""
+    root = _copy(corpus, tmp_path)
+    _move_stream(root, "dclm", "out/streams/dclm")
+    before = tree(root)
+    proc = run(root / "recipe.toml", root / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: output directory {root / 'out'}: it holds stream dclm's source "
+                                   f"{root / 'out/streams/dclm/part-0.parquet'}; tokmix writes and removes files "
+                                   "there: choose another --out")
+    assert tree(root) == before
+
+
+def test_restart_over_a_folder_of_the_users_own_files_is_refused_and_deletes_nothing(corpus, tmp_path):
+    """The issue's second case: an output directory holding the user's train_*.jsonl and tokenizer.json, then
+    `--restart`: both used to be deleted before the run failed."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train_a.jsonl").write_text('{"text": "mine"}\n')
+    (out / "train_b.jsonl").write_text('{"text": "also mine"}\n')
+    shutil.copy(corpus.parent / "tokenizer/tokenizer.json", out / "tokenizer.json")
+    before = tree(out)
+    proc = run(corpus, out, "--restart")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: output directory {out}: not empty and not a tokmix run (it holds "
+                                   "tokenizer.json); choose a new or empty directory")
+    assert tree(out) == before
+    # the same folder named by the recipe as its sources and tokenizer: refused for that, first
+    root = _copy(corpus, tmp_path)
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace('path = "tokenizer/tokenizer.json"', f'path = "{out}/tokenizer.json"'))
+    proc = run(recipe, out, "--restart")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: output directory {out}: it holds the tokenizer {out}/tokenizer.json; "
+                                   "tokmix writes and removes files there: choose another --out")
+    assert tree(out) == before
+
+
+OVERLAPS = {  # how the recipe or --out overlaps a source -> what the one line says
+    "out is a source folder": ("corpus/edu", r"it holds stream edu's source .*/corpus/edu/part-0\.parquet"),
+    "out holds a source folder": ("corpus", r"it holds stream \w+'s source .*/corpus/\w+/part-0\.parquet"),
+    "out inside a recursive glob": ("corpus/edu/run",
+                                    r"stream edu's source pattern .*/corpus/edu/\*\* would match files tokmix writes"),
+    "out holds the split file": ("data", r"it holds the split file .*/data/file_splits\.json"),
+    "out holds the tokenizer": ("tokenizer", r"it holds the tokenizer .*/tokenizer/tokenizer\.json"),
+    "out is a link to a source folder": ("link", r"it holds stream edu's source .*/corpus/edu/part-0\.parquet"),
+    "a source is a link into out": ("out", r"it holds stream edu's source .*/corpus/edu/part-9\.parquet \(through a"),
+    "out given relative to the working directory": ("./corpus/../corpus/edu", r"it holds stream edu's source"),
+    "out is a file": ("corpus/edu/part-0.parquet", r"is a file, not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", OVERLAPS)
+def test_an_output_directory_that_overlaps_an_input_is_refused_before_anything_is_written(corpus, tmp_path, case):
+    root = _copy(corpus, tmp_path)
+    out, message = OVERLAPS[case]
+    recipe = root / "recipe.toml"
+    if case == "out inside a recursive glob":
+        recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/**"'))
+    if case == "out is a link to a source folder":
+        (root / "link").symlink_to(root / "corpus" / "edu")
+    if case == "a source is a link into out":
+        (root / "out").mkdir()
+        (root / "out" / "kept.parquet").write_bytes((root / "corpus/edu/part-3.parquet").read_bytes())
+        (root / "corpus/edu/part-9.parquet").symlink_to(root / "out" / "kept.parquet")
+    before = tree(root)
+    proc = run(recipe, out, cwd=root)
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(rf"error: output directory \S+: {message}.*\n", proc.stderr), proc.stderr
+    assert tree(root) == before
+
+
+def test_a_mirror_copy_inside_the_output_directory_is_refused(corpus, tmp_path):
+    root = _copy(corpus, tmp_path)
+    _move_stream(root, "edu", "out/mirror/edu")
+    recipe = root / "recipe.toml"
+    split = root / "data/file_splits.json"
+    split.write_text(split.read_text().replace("out/mirror/edu/", "hf://datasets/org/edu/"))
+    recipe.write_text(recipe.read_text().replace('"out/mirror/edu/', '"hf://datasets/org/edu/'))
+    before = tree(root)
+    proc = run(recipe, root / "out", "--mirror", f"hf://datasets/org/edu={root}/out/mirror/edu")
+    assert proc.returncode == 2
+    assert f"output directory {root / 'out'}: it holds stream edu's source" in proc.stderr, proc.stderr
+    assert tree(root) == before
+
+
+def test_a_tokmix_state_folder_of_another_tool_is_not_a_tokmix_run(corpus, tmp_path):
+    out = tmp_path / "out"
+    (out / "tokmix-state").mkdir(parents=True)
+    (out / "tokmix-state" / "recipe.json").write_text("{}")
+    before = tree(out)
+    proc = run(corpus, out, "--restart")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: output directory {out}: not empty and not a tokmix run (it holds "
+                                   "tokmix-state without tokmix's record of what it created); choose a new or "
+                                   "empty directory")
+    assert tree(out) == before
+
+
+def test_restart_and_cleanup_remove_only_what_tokmix_made(corpus, clean, tmp_path):
+    """A finished run that kept its intermediates, then the user's own files beside and inside what tokmix
+    made: a restart and its end-of-run cleanup remove the run's files and intermediates, and leave every one of
+    the user's (the restart used to remove every train_* and val_* name, and the cleanup all of streams/)."""
+    out = tmp_path / "out"
+    assert run(corpus, out, "--keep-streams").returncode == 0
+    mine = {"train_notes.txt": b"mine", "val_plan.md": b"mine", "tokmix-run.log": b"mine",
+            "streams/notes.txt": b"mine", "streams/dclm/units/notes.txt": b"mine", "streams/edu/units/1.tok": b"m"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    proc = run(corpus, out, "--restart")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {name: (out / name).read_bytes() for name in mine} == mine
+    assert outputs(out) == clean
+    assert not list(out.glob("streams/*/units/0*")) and not list(out.glob("streams/*/stream.json"))
+
+
+def test_a_folder_of_the_users_where_the_run_writes_is_refused(corpus, clean, tmp_path):
+    """A finished run (its intermediates removed), then a folder of the user's named as tokmix names one: a
+    restart does not write into it or remove it."""
+    out = tmp_path / "out"
+    assert run(corpus, out).returncode == 0
+    (out / "streams").mkdir()
+    (out / "streams" / "notes.txt").write_text("mine")
+    before = tree(out)
+    proc = run(corpus, out, "--restart")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: {out / 'streams'}: exists but tokmix did not create it (the run would "
+                                   "write there); move it away or choose another --out")
+    assert tree(out) == before
+
+
+def test_a_tokenizer_the_recipe_names_is_never_written_or_trained_in_its_place(corpus, tmp_path):
+    root = _copy(corpus, tmp_path)
+    (root / "tokenizer/tokenizer.json").unlink()
+    proc = run(root / "recipe.toml", root / "out")
+    assert proc.returncode == 2
+    assert f"tokenizer {root / 'tokenizer/tokenizer.json'}: file not found" in proc.stderr, proc.stderr
+    assert not (root / "tokenizer/tokenizer.json").exists()
+    assert not (root / "out/tokenizer.json").exists()

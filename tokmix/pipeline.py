@@ -9,7 +9,6 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -26,7 +25,7 @@ from tokmix.faults import exit_for_restart, fault_point
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
-from tokmix.shards import STREAMS_DIR, Layout, remove_tmp_files, shard_blocks, shard_tokens, write_json
+from tokmix.shards import Layout, shard_blocks, shard_tokens, write_json
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import build_index, run_assemble
@@ -34,7 +33,6 @@ from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.tokenizer import (
-    TOKENIZER_FILE,
     document_delimiters,
     load_tokenizer,
     token_byte_lengths,
@@ -105,7 +103,7 @@ def is_complete(layout: Layout, recipe: Recipe) -> bool:
 def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
     """[tokenizer.train]: learn a byte-level BPE from the train files only (each stream its share of
     max_bytes, in canonical order), once; later processes of the run load the saved file."""
-    path = layout.root / TOKENIZER_FILE
+    path = layout.tokenizer
     spec = recipe.tokenizer.train
 
     def texts():
@@ -253,7 +251,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     mirrors = parse_mirrors(options.mirrors)
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
-    tokenizer_path = tokenizer_file(recipe, layout.root / TOKENIZER_FILE)
+    tokenizer_path = tokenizer_file(recipe, layout.tokenizer)
     if tokenizer_path is None:
         tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
     tok = load_tokenizer(tokenizer_path)
@@ -307,7 +305,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     if is_complete(layout, recipe):
         log(f"{layout.root}: already complete and validated; nothing to do")
     else:
-        remove_tmp_files(layout.root)
+        layout.remove_tmp_files()
         timings = Timings(layout)
         ctx = build_context(recipe, layout, options, timings)
         if ctx.executor == "processes" and local_workers(ctx.workers, options.max_memory) < ctx.workers:
@@ -323,7 +321,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
         fault_point("cleanup:before")
     if not options.keep_streams:
-        shutil.rmtree(layout.root / STREAMS_DIR, ignore_errors=True)
+        layout.remove_created([p for p in layout.recorded() if layout.streams in (p, *p.parents)])
 
 
 def _failure_message(e: BaseException, layout: Layout) -> str:

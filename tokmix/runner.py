@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,9 +22,10 @@ import psutil
 from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
+from tokmix.outdir import check_output_dir
 from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import UNIT_BYTES, Layout, write_json
+from tokmix.shards import UNIT_BYTES, Layout, shard_blocks, write_json
 
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3
@@ -81,17 +81,18 @@ class RunLock:
         self.path.unlink(missing_ok=True)
 
 
-def _record_recipe(layout: Layout, recipe: Recipe, restart: bool) -> None:
+def _same_recipe(layout: Layout, recipe: Recipe) -> None:
     path = layout.state / "recipe.json"
-    new = {"recipe": recipe.model_dump(mode="json"), "base_dir": str(recipe.base_dir),
-           "output_fields": recipe.output_fields()}
-    if path.exists() and not restart:
-        old = json.loads(path.read_text())["output_fields"]
-        changes = recipe_diff(old, new["output_fields"])
+    if path.exists():
+        changes = recipe_diff(json.loads(path.read_text())["output_fields"], recipe.output_fields())
         if changes:
             raise TokmixError(f"{layout.root} was started with another recipe; resuming would mix two runs. "
                               f"Changed: {'; '.join(changes)}. Use --restart to start over")
-    write_json(path, new)
+
+
+def _record_recipe(layout: Layout, recipe: Recipe) -> None:
+    write_json(layout.state / "recipe.json", {"recipe": recipe.model_dump(mode="json"),
+                                             "base_dir": str(recipe.base_dir), "output_fields": recipe.output_fields()})
 
 
 def load_recorded_recipe(layout: Layout) -> Recipe:
@@ -99,15 +100,22 @@ def load_recorded_recipe(layout: Layout) -> Recipe:
     return recipe_from_dict(data["recipe"], Path(data["base_dir"]))
 
 
-def _wipe(layout: Layout) -> None:
-    """--restart: remove everything a run wrote (the split file lives beside the recipe and is kept)."""
-    for path in layout.root.glob("*"):
-        if path.name.startswith(("train_", "val_")) or path.name in ("index.json", "tokenizer.json"):
-            path.unlink()
-    shutil.rmtree(layout.streams, ignore_errors=True)
-    for path in layout.state.glob("*"):
-        if path.name != "lock":
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
+    """Record every path this run will create before any is created, refusing one that is there already and
+    that tokmix did not create (the user's). --restart first removes what earlier runs created, only that (the
+    split file lives beside the recipe and is kept)."""
+    shards = len(shard_blocks(recipe.blocks, recipe.blocks_per_shard))
+    paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched)
+    taken = layout.not_created(paths)
+    if taken:
+        how = "write there" if taken[0].is_dir() else "overwrite it"
+        raise TokmixError(f"{taken[0]}: exists but tokmix did not create it (the run would {how}); move it away "
+                          "or choose another --out")
+    if restart:
+        left = layout.remove_created()
+        if left:
+            log(f"--restart left {len(left)} path(s) that tokmix did not make: {', '.join(map(str, left[:5]))}")
+    layout.record_created(paths)
 
 
 # ---------------------------------------------------------------------------- supervisor
@@ -130,11 +138,13 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     recipe = recipe.model_copy(update={"base_dir": Path(os.path.abspath(recipe.base_dir))})
     options = replace(options, mirrors=[_absolute_mirror(spec) for spec in options.mirrors])
     if is_remote(out):
+        check_output_dir(recipe, str(out), options.mirrors)
         index = run(recipe, staging_dir(str(out), work), restart=restart, options=options)
         uploaded = publish(staging_dir(str(out), work), str(out))
         log(f"published {len(uploaded)} file(s) to {out}")
         return index
     layout = Layout(os.path.abspath(local_path(out)))
+    check_output_dir(recipe, str(layout.root), options.mirrors)  # before anything is written
     try:
         layout.state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -142,9 +152,10 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     if not os.access(layout.root, os.W_OK):
         raise TokmixError(f"output directory {layout.root}: not writable")
     with RunLock(layout):
-        if restart:
-            _wipe(layout)
-        _record_recipe(layout, recipe, restart)
+        if not restart:
+            _same_recipe(layout, recipe)
+        _claim(layout, recipe, restart)
+        _record_recipe(layout, recipe)
         write_json(layout.state / "options.json", asdict(options))
         (layout.state / "error.txt").unlink(missing_ok=True)
         fruitless = 0

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,13 @@ import numpy as np
 EOT_ID = 0
 EOT_TOKEN = "<|endoftext|>"
 INDEX_NAME = "index.json"
+TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
+UNITS_DIR = "units"
 STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
+RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
+RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
+LOCK_NAME = "lock"
 CHECKSUM = "sha256"
 UNIT_BYTES = 16 << 20  # intermediates: source bytes per work unit, the grain of parallelism and of resume
 READ_CHUNK_BYTES = 64 << 20  # sequential reads of this size keep checksums and validation streaming
@@ -124,8 +130,19 @@ def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
     return [blocks_per_shard] * full + ([rest] if rest else [])
 
 
+_UNIT_FILE = re.compile(r"\d{6}\.(tok|len|json)")  # what a units folder holds (sources.Unit.name)
+_TMP = re.compile(r"(.+)\.tmp-\d+")  # a file being written under its temporary name (_tmp_name)
+
+
 class Layout:
-    """Where everything lives in one output directory."""
+    """Where everything lives in one output directory, and which of it tokmix made.
+
+    tokmix removes or overwrites nothing in an output directory but what it created there: before a run
+    creates a path, the path is in the directory's record (`tokmix-state/created`, written and fsynced first).
+    The top-level files and the intermediates' folders are recorded by name; inside a recorded folder, what
+    is removed is only what tokmix names there (a units folder's `NNNNNN.tok/.len/.json`, a stream's
+    `stream.json`); the state folder is tokmix's alone. `--restart`, the end-of-run cleanup and the sweep of
+    temporary files all go through `remove_created`; anything else found there is left, and named."""
 
     def __init__(self, out_dir: str | os.PathLike):
         self.root = Path(out_dir)
@@ -135,12 +152,24 @@ class Layout:
         return self.root / INDEX_NAME
 
     @property
+    def tokenizer(self) -> Path:
+        return self.root / TOKENIZER_NAME
+
+    @property
     def streams(self) -> Path:
         return self.root / STREAMS_DIR
 
     @property
     def state(self) -> Path:
         return self.root / STATE_DIR
+
+    @property
+    def record(self) -> Path:
+        return self.state / RECORD_NAME
+
+    @property
+    def lock(self) -> Path:
+        return self.state / LOCK_NAME
 
     def train(self, k: int) -> Path:
         return self.root / train_name(k)
@@ -150,6 +179,137 @@ class Layout:
 
     def stream(self, name: str) -> Path:
         return self.streams / name
+
+    def units(self, stream: str) -> Path:
+        return self.stream(stream) / UNITS_DIR
+
+    def stream_meta(self, stream: str) -> Path:
+        return self.stream(stream) / "stream.json"
+
+    # ------------------------------------------------------------------ what the run creates, and the record
+    def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool) -> list[Path]:
+        """Every path a run of these domains, streams and shards creates, the state folder's content aside."""
+        paths = [self.index, *map(self.val, domains), *map(self.train, range(shards))]
+        paths += [self.tokenizer] if trains_tokenizer else []
+        paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
+        return paths
+
+    def sample_paths(self) -> list[Path]:
+        """One path of every kind tokmix may write, for asking whether a source pattern would match them."""
+        stream = self.stream("s")
+        return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.state / "recipe.json",
+                self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
+                for ext in ("tok", "len", "json")), _tmp_name(self.train(0))]
+
+    def is_run(self) -> bool:
+        """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""
+        return self.record.is_file()
+
+    def recorded(self) -> set[Path]:
+        if not self.record.is_file():
+            return set()
+        lines = self.record.read_text().splitlines()
+        return {self.root / line for line in lines[1:] if line and not line.startswith("#")}
+
+    def not_created(self, paths: list[Path]) -> list[Path]:
+        """Those of `paths` that are there but not in the record: the user's, never to be written over."""
+        known = self.recorded()
+        return [p for p in paths if p not in known and (p.exists() or p.is_symlink())]
+
+    def record_created(self, paths: list[Path]) -> None:
+        """Add paths to the record, durably, before they are created."""
+        known = self.recorded()
+        new = [p for p in paths if p not in known]
+        if new or not self.record.is_file():
+            self._write_record(sorted(known | set(new)))
+
+    def _write_record(self, paths: list[Path]) -> None:
+        lines = [RECORD_HEADER, *(str(p.relative_to(self.root)) for p in paths)]
+        write_bytes(self.record, ("\n".join(lines) + "\n").encode())
+        fd = os.open(self.state, os.O_RDONLY)
+        try:  # the rename itself on disk before anything it allows is created
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove_created(self, paths: list[Path] | None = None, keep: tuple[Path, ...] = ()) -> list[Path]:
+        """Remove the recorded paths among `paths` (default: all recorded, and the state folder's content but
+        the lock, the record and `keep`), deepest first; returns what was left because tokmix did not make it:
+        a folder that still holds something else, a symlink, a file where a folder was, or the reverse."""
+        recorded = self.recorded()
+        targets = recorded if paths is None else {p for p in paths if p in recorded}
+        left: list[Path] = []
+        if paths is None:
+            left += self._empty_state(keep)
+        for path in sorted(targets, key=lambda p: len(p.parts), reverse=True):
+            left += self._remove_one(path)
+        gone = {p for p in targets if not (p.exists() or p.is_symlink())}
+        if gone:  # forgotten: a file of the user's made later under such a name is not tokmix's
+            self._write_record(sorted(recorded - gone))
+        return left
+
+    def _remove_one(self, path: Path) -> list[Path]:
+        if path.is_symlink():  # tokmix makes no links: someone put this here
+            return [path]
+        if path.is_dir():
+            left = [p for p in path.iterdir() if not self._removable_child(path, p)]
+            for child in path.iterdir():
+                if child not in left:
+                    child.unlink()
+            if left:
+                return left
+            path.rmdir()
+            return []
+        if path.exists() and not path.is_file():
+            return [path]
+        path.unlink(missing_ok=True)
+        for tmp in path.parent.glob(f"{path.name}.tmp-*"):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink()
+        return []
+
+    def _removable_child(self, folder: Path, child: Path) -> bool:
+        """Whether `child` of a recorded folder is tokmix's to remove: a file named as tokmix names files there
+        (its own recorded subfolders are removed on their own, before their parent)."""
+        if child.is_symlink() or not child.is_file():
+            return False
+        name = m.group(1) if (m := _TMP.fullmatch(child.name)) else child.name
+        if folder.name == UNITS_DIR and folder.parent.parent == self.streams:
+            return bool(_UNIT_FILE.fullmatch(name))
+        if folder.parent == self.streams:
+            return name == "stream.json"
+        return False
+
+    def _empty_state(self, keep: tuple[Path, ...]) -> list[Path]:
+        """The state folder's content, but the lock, the record and `keep`: all of it is tokmix's."""
+        left = []
+        for path in sorted(self.state.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path in (self.lock, self.record, *keep) or path.parent in keep:
+                continue
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                try:
+                    path.rmdir()
+                except OSError:
+                    left.append(path)
+        return left
+
+    def remove_tmp_files(self) -> None:
+        """Temporary files left by a killed writer are never visible under a final name; a resume sweeps those
+        of recorded files and in recorded folders (never the user's files that happen to end in .tmp-N)."""
+        recorded = self.recorded()
+        folders = {self.root} | {p for p in recorded if p.is_dir() and not p.is_symlink()}
+        for folder in folders:
+            for tmp in folder.glob("*.tmp-*"):
+                name = _TMP.fullmatch(tmp.name)
+                if name and (folder / name.group(1) in recorded or self._removable_child(folder, tmp)) \
+                        and tmp.is_file() and not tmp.is_symlink():
+                    tmp.unlink()
+        for tmp in self.state.rglob("*.tmp-*"):
+            if tmp.is_file():
+                tmp.unlink()
+
 
     def shard_record(self, shard_file: str) -> Path:
         """What the assemble stage recorded of a shard it committed (tokens by stream, checksum)."""
@@ -301,14 +461,6 @@ def file_checksum(path: Path) -> str:
         while data := f.read(READ_CHUNK_BYTES):
             h.update(data)
     return h.hexdigest()
-
-
-def remove_tmp_files(directory: Path) -> None:
-    """Temporary files left by a killed writer are never visible under a final name; a resume sweeps them
-    from the whole output directory before anything else runs."""
-    if directory.is_dir():
-        for p in directory.rglob("*.tmp-*"):
-            p.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- per-block fingerprints

@@ -236,8 +236,8 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     starts = np.concatenate([[0], np.cumsum(plan)[:-1]]) * seq_len
     records: list[dict | None] = [_done(ctx, k, b * seq_len + 1) for k, b in enumerate(plan)]
     todo = [k for k, r in enumerate(records) if r is None]
-    for stale in sorted(layout.root.glob("train_*.bin"))[len(plan):]:
-        stale.unlink()  # a run with fewer blocks than an earlier one in this directory
+    # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
+    layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
     used_path = layout.state / "documents_used.json"
     if not todo:
         return records, json.loads(used_path.read_text())

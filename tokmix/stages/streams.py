@@ -180,11 +180,11 @@ def merged_holdout_path(ctx: Context, kind: str) -> Path:
 
 
 def units_dir(ctx: Context, stream: str) -> Path:
-    return ctx.layout.stream(stream) / "units"
+    return ctx.layout.units(stream)
 
 
 def meta_path(ctx: Context, stream: str) -> Path:
-    return ctx.layout.stream(stream) / "stream.json"
+    return ctx.layout.stream_meta(stream)
 
 
 def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
