@@ -5,6 +5,7 @@ lock, a full disk, and tokenizer training that never reads a holdout file."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -211,13 +212,15 @@ def test_worker_processes_killed_or_stopped_leave_nothing_behind_and_resume(corp
 def test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over(corpus, clean, tmp_path):
     state = tmp_path / "tokmix-state"
     state.mkdir()
-    (state / "lock").write_text(f"{os.uname().nodename} {os.getpid()}")  # a live owner: this test process
-    proc = tokmix_run(corpus, tmp_path)
+    (state / "lock").write_text(f"{os.uname().nodename} {os.getpid()}")  # a live owner: this test process,
+    with open(state / "lock") as held:  # holding the lock as a run does
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = tokmix_run(corpus, tmp_path)
     assert proc.returncode == 2
     assert f"another tokmix run (pid {os.getpid()}) is writing this directory" in proc.stderr
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (state / "lock").write_text(f"{os.uname().nodename} {dead.pid}")
+    (state / "lock").write_text(f"{os.uname().nodename} {dead.pid}")  # a killed run's: it holds nothing
     assert tokmix_run(corpus, tmp_path).returncode == 0
     assert outputs(tmp_path) == clean
 

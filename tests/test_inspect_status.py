@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from rich.console import Console
 from tokenizers import Tokenizer
@@ -90,8 +91,10 @@ def test_status_of_a_run_killed_mid_stream(demo, tmp_path):
         assert live.running and live.lock[1] == proc.pid
         assert "running: pid" in _text(render_status(live))
     finally:
+        stage = psutil.Process(proc.pid).children(recursive=True)  # the stage process holds the lock too
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        psutil.wait_procs(stage, timeout=60)
 
     st = status(out)
     assert not st.running and st.lock is not None  # the killed run's lock is left behind, stale

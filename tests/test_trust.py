@@ -10,10 +10,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.corpus import make_inputs
@@ -257,3 +259,82 @@ def test_a_tokenizer_the_recipe_names_is_never_written_or_trained_in_its_place(c
     assert f"tokenizer {root / 'tokenizer/tokenizer.json'}: file not found" in proc.stderr, proc.stderr
     assert not (root / "tokenizer/tokenizer.json").exists()
     assert not (root / "out/tokenizer.json").exists()
+
+
+# ---------------------------------------------------------------------------- one writer per directory
+def _pause_env(fifo: Path, point: str = "streams:after-unit:2") -> dict:
+    return {"TOKMIX_FAULT": f"{point}:pause", "TOKMIX_PAUSE_FIFO": str(fifo), "TOKMIX_UNIT_BYTES": "20000"}
+
+
+def _start(recipe: Path, out: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([str(TOKMIX), "run", str(recipe), "--out", str(out), "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, **env},
+                            start_new_session=True)
+
+
+def test_of_many_runs_started_together_over_a_stale_lock_one_writes(corpus, clean, tmp_path):
+    """Eight runs started at once on a directory whose lock names a killed run: one takes the lock (and stands
+    paused inside its streams stage), every other one is refused while it holds it; the run then resumes to
+    the clean run's bytes."""
+    out, fifo = tmp_path / "out", tmp_path / "paused"
+    (out / "tokmix-state").mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (out / "tokmix-state" / "lock").write_text(f"{socket.gethostname()} {dead.pid}\n")
+    os.mkfifo(fifo)
+    procs = [_start(corpus, out, _pause_env(fifo)) for _ in range(8)]
+    with open(fifo) as f:  # blocks until a run stands at the pause point, holding the lock
+        assert f.read() == "paused"
+    holder = int((out / "tokmix-state" / "lock").read_text().split()[1])
+    others = [p for p in procs if p.pid != holder]
+    assert len(others) == 7
+    for proc in others:  # a second holder would stand paused too, and never exit
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, stderr
+        assert stderr.strip() == f"error: {out}: another tokmix run (pid {holder}) is writing this directory"
+    winner = next(p for p in procs if p.pid == holder)
+    os.killpg(winner.pid, signal.SIGKILL)
+    winner.wait()
+    assert run(corpus, out).returncode == 0
+    assert outputs(out) == clean
+
+
+def test_killing_the_supervisor_alone_leaves_the_directory_locked_while_its_stage_process_writes(corpus, clean,
+                                                                                                tmp_path):
+    out, fifo = tmp_path / "out", tmp_path / "paused"
+    os.mkfifo(fifo)
+    first = _start(corpus, out, _pause_env(fifo))
+    with open(fifo) as f:
+        assert f.read() == "paused"
+    os.kill(first.pid, signal.SIGKILL)  # the supervisor alone; its stage process stays, paused mid-stream
+    first.wait()
+    stage = [p for p in psutil.process_iter(["cmdline"]) if "tokmix.pipeline" in " ".join(p.info["cmdline"] or [])
+             and str(out) in p.info["cmdline"]]
+    assert len(stage) == 1, "the stage process outlives its supervisor"
+    committed = {name: data for name, data in tree(out).items() if ".tmp-" not in name}
+    for more in ([], ["--restart"]):  # a restart too: it removes nothing while another run holds the lock
+        second = run(corpus, out, *more)
+        assert second.returncode == 2
+        assert second.stderr.strip() == f"error: {out}: another tokmix run (pid {stage[0].pid}) is writing this " \
+                                        "directory"
+    assert tree(out).items() >= committed.items()  # its workers may have committed more units meanwhile
+    os.killpg(first.pid, signal.SIGKILL)  # the stage process's group: it and its workers
+    psutil.wait_procs(stage, timeout=60)
+    assert run(corpus, out).returncode == 0
+    assert outputs(out) == clean
+
+
+def test_a_lock_taken_on_another_host_is_broken_only_when_the_user_says_so(corpus, clean, tmp_path):
+    out = tmp_path / "out"
+    (out / "tokmix-state").mkdir(parents=True)
+    (out / "tokmix-state" / "lock").write_text("node-b.cluster 4242\n")
+    refused = run(corpus, out)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: {out}: locked by a tokmix run on host node-b.cluster (pid 4242), which cannot be checked from "
+        "here: if no run is writing this directory there, run again with --break-lock")
+    assert sorted(p.name for p in out.rglob("*")) == ["lock", "tokmix-state"], "nothing written"
+    taken = run(corpus, out, "--break-lock")
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert outputs(out) == clean
+    assert (out / "tokmix-state" / "lock").read_text() == "", "a finished run leaves the lock naming no holder"

@@ -109,6 +109,8 @@ def run(
     max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
+    break_lock: bool = typer.Option(False, "--break-lock", help="take over the lock of a run on another host that "
+                                                                "is known to have stopped"),
     executor: str = typer.Option("local", "--executor", help="local (threads of one process) | processes (one per "
                                                        "worker: for many cores) | ray"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use with --executor ray "
@@ -134,7 +136,7 @@ def run(
             options.workers = workers
         t0 = time.perf_counter()
         index = run_recipe(load_recipe(recipe), out_url or out, blocks=blocks, backend=backend, restart=restart,
-                           work=work, options=options)
+                           work=work, options=options, break_lock=break_lock)
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     except KeyboardInterrupt:

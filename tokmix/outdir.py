@@ -90,7 +90,9 @@ def _check_ours(layout: Layout) -> None:
     if not root.is_dir() or layout.is_run():
         return
     state = layout.state
-    leftover = state.is_dir() and not state.is_symlink() and all(p.name.startswith(LOCK_NAME) for p in state.iterdir())
+    # a run that took the lock and is writing its first record right now, or was killed doing so
+    leftover = state.is_dir() and not state.is_symlink() and all(p.name == LOCK_NAME or ".tmp-" in p.name
+                                                                  for p in state.iterdir())
     foreign = sorted(p.name for p in root.iterdir() if not (p == state and leftover))
     if foreign:
         what = f"{state.name} without tokmix's record of what it created" if foreign == [state.name] else foreign[0]

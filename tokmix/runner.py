@@ -6,6 +6,7 @@ while the stage process works."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -53,32 +54,65 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------- lock and recorded recipe
 class RunLock:
-    """One writer per output directory: a lock file holding the owner's host and pid. A lock whose process
-    is gone (a killed run) is stale and taken over."""
+    """One writer per output directory. The lock is the kernel's (flock) on `tokmix-state/lock`: taking it is
+    atomic (of runs started together, one gets it), it is released when the last process holding it ends (a
+    killed run leaves nothing to break), and the stage process inherits it, so a run whose supervisor alone was
+    killed still holds it while its stage process writes. The file also names the run that took it (host and
+    pid): one taken on another host, over a shared filesystem that may not carry the kernel's locks between
+    hosts, is not broken unless the user says so (`break_lock`, the CLI's --break-lock)."""
 
-    def __init__(self, layout: Layout):
-        self.path = layout.state / "lock"
+    def __init__(self, layout: Layout, break_lock: bool = False):
+        self.layout, self.break_lock = layout, break_lock
+        self.fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = f"{socket.gethostname()} {os.getpid()}"
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                owner = self.path.read_text().split()
-                if len(owner) == 2 and owner[0] == socket.gethostname() and psutil.pid_exists(int(owner[1])):
-                    raise TokmixError(f"{self.path.parent.parent}: another tokmix run (pid {owner[1]}) is writing "
-                                      "this directory") from None
-                self.path.unlink(missing_ok=True)  # stale: its owner was killed
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-            return self
-        raise TokmixError(f"{self.path}: could not take the lock")
+        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            holder = self._take(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
+        os.fsync(fd)
+        if holder:
+            log(f"took over the lock of {'the run on ' + holder[0] if holder[0] != socket.gethostname() else 'a run'}"
+                f" (pid {holder[1]}) that ended without releasing it")
+        self.fd = fd
+        return self
+
+    def _take(self, fd: int) -> list[str]:
+        """Lock `fd`; returns the holder the file still names (a run killed before releasing it), if any."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pids = _holder(fd)[1:]
+            # the supervisor's pid, or its stage process's when the supervisor alone was killed
+            pid = next((p for p in pids if psutil.pid_exists(int(p))), pids[0] if pids else None)
+            who = f" (pid {pid})" if pid else ""
+            raise TokmixError(f"{self.layout.root}: another tokmix run{who} is writing this directory") from None
+        holder = _holder(fd)[:2]  # as it is now that it is ours
+        if len(holder) == 2 and holder[0] != socket.gethostname() and not self.break_lock:
+            raise TokmixError(f"{self.layout.root}: locked by a tokmix run on host {holder[0]} (pid {holder[1]}), "
+                              "which cannot be checked from here: if no run is writing this directory there, run "
+                              "again with --break-lock")
+        return holder if len(holder) == 2 else []
+
+    def name_stage_process(self, pid: int) -> None:
+        """Name the stage process beside the supervisor: it holds the lock too (it inherits it), and may outlive
+        a killed supervisor."""
+        os.pwrite(self.fd, f"{socket.gethostname()} {os.getpid()} {pid}\n".encode(), 0)
 
     def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # released: the file names no holder
+            os.close(self.fd)
+            self.fd = None
+
+
+def _holder(fd: int) -> list[str]:
+    """What the lock file names: host, the supervisor's pid and, once started, the stage process's."""
+    return os.pread(fd, 256, 0).decode(errors="replace").split()[:3]
 
 
 def _same_recipe(layout: Layout, recipe: Recipe) -> None:
@@ -126,10 +160,11 @@ def _progress_marker(layout: Layout) -> int:
 
 def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: str | None = None,
         restart: bool = False, work: str | Path | None = None, options: RunOptions | None = None,
-        **option_values) -> dict:
+        break_lock: bool = False, **option_values) -> dict:
     """Run every stage of `recipe` that is not done yet into `out`; returns the index. `out` may be an
     fsspec URL (s3://, gs://, ...): the run then works in `work` (default: a folder under ~/.cache) and
-    publishes the validated files there. Keyword arguments not named here are RunOptions fields (workers=,
+    publishes the validated files there. `break_lock` takes over a lock that a run on another host left (see
+    RunLock). Keyword arguments not named here are RunOptions fields (workers=,
     max_memory=, keep_streams=, mirrors=, executor=)."""
     options = options or RunOptions(**option_values)
     check_executor(options.executor, options.ray_address)  # before hours of holdout and streams, not after
@@ -139,7 +174,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     options = replace(options, mirrors=[_absolute_mirror(spec) for spec in options.mirrors])
     if is_remote(out):
         check_output_dir(recipe, str(out), options.mirrors)
-        index = run(recipe, staging_dir(str(out), work), restart=restart, options=options)
+        index = run(recipe, staging_dir(str(out), work), restart=restart, options=options, break_lock=break_lock)
         uploaded = publish(staging_dir(str(out), work), str(out))
         log(f"published {len(uploaded)} file(s) to {out}")
         return index
@@ -151,7 +186,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         raise TokmixError(f"output directory {layout.root}: cannot create it ({e.strerror})") from None
     if not os.access(layout.root, os.W_OK):
         raise TokmixError(f"output directory {layout.root}: not writable")
-    with RunLock(layout):
+    with RunLock(layout, break_lock) as lock:
         if not restart:
             _same_recipe(layout, recipe)
         _claim(layout, recipe, restart)
@@ -161,7 +196,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         fruitless = 0
         while True:
             before = _progress_marker(layout)
-            code, message = _run_child(layout)
+            code, message = _run_child(layout, lock)
             if code == 0:
                 break
             if code != RESTART_EXIT_CODE:
@@ -188,7 +223,7 @@ def _absolute_mirror(spec: str) -> str:
     return f"{prefix}={os.path.abspath(local)}" if sep and local and "://" not in local else spec
 
 
-def _run_child(layout: Layout) -> tuple[int, str]:
+def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:
     """The stages in a child process; returns its exit code and the one-line message it failed with, which
     comes through a pipe: a full disk cannot stop it from reaching the terminal. Ctrl-C reaches the child too
     (same process group); SIGTERM to the supervisor is passed on. Either way the child stops its workers and
@@ -196,11 +231,12 @@ def _run_child(layout: Layout) -> tuple[int, str]:
     # the short-lived processes it starts leave their pools' semaphores behind; the tracker's warning is noise
     quiet = ["-W", "ignore:resource_tracker:UserWarning"]
     read_end, write_end = os.pipe()
-    try:
+    try:  # the lock's descriptor is inherited too: the stage process holds the lock as long as it runs
         proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.root), str(write_end)],
-                                cwd=layout.state, pass_fds=(write_end,))
+                                cwd=layout.state, pass_fds=(write_end, lock.fd))
     finally:
         os.close(write_end)
+    lock.name_stage_process(proc.pid)
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:

@@ -82,10 +82,21 @@ def _lock(layout: Layout) -> tuple[tuple[str, int] | None, bool]:
         parts = (layout.state / "lock").read_text().split()
     except FileNotFoundError:
         return None, False
-    if len(parts) != 2 or not parts[1].isdigit():
-        return None, False  # being written right now, or not tokmix's
-    host, pid = parts[0], int(parts[1])
-    return (host, pid), host != socket.gethostname() or psutil.pid_exists(pid)
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
+        return None, False  # released, being written right now, or not tokmix's
+    host, pids = parts[0], [int(p) for p in parts[1:]]  # the supervisor's, then its stage process's
+    if host != socket.gethostname():
+        return (host, pids[0]), True
+    pid = next((p for p in pids if _alive(p)), None)
+    return (host, pid if pid is not None else pids[0]), pid is not None
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a killed one not reaped yet is a zombie, which holds no lock)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _json(path: Path) -> dict | None:
