@@ -206,17 +206,24 @@ def test_a_mirror_copy_inside_the_output_directory_is_refused(corpus, tmp_path):
     assert tree(root) == before
 
 
-def test_a_tokmix_state_folder_of_another_tool_is_not_a_tokmix_run(corpus, tmp_path):
+@pytest.mark.parametrize("state", ["another tool's folder", "a link to a tokmix run's state"])
+def test_a_tokmix_state_folder_of_another_tool_is_not_a_tokmix_run(corpus, tmp_path, state):
     out = tmp_path / "out"
-    (out / "tokmix-state").mkdir(parents=True)
-    (out / "tokmix-state" / "recipe.json").write_text("{}")
-    before = tree(out)
+    if state == "another tool's folder":
+        (out / "tokmix-state").mkdir(parents=True)
+        (out / "tokmix-state" / "recipe.json").write_text("{}")
+    else:  # a --restart through it would empty the other run's bookkeeping
+        (tmp_path / "other" / "tokmix-state").mkdir(parents=True)
+        (tmp_path / "other" / "tokmix-state" / "created").write_text("# tokmix\n")
+        out.mkdir()
+        (out / "tokmix-state").symlink_to(tmp_path / "other" / "tokmix-state")
+    before = tree(tmp_path)
     proc = run(corpus, out, "--restart")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"error: output directory {out}: not empty and not a tokmix run (it holds "
                                    "tokmix-state without tokmix's record of what it created); choose a new or "
                                    "empty directory")
-    assert tree(out) == before
+    assert tree(tmp_path) == before
 
 
 def test_restart_and_cleanup_remove_only_what_tokmix_made(corpus, clean, tmp_path):

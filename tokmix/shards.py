@@ -203,7 +203,9 @@ class Layout:
 
     def is_run(self) -> bool:
         """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""
-        return self.record.is_file()
+        # a real folder and file: a link to another run's state would make its bookkeeping this run's
+        return self.state.is_dir() and not self.state.is_symlink() and self.record.is_file() \
+            and not self.record.is_symlink()
 
     def recorded(self) -> set[Path]:
         if not self.record.is_file():
