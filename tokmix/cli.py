@@ -3,7 +3,6 @@ on stderr and a non-zero exit; --debug shows the traceback."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import tempfile
@@ -92,9 +91,14 @@ def print_summary(out: Path, index: dict) -> None:
 
     console.print(mix_table(index))
     console.print(holdout_table(index))
-    timings = Path(out) / "tokmix-state" / "timings.json"
-    if timings.exists():
-        console.print(timing_table(json.loads(timings.read_text()), index["total"]["tokens"]))
+    from tokmix.shards import DamagedFile, read_json
+
+    try:
+        timings = read_json(Path(out) / "tokmix-state" / "timings.json")
+    except DamagedFile:
+        timings = None  # a table the summary can do without
+    if timings:
+        console.print(timing_table(timings, index["total"]["tokens"]))
 
 
 @app.command()

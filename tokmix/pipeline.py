@@ -25,7 +25,15 @@ from tokmix.faults import exit_for_restart, fault_point
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
-from tokmix.shards import Layout, shard_blocks, shard_tokens, write_json
+from tokmix.shards import (
+    DamagedFile,
+    Layout,
+    file_checksum,
+    read_json,
+    shard_blocks,
+    shard_tokens,
+    write_json,
+)
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import build_index, run_assemble
@@ -71,33 +79,53 @@ def _start_memory_guard(limit: int, with_workers: bool = True) -> None:
     threading.Thread(target=watch, daemon=True, name="memory-guard").start()
 
 
+def remakable(path, sealed: bool = False):
+    """A state file that the run remakes when it is damaged: its content, or None (missing or damaged)."""
+    try:
+        return read_json(path, sealed)
+    except DamagedFile as e:
+        log(f"{e.path}: damaged ({e.why}); remade")
+        return None
+
+
 class Timings:
     """Seconds per stage, summed over the restarts of a run."""
 
     def __init__(self, layout: Layout):
         self.path = layout.state / "timings.json"
-        self.seconds = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.seconds = remakable(self.path) or {}
 
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + seconds, 3)
         write_json(self.path, self.seconds)
 
 
-def is_complete(layout: Layout, recipe: Recipe) -> bool:
-    """The validated run of this recipe is on disk, every file at its size."""
-    done = layout.state / "done.json"
-    if not done.exists() or json.loads(done.read_text()).get("fingerprint") != recipe.fingerprint():
-        return False
-    index = layout.read_index()
-    itemsize = 4 if index.get("dtype") == "uint32" else 2
-    expected = {s["file"]: s["tokens"] for s in index.get("shards", [])}
-    expected |= {v["file"]: v["tokens"] for v in index.get("val", {}).values()}
+def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
+    """(shards, holdouts) when the validated run of this recipe is on disk, every file at its size and its
+    checksum in index.json (one read of each); None otherwise. A damaged file is removed, with its record and
+    done.json, so that the run remakes it."""
+    done = remakable(layout.state / "done.json")
+    if done is None or done.get("fingerprint") != recipe.fingerprint():
+        return None
+    index = remakable(layout.index)
     plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
-    if len(index.get("shards", [])) != len(plan):
-        return False
-    return all((layout.root / f).exists() and (layout.root / f).stat().st_size == n * itemsize
-               for f, n in expected.items()) and all(
-        s["tokens"] == shard_tokens(b, recipe.layout.seq_len) for s, b in zip(index["shards"], plan))
+    if not index or len(index.get("shards", [])) != len(plan):
+        return None
+    itemsize = 4 if index.get("dtype") == "uint32" else 2
+    files = index["shards"] + list(index.get("val", {}).values())
+    if not all((layout.root / f["file"]).exists() and (layout.root / f["file"]).stat().st_size == f["tokens"] * itemsize
+               for f in files) or any(s["tokens"] != shard_tokens(b, recipe.layout.seq_len)
+                                      for s, b in zip(index["shards"], plan)):
+        return None
+    damaged = [f["file"] for f in files if file_checksum(layout.root / f["file"]) != f.get("checksum")]
+    for name in damaged:
+        log(f"{name}: damaged (sha256 differs from index.json); remaking it")
+        (layout.root / name).unlink()
+        layout.shard_record(name).unlink(missing_ok=True)
+    if damaged:
+        (layout.state / "done.json").unlink()
+        return None
+    return len(index["shards"]), len(index.get("val", {}))
 
 
 def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
@@ -181,8 +209,8 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
     """The backend, checked once per run and recorded: restarts reuse the decision."""
     path = layout.state / "backend.json"
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
-    if path.exists() and json.loads(path.read_text())["key"] == key:
-        return json.loads(path.read_text())["backend"]
+    if (recorded := remakable(path)) is not None and recorded.get("key") == key:
+        return recorded["backend"]
     with fresh_process() as pool:
         check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
         ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend)
@@ -202,10 +230,10 @@ def _same_tokenizer(layout: Layout, path: str) -> str:
     refused: the holdouts and units already written hold the first tokenizer's ids. (Another path is a changed
     recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
     checksum, record = tokenizer_checksum(path), layout.state / "tokenizer.checksum.json"
-    if not record.exists():
+    first = read_json(record)  # damaged: the one line naming it (what it recorded cannot be remade)
+    if first is None:
         write_json(record, {"path": path, "sha256": checksum})
         return checksum
-    first = json.loads(record.read_text())
     if first["sha256"] != checksum:
         raise TokmixError(f"tokenizer {path}: changed since this run started (sha256 {first['sha256'][:12]}..., "
                           f"now {checksum[:12]}...); what is already written holds the first one's ids: restore "
@@ -302,8 +330,9 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
 
 def run_stages(layout: Layout, options: RunOptions) -> None:
     recipe = load_recorded_recipe(layout)
-    if is_complete(layout, recipe):
-        log(f"{layout.root}: already complete and validated; nothing to do")
+    if (complete := verified_complete(layout, recipe)) is not None:
+        log(f"{layout.root}: already complete: sha256 of {complete[0]} shard(s) and {complete[1]} holdout(s) "
+            "verified; nothing to do")
     else:
         layout.remove_tmp_files()
         timings = Timings(layout)

@@ -26,7 +26,7 @@ from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.outdir import check_output_dir
 from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import UNIT_BYTES, Layout, shard_blocks, write_json
+from tokmix.shards import UNIT_BYTES, DamagedFile, Layout, read_json, shard_blocks, write_json
 
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3
@@ -117,8 +117,11 @@ def _holder(fd: int) -> list[str]:
 
 def _same_recipe(layout: Layout, recipe: Recipe) -> None:
     path = layout.state / "recipe.json"
-    if path.exists():
-        changes = recipe_diff(json.loads(path.read_text())["output_fields"], recipe.output_fields())
+    recorded = read_json(path)  # damaged: named, with --restart as the remedy
+    if recorded is not None:
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("output_fields"), dict):
+            raise DamagedFile(path, "not the recipe record tokmix writes")
+        changes = recipe_diff(recorded["output_fields"], recipe.output_fields())
         if changes:
             raise TokmixError(f"{layout.root} was started with another recipe; resuming would mix two runs. "
                               f"Changed: {'; '.join(changes)}. Use --restart to start over")

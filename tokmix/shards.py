@@ -21,6 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from tokmix.errors import TokmixError
+
 EOT_ID = 0
 EOT_TOKEN = "<|endoftext|>"
 INDEX_NAME = "index.json"
@@ -325,8 +327,53 @@ class Layout:
 
 
 def read_index(out_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(out_dir) / INDEX_NAME
-    return json.loads(path.read_text()) if path.exists() else {}
+    """index.json, {} when there is none; DamagedFile when it is not whole JSON."""
+    return read_json(Path(out_dir) / INDEX_NAME, remedy=REMAKE_REMEDY) or {}
+
+
+# ---------------------------------------------------------------------------- records and their checksums
+RECORD_SEAL = "record_sha256"  # a record's checksum of its own content: a torn write or an edit shows
+RESTART_REMEDY = "it records what this run is and cannot be remade: use --restart to start over"
+REMAKE_REMEDY = "run the same command again to remake it, or use --restart to start over"
+
+
+class DamagedFile(TokmixError):
+    """A file tokmix wrote that is not what it wrote: truncated, edited, bits flipped. A reader that can remake
+    it catches this; otherwise it is the user's one line, naming the file and the remedy."""
+
+    def __init__(self, path: Path, why: str, remedy: str = RESTART_REMEDY):
+        self.path, self.why = path, why
+        super().__init__(f"{path}: damaged ({why}); {remedy}")
+
+
+def _record_digest(body: dict) -> str:
+    return hashlib.new(CHECKSUM, json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """A commit record, sealed with its own checksum (read it back with read_json(path, sealed=True))."""
+    write_json(path, {**record, RECORD_SEAL: _record_digest(record)})
+
+
+def read_json(path: Path, sealed: bool = False, remedy: str = RESTART_REMEDY) -> Any:
+    """A JSON file tokmix wrote, None when there is none. DamagedFile when it is not whole JSON or, `sealed`, its
+    seal is missing or does not match its content (the seal is not returned)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+        raise DamagedFile(path, "not whole JSON: truncated or overwritten", remedy) from None
+    if not sealed:
+        return value
+    if not isinstance(value, dict) or RECORD_SEAL not in value:
+        raise DamagedFile(path, "its record has no checksum", remedy)
+    seal = value.pop(RECORD_SEAL)
+    if seal != _record_digest(value):
+        raise DamagedFile(path, "its record was changed", remedy)
+    return value
 
 
 def _tmp_name(path: Path) -> Path:
@@ -355,7 +402,8 @@ def _write_in_halves(f: BinaryIO, data: bytes | memoryview, fault: str = "write:
     f.write(data[half:])
 
 
-def write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+def write_bytes(path: Path, data: bytes, durable: bool = True) -> str:
+    """Write and commit `data`; returns its checksum, computed from the bytes in memory (no read back)."""
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -364,6 +412,7 @@ def write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     except OSError as e:  # a full disk: the message names the file being written, which the OS does not
         tmp.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(path)) from None
+    return hashlib.new(CHECKSUM, data).hexdigest()
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -374,10 +423,10 @@ def write_tokens(path: Path, tokens: np.ndarray) -> None:
     write_bytes(path, tokens.tobytes())
 
 
-def write_npy(path: Path, array: np.ndarray) -> None:
+def write_npy(path: Path, array: np.ndarray) -> str:
     buf = io.BytesIO()
     np.save(buf, array)
-    write_bytes(path, buf.getvalue())
+    return write_bytes(path, buf.getvalue())
 
 
 SYNC_FILE_RANGE_WRITE = 2

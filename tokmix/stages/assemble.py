@@ -6,7 +6,6 @@ independently, in parallel, each committed atomically, and a resume rewrites onl
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +17,15 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
     BlockFingerprinter,
+    DamagedFile,
     TokenFileWriter,
+    file_checksum,
     fingerprints_path,
+    read_json,
     shard_blocks,
     write_bytes,
     write_json,
+    write_record,
 )
 from tokmix.stages import Context, drop_cached
 from tokmix.stages.passes import passes_used
@@ -220,11 +223,20 @@ def _record_path(ctx: Context, k: int) -> Path:
 
 
 def _done(ctx: Context, k: int, n_tokens: int) -> dict | None:
-    """A shard's record when the shard is on disk, whole, from this recipe."""
+    """A shard's record when the shard is on disk, whole, from this recipe: the bytes its record's checksum was
+    taken of (one read of the shard). A damaged shard or record is None: the shard is written again."""
     path, shard = _record_path(ctx, k), ctx.layout.train(k)
-    if not (path.exists() and shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):
+    if not (shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):
         return None
-    return json.loads(path.read_text())
+    try:
+        record = read_json(path, sealed=True)
+    except DamagedFile as e:
+        ctx.log(f"{shard.name}: its record is damaged ({e.why}); rewritten")
+        return None
+    if record is not None and file_checksum(shard) != record["checksum"]:
+        ctx.log(f"{shard.name}: damaged (sha256 differs from its record); rewritten")
+        return None
+    return record
 
 
 def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict[str, int]]:
@@ -239,8 +251,12 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
     used_path = layout.state / "documents_used.json"
-    if not todo:
-        return records, json.loads(used_path.read_text())
+    try:
+        used = read_json(used_path)
+    except DamagedFile:
+        used = None  # computed again below, from the units
+    if not todo and used is not None:
+        return records, used
     t0 = time.perf_counter()
     (layout.state / "shards").mkdir(parents=True, exist_ok=True)
     interleave = Interleave(ctx, metas)
@@ -262,7 +278,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
             k = pending.pop(future)
             records[k] = executor.result(future)
             fault_point("assemble:after-rename")
-            write_json(_record_path(ctx, k), records[k])
+            write_record(_record_path(ctx, k), records[k])
             fault_point("assemble:after-record")
             ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
     ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")

@@ -17,7 +17,17 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.recipe import Recipe
-from tokmix.shards import CHECKSUM, Delimiters, write_json, write_npy, write_tokens
+from tokmix.shards import (
+    CHECKSUM,
+    DamagedFile,
+    Delimiters,
+    file_checksum,
+    read_json,
+    write_json,
+    write_npy,
+    write_record,
+    write_tokens,
+)
 from tokmix.sources import iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
 
@@ -30,6 +40,33 @@ def hashes_path(ctx: Context, domain: str):
 
 def lengths_path(ctx: Context, domain: str):
     return ctx.layout.state / f"holdout_{domain}.lengths.npy"
+
+
+def record_path(ctx: Context, domain: str):
+    """The checksums of the domain's hashes and lengths files (its val file's is in index.json)."""
+    return ctx.layout.state / f"holdout_{domain}.json"
+
+
+def holdout_damage(ctx: Context, domain: str, entry: dict) -> str | None:
+    """Why a committed holdout cannot be used, or None: its val file, hashes and lengths must be the bytes whose
+    checksums were recorded (index.json, the domain's record)."""
+    val = ctx.layout.val(domain)
+    if not val.exists():
+        return f"{val.name} is missing"
+    if file_checksum(val) != entry.get("checksum"):
+        return f"sha256 of {val.name} differs from index.json"
+    try:
+        record = read_json(record_path(ctx, domain), sealed=True)
+    except DamagedFile as e:
+        return f"its record {e.path.name}: {e.why}"
+    if record is None:
+        return f"{record_path(ctx, domain).name} is missing"
+    for path in (hashes_path(ctx, domain), lengths_path(ctx, domain)):
+        if not path.exists():
+            return f"{path.name} is missing"
+        if file_checksum(path) != record.get(path.name):
+            return f"sha256 of {path.name} differs from its record"
+    return None
 
 
 def _union(paths: list, dtype) -> np.ndarray:
@@ -135,8 +172,9 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         raise TokmixError(
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
-    write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths)))
-    write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))
+    digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
+               hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
+    write_record(record_path(ctx, domain), digests)
     write_tokens(ctx.layout.val(domain), tokens)
     return {
         "file": ctx.layout.val(domain).name,
@@ -156,13 +194,19 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
 def run_holdout(ctx: Context) -> dict:
     """Build every domain's holdout that is not on disk yet; returns the index's `val` entry."""
     layout = ctx.layout
-    index = layout.read_index()
+    try:
+        index = layout.read_index()
+    except DamagedFile as e:  # what it holds of the holdouts is remade; the rest is written at the end of the run
+        ctx.log(f"{e.path}: damaged ({e.why}); remade")
+        index = {}
     val = index.get("val", {})
-    todo = [
-        d
-        for d in ctx.recipe.domains
-        if not (d in val and layout.val(d).exists() and hashes_path(ctx, d).exists())
-    ]
+    todo = []
+    for d in ctx.recipe.domains:
+        why = holdout_damage(ctx, d, val[d]) if d in val else "not made yet"
+        if why is not None:
+            todo.append(d)
+            if d in val:
+                ctx.log(f"holdout {d}: damaged ({why}); remade")
     if not todo:
         return val
     encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too

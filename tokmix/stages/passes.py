@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.faults import fault_point
-from tokmix.shards import TokenFileWriter, read_tokens, write_bytes, write_json
+from tokmix.shards import TokenFileWriter, read_tokens, write_bytes, write_record
 from tokmix.stages import cached
 
 LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, delimiters included (as a tokenized unit's .len)
@@ -93,7 +93,7 @@ def repeat_unit(task: RepeatTask) -> dict:
         reached = np.flatnonzero(np.cumsum(take) >= task.limit)
         if len(reached):
             docs, take = docs[: reached[0] + 1], take[: reached[0] + 1]
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False)
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype))  # sha256 for its record
     sources: dict[int, np.ndarray] = {}
     chunk, pending = [], 0
     try:
@@ -111,8 +111,8 @@ def repeat_unit(task: RepeatTask) -> dict:
     except BaseException:
         writer.abort()
         raise
-    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
-    write_bytes(unit_dir / f"{unit.name}.len", take.astype(LENGTH_DTYPE).tobytes())
+    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
+    lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", take.astype(LENGTH_DTYPE).tobytes())
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -126,6 +126,8 @@ def repeat_unit(task: RepeatTask) -> dict:
         "limit": task.limit,
         "dropped_at": [],
         "encode_seconds": 0.0,
+        "tok_sha256": tokens_sha256,
+        "len_sha256": lengths_sha256,
     }
-    write_json(unit_dir / f"{unit.name}.json", record)
+    write_record(unit_dir / f"{unit.name}.json", record)  # checked as a tokenized unit's is
     return record

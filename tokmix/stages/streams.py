@@ -11,7 +11,6 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +22,17 @@ import numpy as np
 from tokmix.backends import document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.shards import REFERENCE_DELIMITERS, Delimiters, TokenFileWriter, write_bytes, write_json, write_npy
+from tokmix.shards import (
+    REFERENCE_DELIMITERS,
+    DamagedFile,
+    Delimiters,
+    TokenFileWriter,
+    file_checksum,
+    read_json,
+    write_bytes,
+    write_npy,
+    write_record,
+)
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
@@ -108,9 +117,8 @@ def tokenize_unit(task: UnitTask) -> dict:
     unit, unit_dir = task.unit, Path(task.unit_dir)
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
-    # no checksum: a unit is an intermediate, read once by assemble (sha256 was ~4% of this stage's CPU)
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), checksum=False,
-                             fault="streams:unit-mid-write")
+    # sha256 as the tokens are written, checked when a later stage process reads the unit
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), fault="streams:unit-mid-write")
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
@@ -147,9 +155,9 @@ def tokenize_unit(task: UnitTask) -> dict:
         raise
     finally:
         texts.close()  # the source file, also when the unit stops at its limit
-    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
+    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
-    write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
+    lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -163,8 +171,10 @@ def tokenize_unit(task: UnitTask) -> dict:
         "limit": task.limit,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
+        "tok_sha256": tokens_sha256,
+        "len_sha256": lengths_sha256,
     }
-    write_json(unit_dir / f"{unit.name}.json", record)
+    write_record(unit_dir / f"{unit.name}.json", record)
     return record
 
 
@@ -192,15 +202,48 @@ def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
 
 
 def load_meta(ctx: Context, stream: str) -> dict | None:
-    path = meta_path(ctx, stream)
-    return json.loads(path.read_text()) if path.exists() else None
+    """The stream's record once it is finished, None before; a damaged one is None too (it is remade from the
+    stream's units)."""
+    try:
+        return read_json(meta_path(ctx, stream), sealed=True)
+    except DamagedFile as e:
+        ctx.log(f"stream {stream}: its record {e.path} is damaged ({e.why}); remade from its units")
+        return None
 
 
-def _committed(directory: Path) -> dict[int, dict]:
+def unit_damage(directory: Path, name: str) -> tuple[dict | None, str | None]:
+    """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
+    token or lengths file is missing or not the bytes the record's checksums were taken of (one read of each)."""
+    try:
+        record = read_json(directory / f"{name}.json", sealed=True)
+    except DamagedFile as e:
+        return None, e.why
+    if record is None:
+        return None, "its record is missing"
+    for part in ("tok", "len"):
+        path = directory / f"{name}.{part}"
+        if not path.exists():
+            return None, f"{path.name} is missing"
+        if file_checksum(path) != record.get(f"{part}_sha256"):
+            return None, f"sha256 of {path.name} differs from its record"
+    return record, None
+
+
+def discard_unit(directory: Path, name: str, why: str, log: Callable[[str], None]) -> None:
+    """Remove a damaged unit, its record first (the record is the commit): its stream tokenizes it again."""
+    log(f"unit {directory / name}: damaged ({why}); remade from its source")
+    for part in ("json", "tok", "len"):
+        (directory / f"{name}.{part}").unlink(missing_ok=True)
+
+
+def _committed(directory: Path, log: Callable[[str], None]) -> dict[int, dict]:
+    """The directory's committed units by index, each checked against its record; a damaged one is discarded."""
     records = {}
-    for path in directory.glob("*.json"):
-        record = json.loads(path.read_text())
-        if (directory / f"{record['name']}.tok").exists() and (directory / f"{record['name']}.len").exists():
+    for path in sorted(directory.glob("*.json")):
+        record, why = unit_damage(directory, path.stem)
+        if why is not None:
+            discard_unit(directory, path.stem, why, log)
+        else:
             records[record["index"]] = record
     return records
 
@@ -282,7 +325,7 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         "last_unit_docs": last_docs,
     }
     fault_point("streams:before-meta")
-    write_json(meta_path(ctx, stream), meta)
+    write_record(meta_path(ctx, stream), meta)
     fault_point("streams:after-meta")
     return meta
 
@@ -297,7 +340,7 @@ class StreamRun:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.records: dict[int, dict] = {}
         self.committed_tokens = self.whole_tokens = self.whole_bytes = 0  # running sums over self.records
-        for record in _committed(self.directory).values():
+        for record in _committed(self.directory, ctx.log).values():
             self._add(record)
         self.plan = plan_units(stream, stream_files(ctx.recipe, ctx.split, stream, "train"), ctx.mirrors,
                                ctx.unit_bytes)
@@ -459,17 +502,35 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             ctx.progress.update(run.name, run.committed_tokens, run.budget)
 
 
+def _finished(ctx: Context, stream: str) -> dict | None:
+    """A finished stream's record when every unit it uses is whole; otherwise its damaged units are discarded,
+    and so is its record: the stream is finished again, tokenizing only those units."""
+    meta = load_meta(ctx, stream)
+    if meta is None:
+        return None
+    directory, whole = units_dir(ctx, stream), True
+    for unit in meta["units"]:
+        if (why := unit_damage(directory, unit["name"])[1]) is not None:
+            discard_unit(directory, unit["name"], why, ctx.log)
+            whole = False
+    if not whole:
+        meta_path(ctx, stream).unlink()
+    return meta if whole else None
+
+
 def run_streams(ctx: Context) -> dict[str, dict]:
-    """Every stream's record, tokenizing those not finished yet."""
-    metas = {name: load_meta(ctx, name) for name in ctx.recipe.streams}
+    """Every stream's record, tokenizing those not finished yet. Every committed unit is checked against its
+    record before it is used (StreamRun, _finished): a stage process never builds on a damaged one."""
+    metas = {name: _finished(ctx, name) for name in ctx.recipe.streams}
     todo = [name for name, meta in metas.items() if meta is None]
     if todo:
         # units are numbered by how files were cut: a resume keeps the cut the run started with
         cut = ctx.layout.state / "unit_bytes.json"
-        if cut.exists():
-            ctx.unit_bytes = json.loads(cut.read_text())
+        recorded = read_json(cut, sealed=True)  # sealed: a truncated number is still a number
+        if recorded is not None:
+            ctx.unit_bytes = recorded["unit_bytes"]
         else:
-            write_json(cut, ctx.unit_bytes)
+            write_record(cut, {"unit_bytes": ctx.unit_bytes})
         if ctx.recipe.holdout.decontaminate:
             from tokmix.stages.holdout import holdout_hashes, holdout_lengths  # workers need not import HF's
 

@@ -13,11 +13,12 @@ from tokmix.shards import (
     CHECKSUM,
     EOT_TOKEN,
     READ_CHUNK_BYTES,
+    DamagedFile,
     Delimiters,
     Layout,
     block_fingerprints,
     fingerprints_path,
-    read_index,
+    read_json,
 )
 
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
@@ -145,9 +146,9 @@ def validate_dir(out_dir: str | Path, vocab_size: int | None = None) -> list[str
     """Every problem found, one line each; an empty list means valid."""
     root = Path(out_dir)
     try:
-        index = read_index(root)
-    except ValueError as e:
-        return [f"{Layout(root).index}: not valid JSON ({e})"]
+        index = read_json(Layout(root).index) or {}
+    except DamagedFile as e:
+        return [f"{e.path}: not valid JSON (truncated or overwritten: run the same command again to remake it)"]
     if not index.get("shards"):
         return [f"{root}: no index.json with shards (the run has not finished assembling)"]
     dtype = np.dtype(index["dtype"])
