@@ -93,7 +93,8 @@ def repeat_unit(task: RepeatTask) -> dict:
         reached = np.flatnonzero(np.cumsum(take) >= task.limit)
         if len(reached):
             docs, take = docs[: reached[0] + 1], take[: reached[0] + 1]
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype))  # sha256 for its record
+    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype),  # sha256 for its record
+                             fault="streams:unit-mid-write")  # a repeat unit is a unit to the crash tests
     sources: dict[int, np.ndarray] = {}
     chunk, pending = [], 0
     try:
