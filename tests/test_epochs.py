@@ -26,6 +26,7 @@ import tokmix
 from tests.corpus import _documents, train_test_tokenizer
 from tokmix import TokmixError
 from tokmix.plan import make_plan
+from tokmix.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN = 64
@@ -211,7 +212,11 @@ def test_summary_and_report_show_the_passes(corpus, repeated):
     console = Console(width=200, record=True)
     console.print(mix_table(repeated["index"]))
     row = next(line for line in console.export_text().splitlines() if line.startswith("│ code"))
-    assert f"{repeated['index']['mix']['passes_by_stream']['code']:.2f}" in row
+    realized = f"{repeated['index']['mix']['passes_by_stream']['code']:.2f}"
+    assert realized in row
+    html = write_report(repeated["out"], repeated["out"] / "report.html").read_text()
+    header = html.index("<th>passes</th>")
+    assert f"<td>{realized}</td>" in html[header:]
 
 
 @pytest.mark.parametrize("extra, passes", [(-1, 2), (0, 2), (1, 3)])
