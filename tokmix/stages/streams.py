@@ -178,11 +178,6 @@ def tokenize_unit(task: UnitTask) -> dict:
     return record
 
 
-def make_unit(task: UnitTask | RepeatTask) -> dict:
-    """A unit of pass 1 is tokenized from its files, a unit of a later pass copied from pass 1's."""
-    return repeat_unit(task) if isinstance(task, RepeatTask) else tokenize_unit(task)
-
-
 # ---------------------------------------------------------------------------- coordinator side
 def merged_holdout_path(ctx: Context, kind: str) -> Path:
     """Every domain's holdout hashes or lengths in one file, which the units' tasks name."""
@@ -489,7 +484,10 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             return metas
         for run in active:
             while len(pending) < window and run.wants_more() and (task := run.next_task()):
-                pending[executor.submit(make_unit, task)] = (run, task.unit)
+                # a unit of pass 1 is tokenized from its files, one of a later pass copied from pass 1's (each
+                # function submitted by name: Ray titles its worker by it)
+                work = repeat_unit if isinstance(task, RepeatTask) else tokenize_unit
+                pending[executor.submit(work, task)] = (run, task.unit)
         if not pending:
             failed = next((e for e in map(StreamRun.out_of_source, active) if e), None)
             if failed:
