@@ -474,8 +474,11 @@ class TokenFileWriter:
     def close(self, before_commit: Callable[[], None] | None = None) -> str | None:
         """Commit the file; returns its checksum (None without). `before_commit` runs between writing and
         renaming."""
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        except OSError as e:  # a full disk shows at the flush too: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.f.close()
         if before_commit:
             before_commit()
