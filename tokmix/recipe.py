@@ -102,6 +102,9 @@ class LayoutSpec(_Strict):
     shard_tokens: int = Field(default=500_000_000, gt=0)
     stream_slack: float = Field(default=1.002, ge=1.0)
     blocks: int | None = Field(default=None, gt=0)
+    # how documents are interleaved: "global" is the reference's one shuffle of a label per document (1 byte per
+    # document in one process); "chunked" shuffles chunks of ~1M documents, each with every stream's share
+    interleave: Literal["global", "chunked"] = "global"
 
     @model_validator(mode="after")
     def _shard_holds_a_block(self) -> LayoutSpec:
@@ -234,6 +237,8 @@ class Recipe(_Strict):
                 data["tokenizer"].pop(key)
         data["holdout"]["splits"] = self.splits_path
         data["layout"]["blocks"] = self.blocks
+        if data["layout"]["interleave"] == "global":
+            del data["layout"]["interleave"]  # the default: fingerprints of recipes written before it stay
         for name, stream in data["streams"].items():
             stream["files"] = [self.resolve(f) for f in self.streams[name].files]
             # max_epochs only allows passes, the budget and seed decide them: raising it after a run ran out

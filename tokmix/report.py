@@ -46,9 +46,10 @@ class StreamFacts:
 def interleave_order(index: dict) -> np.ndarray:
     """The stream (its position in the recipe) of every document in the shards, in shard order: the
     assemble stage's seeded shuffle of one label per document of each stream."""
-    from tokmix.stages.assemble import interleave_order as shuffled
+    from tokmix.stages.assemble import interleave_labels
 
-    return shuffled([meta["docs"] for meta in index["mix"]["streams"].values()], index["seed"])
+    docs = [meta["docs"] for meta in index["mix"]["streams"].values()]
+    return interleave_labels(docs, index["seed"], index["mix"].get("interleave", "global"))
 
 
 def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict:

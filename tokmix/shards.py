@@ -420,7 +420,9 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def write_tokens(path: Path, tokens: np.ndarray) -> None:
-    write_bytes(path, tokens.tobytes())
+    tmp = _tmp_name(path)
+    tokens.tofile(tmp)  # no copy of the array in bytes
+    commit(tmp, path)
 
 
 def write_npy(path: Path, array: np.ndarray) -> str:

@@ -1,7 +1,12 @@
 """Stage 3: interleave the streams' documents in a seeded random order (one stream label per document,
 shuffled with np.random.default_rng(seed); the i-th label s is stream s's i-th document) and cut the result
 into train shards. Each shard needs one contiguous range of each stream, so shards are written
-independently, in parallel, each committed atomically, and a resume rewrites only the missing ones."""
+independently, in parallel, each committed atomically, and a resume rewrites only the missing ones.
+
+The driver never holds a per-document array but the labels while it shuffles them (1 byte per document;
+the recipe's "chunked" interleave not even those): one pass over the labels and the units' .len files
+finds where each shard starts (each stream's unit, document and token there), and each shard task reads its
+own labels, lengths and tokens from there, through bounded buffers."""
 
 from __future__ import annotations
 
@@ -26,50 +31,298 @@ from tokmix.shards import (
     write_bytes,
     write_json,
     write_record,
+    write_tokens,
 )
 from tokmix.stages import Context, drop_cached
 from tokmix.stages.passes import passes_used
-from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, unit_lengths, units_dir
+from tokmix.stages.streams import LENGTH_DTYPE, UNITS_IN_FLIGHT_PER_WORKER, units_dir
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
-OPEN_UNITS = 16  # unit files a shard writer keeps open: a few per stream
+READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time
+INTERLEAVE_CHUNK = 1 << 20  # documents of the interleave read (or, "chunked", shuffled) at a time
+
+
+# ---------------------------------------------------------------------------- the interleave
+def interleave_order(docs_per_stream: list[int], seed: int) -> np.ndarray:
+    """The stream (its position in the recipe) of every document in train order: one label per document,
+    shuffled with np.random.default_rng(seed), as the reference does. One byte per document, in one process."""
+    order = np.empty(sum(docs_per_stream), dtype=np.uint8)  # filled in place: no second copy at the peak
+    for s, (lo, hi) in enumerate(itertools.pairwise(np.cumsum([0, *docs_per_stream]).tolist())):
+        order[lo:hi] = s
+    np.random.default_rng(seed).shuffle(order)
+    return order
+
+
+def _chunk_starts(docs: tuple[int, ...], chunks: int, c: int) -> list[int]:
+    """Documents of each stream in the first c chunks of the chunked interleave: stream s's n documents are
+    spread so that chunks [0, c) hold floor(n * c / chunks) of them, every one exactly once."""
+    return [n * c // chunks for n in docs]
+
+
+def chunked_order(docs: tuple[int, ...], seed: int, start: int, stop: int) -> np.ndarray:
+    """Documents [start, stop) of the chunked interleave: the documents cut into chunks of ~INTERLEAVE_CHUNK,
+    each holding every stream's share of them (to within one document), shuffled on its own with
+    np.random.default_rng([seed, chunk]). Any range is computed from the counts alone."""
+    total = sum(docs)
+    chunks = max(1, -(-total // INTERLEAVE_CHUNK))
+    c = min(start * chunks // max(total, 1), chunks - 1)
+    while c > 0 and sum(_chunk_starts(docs, chunks, c)) > start:
+        c -= 1
+    while c < chunks and sum(_chunk_starts(docs, chunks, c + 1)) <= start:
+        c += 1
+    pieces, at = [], sum(_chunk_starts(docs, chunks, c))
+    while at < stop and c < chunks:
+        lo, hi = _chunk_starts(docs, chunks, c), _chunk_starts(docs, chunks, c + 1)
+        labels = np.concatenate([np.full(b - a, s, dtype=np.uint8) for s, (a, b) in enumerate(zip(lo, hi))])
+        np.random.default_rng([seed, c]).shuffle(labels)
+        pieces.append(labels[max(start - at, 0) : stop - at])
+        at, c = at + len(labels), c + 1
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
+class Labels:
+    """The stream of each document in train order, read a range at a time. "global" is the reference's
+    shuffle, written once to `path` by the driver (one byte per document); "chunked" is computed per range."""
+
+    kind: str
+    docs: tuple[int, ...]  # documents of each stream
+    seed: int
+    path: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.docs)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, self.total)
+        if start >= stop:
+            return np.empty(0, dtype=np.uint8)
+        if self.kind == "chunked":
+            return chunked_order(self.docs, self.seed, start, stop)
+        return np.fromfile(self.path, dtype=np.uint8, count=stop - start, offset=start)
+
+
+def interleave_labels(docs: list[int], seed: int, kind: str) -> np.ndarray:
+    """Every document's stream, in train order, for either interleave (what a report reads)."""
+    if kind == "chunked":
+        return chunked_order(tuple(docs), seed, 0, sum(docs))
+    return interleave_order(docs, seed)
+
+
+# ---------------------------------------------------------------------------- reading a stream's units in order
+@dataclass(frozen=True)
+class Cursor:
+    """Where a stream stands at a point of the interleave: its unit, and that unit's documents and tokens
+    before the point."""
+
+    unit: int
+    doc: int
+    token: int
+
+
+class StreamUnits:
+    """One stream's committed units as assemble reads them: names and cumulative documents and tokens (O(units))."""
+
+    def __init__(self, directory: Path, units: list[dict]):
+        self.directory = directory
+        self.names = [u["name"] for u in units]
+        self.doc_ends = np.cumsum([u["docs"] for u in units], dtype=np.int64)
+        self.token_ends = np.cumsum([u["tokens"] for u in units], dtype=np.int64)
+
+    def cursor(self, docs: int, tokens: int) -> Cursor:
+        """The cursor after the stream's first `docs` documents, which hold `tokens` tokens."""
+        u = min(int(np.searchsorted(self.doc_ends, docs, side="right")), len(self.names) - 1)
+        before_docs = int(self.doc_ends[u - 1]) if u else 0
+        before_tokens = int(self.token_ends[u - 1]) if u else 0
+        return Cursor(u, docs - before_docs, tokens - before_tokens)
+
+    def paths(self, first: int, last: int) -> tuple[str, ...]:
+        """Units first..last (inclusive), as paths without their suffix."""
+        return tuple(str(self.directory / name) for name in self.names[first : last + 1])
+
+
+class LengthReader:
+    """A stream's document lengths from a cursor on, across its units' .len files, a bounded piece at a time."""
+
+    def __init__(self, units: tuple[str, ...], doc: int):
+        self.units, self.unit, self.file = units, 0, None
+        self.doc = doc
+
+    def take(self, n: int) -> np.ndarray:
+        pieces = []
+        while n > 0:
+            if self.file is None:
+                if self.unit >= len(self.units):
+                    raise TokmixError(f"{Path(self.units[-1]).parent}: the units end {n:,} documents early")
+                self.file = open(f"{self.units[self.unit]}.len", "rb")
+                self.file.seek(self.doc * LENGTH_DTYPE.itemsize)
+            got = np.fromfile(self.file, dtype=LENGTH_DTYPE, count=n)
+            pieces.append(got)
+            n -= len(got)
+            if n > 0:  # this unit is used up
+                self.file.close()
+                self.file, self.unit, self.doc = None, self.unit + 1, 0
+        out = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces else np.empty(0, LENGTH_DTYPE)
+        return out.astype(np.int64)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class TokenReader:
+    """A stream's tokens from a cursor on, across its units' .tok files, read into the caller's buffer (never
+    memory-mapped: mapped pages count in the RSS that top and the memory guard see)."""
+
+    def __init__(self, units: tuple[str, ...], token: int, itemsize: int):
+        self.units, self.unit, self.file, self.itemsize = units, 0, None, itemsize
+        self.token = token
+
+    def read_into(self, out: np.ndarray) -> None:
+        view, got = memoryview(out).cast("B"), 0
+        while got < len(view):
+            if self.file is None:
+                if self.unit >= len(self.units):
+                    raise TokmixError(f"{Path(self.units[-1]).parent}: the units end before the shard's tokens")
+                self.file = open(f"{self.units[self.unit]}.tok", "rb", buffering=READ_BUFFER)
+                self.file.seek(self.token * self.itemsize)
+            n = self.file.readinto(view[got:])
+            got += n
+            if got < len(view):  # this unit is used up (a regular file reads short only at its end)
+                self.file.close()
+                self.file, self.unit, self.token = None, self.unit + 1, 0
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+# ---------------------------------------------------------------------------- the driver's plan
+@dataclass(frozen=True)
+class Boundary:
+    """Where a token of the run falls: the document holding it (position in the interleave, its stream), the
+    tokens of that document before it, and every stream's cursor and documents at that document's start."""
+
+    doc: int
+    stream: int
+    skip: int
+    cursors: tuple[Cursor, ...]
+    docs_before: tuple[int, ...]
+
+
+def find_boundaries(streams: list[StreamUnits], labels: Labels, positions: list[int]) -> list[Boundary]:
+    """The boundaries of the sorted token `positions`, in one pass over the labels and the streams' .len files,
+    INTERLEAVE_CHUNK documents at a time: memory O(chunk + streams + units), whatever the documents."""
+    readers = [LengthReader(s.paths(0, len(s.names) - 1), 0) for s in streams]
+    n = len(streams)
+    docs_before, tokens_before = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    found: list[Boundary] = []
+    at_doc = at_token = 0
+    try:
+        while len(found) < len(positions):
+            chunk = labels.read(at_doc, at_doc + INTERLEAVE_CHUNK)
+            if not len(chunk):
+                raise TokmixError(f"the streams hold {at_token:,} tokens, fewer than the {positions[-1] + 1:,} "
+                                  "the blocks need (stream_slack too small?)")
+            lengths = np.empty(len(chunk), dtype=np.int64)
+            for s in range(n):
+                at = chunk == s
+                lengths[at] = readers[s].take(int(np.count_nonzero(at)))
+            ends = at_token + np.cumsum(lengths)
+            done = 0  # documents of the chunk counted into docs_before and tokens_before so far
+            while len(found) < len(positions) and positions[len(found)] < ends[-1]:
+                t = positions[len(found)]
+                d = int(np.searchsorted(ends, t, side="right"))
+                docs_before += np.bincount(chunk[done:d], minlength=n)
+                tokens_before += _tokens_of(chunk[done:d], lengths[done:d], n)
+                done = d
+                cursors = tuple(u.cursor(int(k), int(tok)) for u, k, tok in zip(streams, docs_before, tokens_before))
+                found.append(Boundary(at_doc + d, int(chunk[d]), t - int(ends[d] - lengths[d]), cursors,
+                                      tuple(int(k) for k in docs_before)))
+            docs_before += np.bincount(chunk[done:], minlength=n)
+            tokens_before += _tokens_of(chunk[done:], lengths[done:], n)
+            at_doc, at_token = at_doc + len(chunk), int(ends[-1])
+    finally:
+        for reader in readers:
+            reader.close()
+    return found
+
+
+def _tokens_of(labels: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """Tokens of each stream among the documents (exact: int64 sums, not bincount's float weights)."""
+    return np.array([int(lengths[labels == s].sum()) for s in range(n)], dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------- one shard
+@dataclass(frozen=True)
 class ShardTask:
-    """Everything one shard needs: its documents in interleave order as (stream, unit file, offset, length)."""
+    """Everything one shard needs, O(streams + its units): where its documents start and end in the interleave,
+    and each stream's units and cursor there. Each document's stream, unit and place in it follow from these
+    as the shard is read."""
 
     path: str
     dtype: str
     seq_len: int
     blocks: int
     n_tokens: int
+    first_doc: int  # the interleave position of the shard's first document
+    last_doc: int  # ... and of its last
     skip: int  # tokens of the first document before the shard starts
     drop_first: bool  # the first token repeats the previous shard's last one and is counted there
     streams: tuple[str, ...]
-    unit_files: tuple[tuple[str, ...], ...]  # per stream
-    doc_stream: np.ndarray
-    doc_unit: np.ndarray
-    doc_offset: np.ndarray
-    doc_length: np.ndarray
+    labels: Labels
+    units: tuple[tuple[str, ...], ...]  # per stream: its units from the one its cursor is in, without suffix
+    cursors: tuple[Cursor, ...]  # per stream, at the first document's start (unit relative to `units`)
+
+
+def shard_runs(task: ShardTask):
+    """The shard's tokens in order as runs (stream, tokens): consecutive documents of one stream merged (a
+    document's Python cost is most of a shard's otherwise), the first cut by `skip`, the last by the shard's
+    end. Labels and lengths are read INTERLEAVE_CHUNK documents at a time."""
+    n = len(task.streams)
+    lengths = [LengthReader(units, c.doc) for units, c in zip(task.units, task.cursors)]
+    try:
+        at, left, skip = task.first_doc, task.n_tokens, task.skip
+        while at <= task.last_doc and left > 0:
+            chunk = task.labels.read(at, min(at + INTERLEAVE_CHUNK, task.last_doc + 1))
+            took = np.empty(len(chunk), dtype=np.int64)
+            for s in range(n):
+                where = chunk == s
+                took[where] = lengths[s].take(int(np.count_nonzero(where)))
+            took[0] -= skip
+            ends = np.cumsum(took)
+            last = min(int(np.searchsorted(ends, left)), len(ends) - 1)
+            chunk, took = chunk[: last + 1], took[: last + 1]
+            took[-1] -= max(int(ends[last]) - left, 0)
+            new_run = np.ones(len(chunk), dtype=bool)
+            new_run[1:] = chunk[1:] != chunk[:-1]
+            starts = np.flatnonzero(new_run)
+            yield from zip(chunk[starts].tolist(), np.add.reduceat(took, starts).tolist())
+            at, left, skip = at + len(chunk), left - int(took.sum()), 0
+    finally:
+        for reader in lengths:
+            reader.close()
 
 
 def write_shard(task: ShardTask) -> dict:
-    """Gather the shard's documents from the unit files and commit the shard; returns its record. Unit files
-    are read, never memory-mapped: mapped pages count in the process's RSS (what top and the memory guard
-    see), and a 500M-token shard's units held ~1.9 GB of them. Reads go into one GATHER_TOKENS buffer."""
+    """Gather the shard's documents from the unit files and commit the shard; returns its record. Every read
+    goes through one GATHER_TOKENS buffer and a READ_BUFFER per open unit file."""
     drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
-    paths = [p for files in task.unit_files for p in files]
     writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype), fault="assemble:mid-write")
     marks = BlockFingerprinter(task.seq_len, writer.dtype)
+    first_stream = int(task.labels.read(task.first_doc, task.first_doc + 1)[0])
+    readers = [TokenReader(units, c.token + (task.skip if s == first_stream else 0), writer.dtype.itemsize)
+               for s, (units, c) in enumerate(zip(task.units, task.cursors))]
     gathered, pending = np.empty(min(GATHER_TOKENS, task.n_tokens), dtype=writer.dtype), 0
-    files = _OpenUnits(paths, writer.dtype.itemsize)
+    by_stream = [0] * len(task.streams)
     try:
-        for f, start, stop in zip(*(a.tolist() for a in _copy_runs(task))):
-            while start < stop:  # a run longer than what is left to gather before a write is cut there
-                n = min(stop - start, len(gathered) - pending)
-                files.read_into(f, start, gathered[pending : pending + n])
-                start, pending = start + n, pending + n
+        for s, n in shard_runs(task):
+            by_stream[s] += n
+            while n > 0:  # a run longer than what is left to gather before a write is cut there
+                k = min(n, len(gathered) - pending)
+                readers[s].read_into(gathered[pending : pending + k])
+                n, pending = n - k, pending + k
                 if pending == len(gathered):
                     _write_gathered(gathered, writer, marks)
                     pending = 0
@@ -79,7 +332,8 @@ def write_shard(task: ShardTask) -> dict:
         writer.abort()
         raise
     finally:
-        files.close()
+        for reader in readers:
+            reader.close()
     if writer.tokens != task.n_tokens:
         writer.abort()
         raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
@@ -88,11 +342,13 @@ def write_shard(task: ShardTask) -> dict:
     marks_path = fingerprints_path(path.parent, path.name)
     marks_path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(marks_path, marks.result().tobytes(), durable=False)  # a diagnosis aid, checked by its length
+    if task.drop_first:
+        by_stream[first_stream] -= 1
     return {
-        "file": Path(task.path).name,
+        "file": path.name,
         "tokens": task.n_tokens,
         "blocks": task.blocks,
-        "tokens_by_stream": _tokens_by_stream(task),
+        "tokens_by_stream": dict(zip(task.streams, by_stream)),
         "checksum": checksum,
     }
 
@@ -102,120 +358,37 @@ def _write_gathered(gathered: np.ndarray, writer: TokenFileWriter, marks: BlockF
     marks.update(gathered)
 
 
-class _OpenUnits:
-    """Unit files opened as a shard reads them, one at a time per stream in effect (a stream's documents come
-    from its units in order), so at most the last few stay open."""
-
-    def __init__(self, paths: list[str], itemsize: int):
-        self.paths, self.itemsize, self.open = paths, itemsize, {}
-
-    def read_into(self, f: int, start: int, out: np.ndarray) -> None:
-        if f not in self.open:
-            if len(self.open) >= OPEN_UNITS:
-                self.open.pop(next(iter(self.open))).close()  # the oldest opened
-            self.open[f] = open(self.paths[f], "rb", buffering=0)
-        handle = self.open[f]
-        handle.seek(start * self.itemsize)
-        view = memoryview(out).cast("B")
-        got = handle.readinto(view)
-        while got < len(view):  # a regular file returns short reads only at its end
-            more = handle.readinto(view[got:])
-            if not more:
-                raise TokmixError(f"{self.paths[f]}: ends before token {start + len(out):,} (truncated unit file)")
-            got += more
-
-    def close(self) -> None:
-        for handle in self.open.values():
-            handle.close()
-        self.open.clear()
+def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: list[int],
+               streams: dict[str, StreamUnits], labels: Labels) -> tuple[list[ShardTask], dict[str, int]]:
+    """Every shard's task, and the documents of each stream the shards use, from one pass over the interleave
+    (find_boundaries): the driver holds O(streams + units + shards), never a per-document array."""
+    starts = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)]) * seq_len  # the last: the run's end
+    positions = [int(t) for t in starts[:-1]] + [int(starts[-1])]  # the run's last token is shard K-1's end
+    units = list(streams.values())
+    bounds = find_boundaries(units, labels, positions)
+    tasks = []
+    for k, n_blocks in enumerate(blocks):
+        b0, b1 = bounds[k], bounds[k + 1]
+        tasks.append(ShardTask(
+            str(layout_paths[k]), dtype.str, seq_len, n_blocks, n_blocks * seq_len + 1, b0.doc, b1.doc, b0.skip,
+            k > 0, tuple(streams), labels,
+            tuple(u.paths(c0.unit, c1.unit) for u, c0, c1 in zip(units, b0.cursors, b1.cursors)),
+            tuple(Cursor(0, c.doc, c.token) for c in b0.cursors)))
+    end = bounds[-1]
+    used = [d + (s == end.stream) for s, d in enumerate(end.docs_before)]
+    return tasks, dict(zip(streams, used))
 
 
-def _copy_runs(task: ShardTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What the shard copies, in order, as runs (unit file, first token, end token): the tokens it takes of
-    each document, consecutive documents of one unit file merged (a document's Python cost is most of a
-    shard's otherwise). Unit files are numbered across the streams in task.unit_files order."""
-    take, start = task.doc_length.copy(), task.doc_offset.copy()
-    take[0] -= task.skip
-    start[0] += task.skip
-    ends = np.cumsum(take)
-    last = min(int(np.searchsorted(ends, task.n_tokens)), len(ends) - 1)  # too few tokens: the caller says so
-    take, start = take[: last + 1], start[: last + 1]
-    take[-1] -= max(int(ends[last]) - task.n_tokens, 0)
-    first_file = np.cumsum([0] + [len(files) for files in task.unit_files])
-    file = first_file[task.doc_stream[: last + 1]] + task.doc_unit[: last + 1]
-    stop = start + take
-    new_run = np.ones(len(file), dtype=bool)
-    new_run[1:] = (file[1:] != file[:-1]) | (start[1:] != stop[:-1])
-    at = np.flatnonzero(new_run)
-    return file[at], start[at], np.append(stop[at[1:] - 1], stop[-1])
-
-
-def _tokens_by_stream(task: ShardTask) -> dict[str, int]:
-    """Tokens of each stream in the shard, without the leading overlap token (counted in the previous shard)."""
-    ends = np.cumsum(task.doc_length) - task.skip
-    starts = ends - task.doc_length
-    lo = 1 if task.drop_first else 0
-    inside = np.clip(np.minimum(ends, task.n_tokens) - np.maximum(starts, lo), 0, None)
-    counts = np.bincount(task.doc_stream, weights=inside, minlength=len(task.streams))
-    return {name: int(c) for name, c in zip(task.streams, counts)}
-
-
-def interleave_order(docs_per_stream: list[int], seed: int) -> np.ndarray:
-    """The stream (its position in the recipe) of every document in train order: one label per document,
-    shuffled with np.random.default_rng(seed), as the reference does."""
-    order = np.concatenate([np.full(n, s, dtype=np.uint8) for s, n in enumerate(docs_per_stream)])
-    np.random.default_rng(seed).shuffle(order)
-    return order
-
-
-class Interleave:
-    """The seeded document order over all streams, with where each document's tokens lie."""
-
-    def __init__(self, ctx: Context, metas: dict[str, dict]):
-        self.streams = tuple(ctx.recipe.streams)
-        lengths, units, offsets, self.unit_files = [], [], [], []
-        for name in self.streams:
-            meta = metas[name]
-            per_unit = [unit_lengths(ctx, name, u["name"]).astype(np.int64) for u in meta["units"]]
-            docs = meta["docs"]
-            lengths.append(np.concatenate(per_unit)[:docs])
-            units.append(np.repeat(np.arange(len(per_unit), dtype=np.int32), [len(x) for x in per_unit])[:docs])
-            offsets.append(np.concatenate([np.cumsum(x) - x for x in per_unit])[:docs])
-            self.unit_files.append(tuple(str(units_dir(ctx, name) / f"{u['name']}.tok") for u in meta["units"]))
-        self.order = order = interleave_order([len(x) for x in lengths], ctx.recipe.seed)
-        self.length = np.empty(len(order), dtype=np.int64)
-        self.unit = np.empty(len(order), dtype=np.int32)
-        self.offset = np.empty(len(order), dtype=np.int64)
-        for s in range(len(self.streams)):
-            at = np.flatnonzero(order == s)
-            self.length[at], self.unit[at], self.offset[at] = lengths[s], units[s], offsets[s]
-        self.ends = np.cumsum(self.length)
-
-    @property
-    def total_tokens(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
-
-    def documents_used(self, n_tokens: int) -> dict[str, int]:
-        """Documents of each stream with at least one token among the first `n_tokens`."""
-        last = int(np.searchsorted(self.ends, n_tokens - 1, side="right"))
-        counts = np.bincount(self.order[: last + 1], minlength=len(self.streams))
-        return {name: int(c) for name, c in zip(self.streams, counts)}
-
-    def shard_task(self, path: Path, dtype: np.dtype, start: int, blocks: int, seq_len: int, first: bool) -> ShardTask:
-        n_tokens = blocks * seq_len + 1
-        d0 = int(np.searchsorted(self.ends, start, side="right"))
-        d1 = int(np.searchsorted(self.ends, start + n_tokens - 1, side="right")) + 1
-        return ShardTask(
-            str(path), dtype.str, seq_len, blocks, n_tokens,
-            skip=start - int(self.ends[d0] - self.length[d0]),
-            drop_first=not first,
-            streams=self.streams,
-            unit_files=tuple(self.unit_files),
-            doc_stream=self.order[d0:d1],
-            doc_unit=self.unit[d0:d1],
-            doc_offset=self.offset[d0:d1],
-            doc_length=self.length[d0:d1],
-        )
+def write_labels(ctx: Context, docs: list[int]) -> Labels:
+    """The recipe's interleave over these documents. The reference's global shuffle needs every label in one
+    process (1 byte per document): it is written once per assemble to streams/interleave.labels, which the
+    shard tasks read a range at a time, and freed."""
+    kind, seed = ctx.recipe.layout.interleave, ctx.recipe.seed
+    if kind == "chunked":
+        return Labels(kind, tuple(docs), seed)
+    path = ctx.layout.streams / "interleave.labels"
+    write_tokens(path, interleave_order(docs, seed))
+    return Labels(kind, tuple(docs), seed, str(path))
 
 
 def _record_path(ctx: Context, k: int) -> Path:
@@ -245,7 +418,6 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     recipe, layout = ctx.recipe, ctx.layout
     seq_len = recipe.layout.seq_len
     plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
-    starts = np.concatenate([[0], np.cumsum(plan)[:-1]]) * seq_len
     records: list[dict | None] = [_done(ctx, k, b * seq_len + 1) for k, b in enumerate(plan)]
     todo = [k for k, r in enumerate(records) if r is None]
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
@@ -259,16 +431,17 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
         return records, used
     t0 = time.perf_counter()
     (layout.state / "shards").mkdir(parents=True, exist_ok=True)
-    interleave = Interleave(ctx, metas)
-    if interleave.total_tokens < recipe.train_tokens:
-        raise TokmixError(f"streams hold {interleave.total_tokens:,} tokens, fewer than the {recipe.train_tokens:,} "
+    streams = {name: StreamUnits(units_dir(ctx, name), metas[name]["units"]) for name in recipe.streams}
+    held = sum(metas[name]["tokens"] for name in recipe.streams)
+    if held < recipe.train_tokens:
+        raise TokmixError(f"streams hold {held:,} tokens, fewer than the {recipe.train_tokens:,} "
                           "the blocks need (stream_slack too small?)")
-    used = interleave.documents_used(recipe.train_tokens)
+    labels = write_labels(ctx, [metas[name]["docs"] for name in recipe.streams])
+    tasks, used = plan_tasks([layout.train(k) for k in range(len(plan))], ctx.dtype, seq_len, plan, streams, labels)
     write_json(used_path, used)
-    tasks = {k: interleave.shard_task(layout.train(k), ctx.dtype, int(starts[k]), plan[k], seq_len, k == 0)
-             for k in todo}
+    tasks = {k: tasks[k] for k in todo}
     executor, queue, pending = ctx.pool, iter(tasks.items()), {}
-    window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers  # bounded: each task carries its documents' arrays
+    window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
     while True:
         for k, task in itertools.islice(queue, window - len(pending)):
             pending[executor.submit(write_shard, task)] = k
@@ -317,6 +490,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "documents_used": used,
             # epochs of each stream's train documents in the shards: its tokens there over one pass's tokens
             "passes_by_stream": {n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
+            "interleave": recipe.layout.interleave,
         },
         "blocks": recipe.blocks,
         "train_steps": recipe.layout.steps,
