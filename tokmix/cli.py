@@ -135,7 +135,8 @@ def run(
     out = Path(out) if out and not out_url else Path(f"{recipe.stem}-out")
     try:
         options = RunOptions(max_memory=parse_size(max_memory, "--max-memory"), keep_streams=keep_streams,
-                             mirrors=mirror, executor=executor, ray_address=ray_address, debug=debug)
+                             mirrors=mirror, executor=executor, ray_address=ray_address, debug=debug,
+                             guard_counts_supervisor=True)
         if workers is not None:
             options.workers = workers
         t0 = time.perf_counter()

@@ -57,18 +57,25 @@ MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart befor
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against HF when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
 
-def _start_memory_guard(limit: int, with_workers: bool = True) -> None:
+def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: bool = False) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
     Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
     are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
-    watches this process, the driver, alone."""
-    # The supervisor is not counted: under `tokmix run` it is ~55 MiB, but under the Python API it is the
-    # caller's own process (a notebook, a test runner), whose memory is not the run's.
+    watches this process, the driver, alone. RSS as top shows it, file-backed mapped pages included."""
+    # The supervisor is counted when it is the tokmix command (~55 MiB), so that the guard's figure is the
+    # whole command's, as the docs and benchmarks report it; under the Python API it is the caller's own
+    # process (a notebook, a test runner), whose memory is not the run's.
     me = psutil.Process()
+    supervisor = me.parent() if with_supervisor else None
 
     def watch() -> None:
         while True:
             rss = tree_rss() if with_workers else me.memory_info().rss
+            if supervisor is not None:
+                try:
+                    rss += supervisor.memory_info().rss
+                except psutil.Error:  # the supervisor is gone: this process is being stopped anyway
+                    pass
             available = psutil.virtual_memory().available
             if rss > limit or available < MIN_AVAILABLE_BYTES:
                 log(f"memory guard: process tree {rss / 2**20:,.0f} MiB (limit {limit / 2**20:,.0f}), "
@@ -379,7 +386,8 @@ def child_main(out_dir: str, report_fd: int | None = None) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
     signal.signal(signal.SIGTERM, _interrupt)
-    _start_memory_guard(options.max_memory, with_workers=options.executor != "ray")
+    _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
+                        with_supervisor=options.guard_counts_supervisor)
     try:
         run_stages(layout, options)
         return 0

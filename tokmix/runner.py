@@ -46,6 +46,9 @@ class RunOptions:
     # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
     unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
     log_seconds: float = 10.0  # without a terminal: a progress line per stream this often
+    # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;
+    # under the Python API the supervisor is the caller's process, whose memory is not the run's
+    guard_counts_supervisor: bool = False
 
 
 def log(msg: str) -> None:
