@@ -347,3 +347,42 @@ def test_an_output_path_that_cannot_be_a_directory_is_one_line(corpus, tmp_path)
     (tmp_path / "a-file").write_text("")
     with pytest.raises(TokmixError, match=r"output directory .*a-file/out: cannot create it"):
         tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path / "a-file" / "out", workers=1)
+
+
+def test_a_chunked_interleave_run_holds_its_documents_in_the_chunked_order(corpus, two_workers, tmp_path):
+    """interleave = "chunked" through the whole pipeline: the shards are the streams' documents (from the units
+    kept) in the order chunked_order gives, whatever the workers, and validate accepts them."""
+    from tokmix.stages.assemble import interleave_labels
+
+    root = tmp_path / "inputs"
+    shutil.copytree(corpus, root)
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("[layout]\n", '[layout]\ninterleave = "chunked"\n'))
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"out{workers}"
+        tokmix.run(tokmix.load_recipe(recipe), out, workers=workers, keep_streams=True)
+        outs.append(out)
+    assert outputs(outs[0]) == outputs(outs[1])
+    assert outputs(outs[0]) != outputs(two_workers)
+    index = json.loads((outs[0] / "index.json").read_text())
+    assert index["mix"]["interleave"] == "chunked"
+    streams = index["mix"]["streams"]
+    docs = {}
+    for name in streams:
+        units = sorted((outs[0] / "streams" / name / "units").glob("*.tok"))
+        tokens = np.concatenate([np.fromfile(u, dtype=np.uint16) for u in units])
+        lengths = np.concatenate([np.fromfile(u.with_suffix(".len"), dtype="<u4") for u in units]).astype(np.int64)
+        docs[name] = np.split(tokens, np.cumsum(lengths)[:-1])
+    order = interleave_labels([streams[n]["docs"] for n in streams], index["seed"], "chunked")
+    names, taken, flat = list(streams), dict.fromkeys(streams, 0), []
+    for label in order.tolist():
+        flat.append(docs[names[label]][taken[names[label]]])
+        taken[names[label]] += 1
+    flat = np.concatenate(flat)
+    start = 0
+    for shard in index["shards"]:
+        got = np.fromfile(outs[0] / shard["file"], dtype=np.uint16)
+        assert np.array_equal(got, flat[start : start + len(got)]), shard["file"]
+        start += len(got) - 1
+    assert subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(outs[0])]).returncode == 0

@@ -61,8 +61,9 @@ def _chunk_starts(docs: tuple[int, ...], chunks: int, c: int) -> list[int]:
 
 def chunked_order(docs: tuple[int, ...], seed: int, start: int, stop: int) -> np.ndarray:
     """Documents [start, stop) of the chunked interleave: the documents cut into chunks of ~INTERLEAVE_CHUNK,
-    each holding every stream's share of them (to within one document), shuffled on its own with
-    np.random.default_rng([seed, chunk]). Any range is computed from the counts alone."""
+    each holding every stream's share of them (to within one document), shuffled on its own by the chunk's
+    child of SeedSequence(seed) (spawn_key (chunk,): independent of the global order's stream, also for a run
+    of one chunk). Any range is computed from the counts alone."""
     total = sum(docs)
     chunks = max(1, -(-total // INTERLEAVE_CHUNK))
     c = min(start * chunks // max(total, 1), chunks - 1)
@@ -74,7 +75,7 @@ def chunked_order(docs: tuple[int, ...], seed: int, start: int, stop: int) -> np
     while at < stop and c < chunks:
         lo, hi = _chunk_starts(docs, chunks, c), _chunk_starts(docs, chunks, c + 1)
         labels = np.concatenate([np.full(b - a, s, dtype=np.uint8) for s, (a, b) in enumerate(zip(lo, hi))])
-        np.random.default_rng([seed, c]).shuffle(labels)
+        np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(c,))).shuffle(labels)
         pieces.append(labels[max(start - at, 0) : stop - at])
         at, c = at + len(labels), c + 1
     return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint8)
