@@ -6,9 +6,9 @@ read from the kernel (VmHWM: what top shows at its peak, file-backed mapped page
 
 The units are what the streams stage would commit for a run of --tokens train tokens in the GPT-U-20M mix
 (0.45 / 0.35 / 0.054 / 0.146): real .len files, documents of random lengths averaging --mean-doc tokens
-(EOT included), ~4M tokens a unit, and .tok files of the right size left sparse (all zeros, no disk used),
-so a shard task reads and writes every byte of a real 500M-token shard without any tokenizing. Written once
-per setting to bench/work/driver-memory/, reused after.
+(EOT included), --unit-tokens a unit (4M, ~16 MiB of text, by default), and .tok files of the right size
+left sparse (all zeros, no disk used), so a shard task reads and writes every byte of a real 500M-token
+shard without any tokenizing. Written once per setting to bench/work/driver-memory/, reused after.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SHARES = {"dclm": 0.45, "edu": 0.35, "code_py": 0.054, "code_other": 0.146}
-SEQ_LEN, SHARD_TOKENS, UNIT_TOKENS, SLACK = 1024, 500_000_000, 4 << 20, 1.002
+SEQ_LEN, SHARD_TOKENS, SLACK = 1024, 500_000_000, 1.002
 MIB = 2**20
 
 
-def build_units(work: Path, tokens: float, mean_doc: int, seed: int = 0) -> dict:
+def build_units(work: Path, tokens: float, mean_doc: int, unit_tokens: int, seed: int = 0) -> dict:
     """Per stream: unit records (name, docs, tokens) over real .len files and sparse .tok files."""
     meta_path = work / "streams.json"
     if meta_path.exists():
@@ -43,7 +43,7 @@ def build_units(work: Path, tokens: float, mean_doc: int, seed: int = 0) -> dict
         directory.mkdir(parents=True, exist_ok=True)
         budget, held, units = int(share * tokens * SLACK) + 1, 0, []
         while held < budget:
-            n = max(1, UNIT_TOKENS // mean_doc)
+            n = max(1, unit_tokens // mean_doc)
             lengths = (rng.geometric(1 / (mean_doc - 1), n) + 1).astype("<u4")  # >= 2: EOT and a token
             unit = f"{len(units):06d}"
             lengths.tofile(directory / f"{unit}.len")
@@ -114,15 +114,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=float, default=26.8e9, help="train tokens (default: 10x GPT-U-20M's 2.68B)")
     ap.add_argument("--mean-doc", type=int, default=700, help="mean tokens per document, EOT included")
     ap.add_argument("--interleave", choices=("global", "chunked"), default="global")
+    ap.add_argument("--unit-tokens", type=int, default=4 << 20, help="tokens per unit (~16 MiB of text: 4M)")
     ap.add_argument("--measure", choices=("driver", "worker"), help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path)
     args = ap.parse_args()
-    work = args.work or HERE / "work" / "driver-memory" / f"{args.tokens:.3g}-{args.mean_doc}"
+    work = args.work or HERE / "work" / "driver-memory" / f"{args.tokens:.3g}-{args.mean_doc}-{args.unit_tokens}"
     if args.measure:
         measure(work, args.tokens, args.interleave, args.measure)
         return
     t0 = time.perf_counter()
-    metas = build_units(work, args.tokens, args.mean_doc)
+    metas = build_units(work, args.tokens, args.mean_doc, args.unit_tokens)
     units = sum(len(m["units"]) for m in metas.values())
     docs = sum(m["docs"] for m in metas.values())
     print(f"{args.tokens / 1e9:,.1f}B train tokens: {units:,} units, {docs:,} documents "
