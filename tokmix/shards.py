@@ -29,6 +29,7 @@ INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 UNITS_DIR = "units"
+INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
 STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
@@ -162,6 +163,10 @@ class Layout:
         return self.root / STREAMS_DIR
 
     @property
+    def interleave_labels(self) -> Path:
+        return self.streams / INTERLEAVE_LABELS
+
+    @property
     def state(self) -> Path:
         return self.root / STATE_DIR
 
@@ -282,6 +287,8 @@ class Layout:
             return bool(_UNIT_FILE.fullmatch(name))
         if folder.parent == self.streams:
             return name == "stream.json"
+        if folder == self.streams:
+            return name == INTERLEAVE_LABELS
         return False
 
     def _empty_state(self, keep: tuple[Path, ...]) -> list[Path]:

@@ -387,7 +387,7 @@ def write_labels(ctx: Context, docs: list[int]) -> Labels:
     kind, seed = ctx.recipe.layout.interleave, ctx.recipe.seed
     if kind == "chunked":
         return Labels(kind, tuple(docs), seed)
-    path = ctx.layout.streams / "interleave.labels"
+    path = ctx.layout.interleave_labels
     write_tokens(path, interleave_order(docs, seed))
     return Labels(kind, tuple(docs), seed, str(path))
 
