@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 import tokmix
 from tokmix import TokmixError
+from tokmix.shards import file_checksum, read_json, write_record
 
 EOT = 0
 
@@ -222,14 +223,34 @@ def test_a_shard_of_the_wrong_size_is_rewritten(finished_run, inputs, tmp_path):
     assert (out / "train_002.bin").read_bytes() == want
 
 
-def test_a_run_that_fails_validation_says_so(finished_run, inputs, tmp_path):
+def test_a_damaged_shard_of_the_right_size_is_rewritten(finished_run, inputs, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(finished_run, out)
-    data = bytearray((out / "train_001.bin").read_bytes())
-    data[200] ^= 1  # the shard keeps its size, so assemble takes it as done; validate sees the checksum
+    want = (out / "train_001.bin").read_bytes()
+    data = bytearray(want)
+    data[200] ^= 1  # the shard keeps its size: only its record's checksum tells
     (out / "train_001.bin").write_bytes(bytes(data))
     (out / "tokmix-state/done.json").unlink()
-    with pytest.raises(TokmixError, match="train_001.bin: sha256 checksum differs from index.json"):
+    tokmix.run(inputs["recipe"], out, workers=1, keep_streams=True)
+    assert (out / "train_001.bin").read_bytes() == want
+
+
+def test_a_run_that_fails_validation_says_so(finished_run, inputs, tmp_path):
+    """A shard and its record changed together (the record's seal and checksum made anew) pass assemble's
+    check; validate still sees the id past the vocabulary, and the run ends with its line."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    index = json.loads((out / "index.json").read_text())
+    shard = out / "train_001.bin"
+    tokens = np.fromfile(shard, dtype=index["dtype"])
+    tokens[100] = index["vocab_size"]
+    tokens.tofile(shard)
+    record_path = out / "tokmix-state/shards" / (shard.name + ".json")
+    record = read_json(record_path, sealed=True)
+    write_record(record_path, {**record, "checksum": file_checksum(shard)})
+    (out / "tokmix-state/done.json").unlink()
+    with pytest.raises(TokmixError, match=f"validation failed: train_001.bin: token id {index['vocab_size']} "
+                                          "out of range"):
         tokmix.run(inputs["recipe"], out, workers=1, keep_streams=True)
 
 
