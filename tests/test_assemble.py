@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tokmix.errors import TokmixError
-from tokmix.shards import block_fingerprints, fingerprints_path
+from tokmix.shards import LENGTH_DTYPE, block_fingerprints, fingerprints_path
 from tokmix.stages.assemble import (
     GATHER_TOKENS,
     INTERLEAVE_CHUNK,
@@ -22,7 +22,6 @@ from tokmix.stages.assemble import (
     plan_tasks,
     write_shard,
 )
-from tokmix.stages.streams import LENGTH_DTYPE
 
 SEQ_LEN = 1024
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.shards import Delimiters, Layout, iter_token_chunks, read_index
+from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index
 from tokmix.summary import passes
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
@@ -107,9 +107,8 @@ def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | 
         record = json.loads(path.read_text())
         record["committed_at"] = path.stat().st_mtime
         records.append(record)
-    lengths = np.concatenate(
-        [np.fromfile(folder / f"{u['name']}.len", dtype="<u4") for u in meta["units"]] or [np.empty(0, "<u4")]
-    )
+    per_unit = [np.fromfile(folder / f"{u['name']}.len", dtype=LENGTH_DTYPE) for u in meta["units"]]
+    lengths = np.concatenate(per_unit or [np.empty(0, LENGTH_DTYPE)])
     return records, lengths[: meta["docs"]].astype(np.int64)
 
 

@@ -35,6 +35,7 @@ RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokm
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 LOCK_NAME = "lock"
 CHECKSUM = "sha256"
+LENGTH_DTYPE = np.dtype("<u4")  # a unit's .len file: tokens per document, its delimiters included
 UNIT_BYTES = 16 << 20  # intermediates: source bytes per work unit, the grain of parallelism and of resume
 READ_CHUNK_BYTES = 64 << 20  # sequential reads of this size keep checksums and validation streaming
 

@@ -21,6 +21,7 @@ from tokmix import __version__
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
+    LENGTH_DTYPE,
     BlockFingerprinter,
     DamagedFile,
     TokenFileWriter,
@@ -35,7 +36,7 @@ from tokmix.shards import (
 )
 from tokmix.stages import Context, drop_cached
 from tokmix.stages.passes import passes_used
-from tokmix.stages.streams import LENGTH_DTYPE, UNITS_IN_FLIGHT_PER_WORKER, units_dir
+from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, units_dir
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.faults import fault_point
-from tokmix.shards import TokenFileWriter, read_tokens, write_bytes, write_record
+from tokmix.shards import LENGTH_DTYPE, TokenFileWriter, read_tokens, write_bytes, write_record
 from tokmix.stages import cached
 
-LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, delimiters included (as a tokenized unit's .len)
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 
 

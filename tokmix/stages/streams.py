@@ -23,6 +23,7 @@ from tokmix.backends import document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
+    LENGTH_DTYPE,
     REFERENCE_DELIMITERS,
     DamagedFile,
     Delimiters,
@@ -37,7 +38,6 @@ from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stre
 from tokmix.stages import Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
 
-LENGTH_DTYPE = np.dtype("<u4")  # tokens per document, its delimiters included
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 UNITS_IN_FLIGHT_PER_WORKER = 2
 
