@@ -53,7 +53,7 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
 
 SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
-RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources.py"
+RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources/units.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ atomic commit

@@ -16,7 +16,6 @@ import random
 import shutil
 import tempfile
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
-import pyarrow.parquet as pq
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -33,20 +31,9 @@ from tokmix.backends import choose_backend, clean_surrogates, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
 from tokmix.shards import Delimiters, Layout, dtype_for_vocab, shard_blocks, shard_tokens
-from tokmix.sources import (
-    COMPRESSED,
-    Piece,
-    Split,
-    create_split,
-    file_kind,
-    file_size,
-    json_text,
-    load_or_create_split,
-    open_file,
-    parse_mirrors,
-    read_texts,
-    stream_files,
-)
+from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
+from tokmix.sources.pieces import Sample
+from tokmix.sources.units import FORMATS
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.tokenizer import TOKENIZER_FILE, document_delimiters, load_tokenizer, tokenizer_file, vocab_size
@@ -55,10 +42,7 @@ SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
 MAX_SAMPLE_FILES = 64  # ... and opens at most this many (small text files: one document each)
 GUESS_BYTES_PER_TOKEN = 4.0  # the run trains its tokenizer: nothing to sample with yet
-READ_BYTES = 64 << 10
-FEED_BYTES = 4 << 10  # compressed bytes fed to a decompressor at a time: the grain of the compressed bytes count
 LIST_THREADS = 16  # sizes and parquet footers fetched in parallel: remote files are latency-bound
-PARQUET_LENGTH_BYTES = 4  # each plain-encoded string's length prefix, inside the column's uncompressed size
 
 
 # ---------------------------------------------------------------------------- what a plan holds
@@ -162,140 +146,24 @@ class Plan:
 
 
 # ---------------------------------------------------------------------------- sampling files
-@dataclass
-class _FileSample:
-    texts: list[str]
-    used: int  # bytes of the file (in its measure) that the texts came from
-    whole: bool  # the texts are all of the file's documents
-
-
 def _measure(path: str) -> str:
     """How a file's bytes are counted: its kind, and its codec for compressed JSONL."""
     kind = file_kind(path)
-    codec = COMPRESSED.get(os.path.splitext(path.lower())[1])
+    codec = jsonl.codec(path)
     return f"{kind}.{codec}" if kind == "jsonl" and codec else kind
-
-
-def _parquet_bytes(path: str, text_field: str, mirrors) -> int:
-    """Text bytes of the column from the footer alone: uncompressed size less the strings' length prefixes."""
-    with open_file(path, mirrors) as f:
-        meta = pq.ParquetFile(f).metadata
-    columns = [i for i in range(meta.num_columns) if meta.schema.column(i).path == text_field]
-    if not columns:
-        return 0  # the sample reports the missing column with the run's own message
-    total = 0
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
-        total += max(0, rg.column(columns[0]).total_uncompressed_size - PARQUET_LENGTH_BYTES * rg.num_rows)
-    return total
 
 
 def _file_bytes(path: str, text_field: str, stream: str, mirrors) -> int:
     try:
-        if file_kind(path) == "parquet":
-            return _parquet_bytes(path, text_field, mirrors)
-        return file_size(path, mirrors)
+        return FORMATS[file_kind(path)].byte_count(path, text_field, mirrors)
     except FileNotFoundError:
         raise TokmixError(f"stream {stream}: file {path}: not found") from None
     except OSError as e:
         raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
 
 
-def _sample_parquet(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
-    with open_file(path, mirrors) as f:
-        groups = pq.ParquetFile(f).metadata.num_row_groups
-    texts, used = [], 0
-    reader = read_texts(Piece(path, "parquet", 0, groups), text_field, stream, mirrors)
-    for text in reader:
-        if used >= limit:
-            reader.close()
-            return _FileSample(texts, used, False)
-        text = text[: limit * 2]  # one huge row alone does not decide the sample
-        texts.append(text)
-        used += len(text.encode("utf-8", "surrogatepass"))
-    return _FileSample(texts, used, True)
-
-
-class _Decompressor:
-    """Streaming gzip / zstd / identity over a raw prefix of a file, across gzip members and zstd frames."""
-
-    def __init__(self, codec: str | None):
-        self.codec = codec
-        self._new()
-
-    def _new(self) -> None:
-        if self.codec == "gzip":
-            self.obj = zlib.decompressobj(wbits=31)
-        elif self.codec == "zstd":
-            import zstandard
-
-            self.obj = zstandard.ZstdDecompressor().decompressobj()
-        else:
-            self.obj = None
-
-    def __call__(self, data: bytes) -> bytes:
-        if self.obj is None:
-            return data
-        out = [self.obj.decompress(data)]
-        while self.obj.eof and self.obj.unused_data:
-            rest = self.obj.unused_data
-            self._new()
-            out.append(self.obj.decompress(rest))
-        return b"".join(out)
-
-
-def _sample_jsonl(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
-    """The first whole lines of a JSONL file, decompressed, about `limit` bytes of them. A compressed file's
-    bytes used are the compressed bytes that gave the output (counted when the output last grew: a codec holds
-    back a block until it is whole), in proportion to the whole lines in that output."""
-    decompress = _Decompressor(COMPRESSED.get(os.path.splitext(path.lower())[1]))
-    data, fed, fed_at_output, eof, has_newline = bytearray(), 0, 0, False, False
-    try:
-        with open_file(path, mirrors) as raw:
-            while len(data) < limit or not has_newline:
-                chunk = raw.read(READ_BYTES)
-                if not chunk:
-                    eof = True
-                    break
-                for at in range(0, len(chunk), FEED_BYTES):
-                    fed += len(chunk[at : at + FEED_BYTES])
-                    new = decompress(chunk[at : at + FEED_BYTES])
-                    if new:
-                        fed_at_output = fed
-                        has_newline = has_newline or b"\n" in new
-                        data += new
-                        if len(data) >= limit and has_newline:
-                            break
-    except FileNotFoundError:
-        raise TokmixError(f"stream {stream}: file {path}: not found") from None
-    except Exception as e:  # OSError, zlib.error, zstandard.ZstdError: unreadable or corrupt
-        raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
-    cut = len(data) if eof else data.rfind(b"\n") + 1
-    used = fed if eof else round(fed_at_output * cut / max(len(data), 1))
-    texts = []
-    for n, line in enumerate(bytes(data[:cut]).split(b"\n"), start=1):
-        if line.strip():
-            texts.append(json_text(line, text_field, stream, path, lambda n=n: f"line {n}"))
-    return _FileSample(texts, used, eof)
-
-
-def _sample_text(path: str, stream: str, mirrors, limit: int) -> _FileSample:
-    try:
-        with open_file(path, mirrors) as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError:
-        raise TokmixError(f"stream {stream}: file {path}: not found") from None
-    whole = len(data) <= limit
-    return _FileSample([data[:limit].decode("utf-8", "replace")], min(len(data), limit), whole)
-
-
-def _sample_file(path: str, text_field: str, stream: str, mirrors, limit: int) -> _FileSample:
-    kind = file_kind(path)
-    if kind == "parquet":
-        return _sample_parquet(path, text_field, stream, mirrors, limit)
-    if kind == "jsonl":
-        return _sample_jsonl(path, text_field, stream, mirrors, limit)
-    return _sample_text(path, stream, mirrors, limit)
+def _sample_file(path: str, text_field: str, stream: str, mirrors, limit: int) -> Sample:
+    return FORMATS[file_kind(path)].sample(path, text_field, stream, mirrors, limit)
 
 
 def _spread(n: int) -> list[int]:

@@ -1,0 +1,106 @@
+"""Where source files are and how they are opened: local paths, globs, any fsspec URL (hf:// included), and
+--mirror prefixes that read a remote dataset from a local copy. A remote failure is one line naming the URL."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from contextlib import contextmanager
+
+import fsspec
+from fsspec.utils import glob_translate
+
+from tokmix.errors import TokmixError
+
+
+def parse_mirrors(specs: list[str] | None) -> list[tuple[str, str]]:
+    """`hf://datasets/ORG/NAME=LOCAL_DIR` pairs: files under the prefix are read from the local copy."""
+    mirrors = []
+    for spec in specs or []:
+        prefix, sep, local = spec.partition("=")
+        if not sep or not prefix or not local:
+            raise TokmixError(f"--mirror {spec!r}: expected PREFIX=LOCAL_DIR, e.g. hf://datasets/org/name=/data/name")
+        mirrors.append((prefix.rstrip("/"), local.rstrip("/")))
+    return mirrors
+
+
+def remap(url: str, mirrors: list[tuple[str, str]]) -> str:
+    for prefix, local in mirrors:
+        if url == prefix or url.startswith(prefix + "/"):
+            return local + url[len(prefix) :]
+    return url
+
+
+def _is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _mirror_hint(url: str) -> str:
+    """The --mirror prefix a user would give for `url`: a Hub dataset's root, else the bucket."""
+    scheme, _, rest = url.partition("://")
+    keep = 3 if scheme == "hf" and rest.startswith(("datasets/", "spaces/")) else 1
+    return f"{scheme}://{'/'.join(rest.split('/')[:keep])}"
+
+
+@contextmanager
+def remote_errors(url: str, mirrors: list[tuple[str, str]]):
+    """A remote file system's failure (no network, a refused request: httpx, aiohttp, botocore each raise their
+    own types) as one line naming the URL and the local copy --mirror would read instead. Local files and
+    tokmix's own errors pass through."""
+    try:
+        yield
+    except (TokmixError, FileNotFoundError):
+        raise
+    except Exception as e:
+        if not _is_remote(remap(url, mirrors)):
+            raise
+        kinds = " ".join(c.__name__ for c in type(e).__mro__)
+        offline = isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or "Connect" in kinds \
+            or "Timeout" in kinds
+        how = "unreachable" if offline else "cannot be read"
+        detail = (str(e).splitlines() or [""])[0][:200]
+        raise TokmixError(f"{url}: {how} ({type(e).__name__}: {detail}); check the network, or read a local copy "
+                          f"with --mirror {_mirror_hint(url)}=LOCAL_DIR") from None
+
+
+def open_file(url: str, mirrors: list[tuple[str, str]], mode: str = "rb"):
+    with remote_errors(url, mirrors):
+        return fsspec.open(remap(url, mirrors), mode).open()
+
+
+def file_size(url: str, mirrors: list[tuple[str, str]]) -> int:
+    with remote_errors(url, mirrors):
+        fs, path = fsspec.core.url_to_fs(remap(url, mirrors))
+        return int(fs.size(path))
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def normalize(path: str) -> str:
+    return path if "://" in path else os.path.normpath(os.path.abspath(path))
+
+
+def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
+    """Files a resolved pattern names, sorted; a URL keeps its protocol, a local path stays a path."""
+    if not _has_magic(pattern):
+        return [normalize(pattern)]
+    local = remap(pattern, mirrors)
+    with remote_errors(pattern, mirrors):
+        fs, path = fsspec.core.url_to_fs(local)
+        found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+    if local == pattern:  # not mirrored: name files the way the pattern did
+        return [fs.unstrip_protocol(p) if "://" in pattern else normalize(p) for p in found]
+    # mirrored: name files by their original URL so the split file does not depend on where the copy lives
+    root = remap(pattern.split("*")[0].rsplit("/", 1)[0], mirrors)
+    root_path = fsspec.core.url_to_fs(root)[1]
+    prefix = pattern.split("*")[0].rsplit("/", 1)[0]
+    return [prefix + p[len(root_path) :] for p in found]
+
+
+def matcher(patterns: list[str]) -> re.Pattern:
+    return re.compile("|".join(f"(?:{glob_translate(normalize(p))})" for p in patterns))
+
+

@@ -1,0 +1,81 @@
+"""What every source format shares: a piece of a file (the grain of a work unit), a document too large to be
+one Python string, and the error that names the stream, the file and the place in it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tokmix.backends import utf8_pieces
+from tokmix.errors import TokmixError
+from tokmix.sources.files import remote_errors
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A contiguous part of one file: parquet row groups [start, stop), JSONL bytes [start, stop), or the
+    whole file (start = 0, stop = -1) for compressed JSONL and plain text."""
+
+    path: str
+    kind: str  # "parquet" | "jsonl" | "text"
+    start: int = 0
+    stop: int = -1
+    first_row: int = 0  # row (parquet) number of the piece's first document, for messages
+    size: int = 0  # source bytes it holds (uncompressed, estimated for compressed files): for scheduling
+    file_bytes: int = 0  # its whole file's size when planned: a resume refuses a file that has another now
+
+
+
+class SourceError(TokmixError):
+    pass
+
+
+class HugeText:
+    """A document too large to hold as one Python string (200 MB of text with a single emoji is 800 MB as a
+    str): its UTF-8 bytes, which the tokenizing worker turns into str pieces one at a time."""
+
+    def __init__(self, data, path: str, stream: str):
+        self.data, self.path, self.stream = data, path, stream
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def pieces(self) -> Iterator[str]:
+        try:
+            yield from utf8_pieces(self.data)
+        except UnicodeDecodeError as e:
+            where = f"byte {e.start} of a {len(self):,}-byte document"
+            raise bad(self.stream, self.path, where, "invalid UTF-8") from None
+
+    def utf8(self):
+        return self.data
+
+
+def bad(stream: str, path: str, where: str, what: str) -> SourceError:
+    return SourceError(f"stream {stream}: file {path}: {where}: {what}")
+
+
+
+@dataclass
+class Sample:
+    """The first documents of a file, about a limit's worth of bytes (`tokmix plan` tokenizes them)."""
+
+    texts: list[str]
+    used: int  # bytes of the file, counted as its format's byte_count counts them, that the texts came from
+    whole: bool  # the texts are all of the file's documents
+
+
+@contextmanager
+def reading(path: str, stream: str, mirrors):
+    """Reading a file's documents: a missing, corrupt or unreadable file, or a remote one that fails, is one
+    line naming the stream and the file."""
+    try:
+        with remote_errors(path, mirrors):
+            yield
+    except FileNotFoundError:
+        raise bad(stream, path, "open", "file not found") from None
+    except (pa.ArrowException, OSError) as e:
+        raise bad(stream, path, "read", f"corrupt or unreadable ({e})") from None

@@ -1,0 +1,116 @@
+"""The holdout/train split of each stream's files: computed once from the recipe, persisted in the split file
+and used as given from then on; a stream's train files in split order are its canonical document order."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import fsspec
+
+from tokmix.errors import TokmixError
+from tokmix.recipe import Recipe
+from tokmix.sources.files import expand, matcher, normalize
+
+Split = dict[str, dict[str, list[str]]]
+
+
+def _split_entry(recipe: Recipe, path: str) -> str:
+    """How the split file names a file: relative to the recipe's directory when it lies under it."""
+    if "://" in path:
+        return path
+    rel = os.path.relpath(path, recipe.base_dir)
+    return path if rel.startswith("..") else rel
+
+
+def _held_out(recipe: Recipe, name: str, files: list[str]) -> list[str]:
+    """The stream's files to hold out: those its `holdout_files` names, or its last files (sorted order) by its
+    count or `holdout_fraction` (rounded up), else by [holdout] holdout_files. At least one file trains."""
+    stream = recipe.streams[name]
+    if isinstance(stream.holdout_files, list):
+        held = []
+        for pattern in stream.holdout_files:
+            match = matcher([recipe.resolve(pattern)])
+            found = [f for f in files if match.fullmatch(normalize(f))]
+            if not found:
+                raise TokmixError(f"stream {name}: holdout_files entry {pattern!r} matches none of the stream's "
+                                  f"{len(files)} file(s) (its files: {stream.files})")
+            held += found
+        held = [f for f in files if f in set(held)]  # the stream's order, each file once
+        rule = f"holdout_files {stream.holdout_files}"
+    else:
+        if stream.holdout_fraction is not None:
+            n, rule = math.ceil(stream.holdout_fraction * len(files)), f"holdout_fraction={stream.holdout_fraction}"
+        elif stream.holdout_files is not None:
+            n, rule = stream.holdout_files, f"holdout_files={stream.holdout_files}"
+        else:
+            n, rule = recipe.holdout.holdout_files, f"holdout_files={recipe.holdout.holdout_files}"
+        held = files[len(files) - n :] if n <= len(files) else files
+    if len(held) >= len(files):
+        raise TokmixError(f"stream {name}: {len(files)} file(s) match {stream.files} and {rule} holds out "
+                          f"{len(held)}: keep at least one to train on")
+    return held
+
+
+def create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
+    """Per stream, the files _held_out picks are held out, the rest train, each in sorted order."""
+    split: Split = {d: {"holdout": [], "train": []} for d in recipe.domains}
+    for name, stream in recipe.streams.items():
+        files = list(dict.fromkeys(f for p in stream.files for f in expand(recipe.resolve(p), mirrors)))
+        held = set(_held_out(recipe, name, files))
+        split[stream.domain]["holdout"] += [_split_entry(recipe, f) for f in files if f in held]
+        split[stream.domain]["train"] += [_split_entry(recipe, f) for f in files if f not in held]
+    return split
+
+
+def load_or_create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
+    """The persisted split: used as given when it exists, written once when it does not."""
+    path = recipe.splits_path
+    fs, fpath = fsspec.core.url_to_fs(path)
+    if fs.isdir(fpath):
+        raise TokmixError(f"split file {path}: is a directory; [holdout] splits names the split file (JSON)")
+    if fs.exists(fpath):
+        try:
+            with fs.open(fpath, "rb") as f:
+                split = json.loads(f.read())
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            raise TokmixError(f"split file {path}: not valid JSON: {e}") from None
+        except OSError as e:
+            raise TokmixError(f"split file {path}: cannot read it ({e.strerror or e})") from None
+        _check_split_shape(split, path)
+        return split
+    split = create_split(recipe, mirrors)
+    fs.makedirs(fs._parent(fpath), exist_ok=True)
+    tmp = f"{fpath}.tmp-{os.getpid()}"
+    with fs.open(tmp, "w") as f:
+        json.dump(split, f, indent=2)
+    fs.mv(tmp, fpath)
+    return split
+
+
+def _check_split_shape(split: object, path: str) -> None:
+    ok = isinstance(split, dict) and all(
+        isinstance(v, dict)
+        and all(isinstance(v.get(k), list) and all(isinstance(x, str) for x in v[k]) for k in ("holdout", "train"))
+        for v in split.values()
+    )
+    if not ok:
+        raise TokmixError(f'split file {path}: expected {{domain: {{"holdout": [files], "train": [files]}}}}')
+
+
+def stream_files(recipe: Recipe, split: Split, stream: str, part: str) -> list[str]:
+    """The split file's `part` ("holdout"/"train") entries of the stream's domain that match its patterns,
+    in the split file's order: that order is the stream's canonical document order."""
+    spec = recipe.streams[stream]
+    if spec.domain not in split:
+        raise TokmixError(f"stream {stream}: split file {recipe.splits_path} has no domain {spec.domain!r}")
+    match = matcher([recipe.resolve(p) for p in spec.files])
+    files = [f for f in (recipe.resolve(e) for e in split[spec.domain][part]) if match.fullmatch(normalize(f))]
+    if not files:
+        raise TokmixError(
+            f"stream {stream}: no {part} file in split file {recipe.splits_path} matches {spec.files}"
+        )
+    return [normalize(f) for f in files]
+
+

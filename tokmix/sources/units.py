@@ -1,0 +1,136 @@
+"""Work units: a stream's files cut into contiguous pieces, in canonical order, each format's pieces and
+documents found by its kind (one module per format: parquet, jsonl, text); and the documents read back out
+of a unit, batched for the tokenizer and hashed for decontamination."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import pyarrow as pa
+
+from tokmix.errors import TokmixError
+from tokmix.shards import UNIT_BYTES
+from tokmix.sources import jsonl, parquet
+from tokmix.sources import text as plain
+from tokmix.sources.pieces import HugeText, Piece, reading
+
+BATCH_DOCS = 1024
+BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
+FORMATS: dict[str, ModuleType] = {"parquet": parquet, "jsonl": jsonl, "text": plain}  # first that claims a file
+
+
+@dataclass(frozen=True)
+class Unit:
+    stream: str
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.pieces)
+
+    def describe(self) -> list[list]:
+        return [[p.path, p.kind, p.start, p.stop] for p in self.pieces]
+
+    def file_bytes(self) -> list[int]:
+        return [p.file_bytes for p in self.pieces]
+
+
+def file_kind(path: str) -> str:
+    return next(kind for kind, module in FORMATS.items() if module.claims(path))
+
+
+def file_pieces(path: str, mirrors, unit_bytes: int, stream: str) -> Iterator[Piece]:
+    """The file's pieces, by its format; a missing or unreadable file is one line naming the stream."""
+    try:
+        yield from FORMATS[file_kind(path)].pieces(path, mirrors, unit_bytes)
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TokmixError(f"stream {stream}: file {path}: cannot read: {e}") from None
+
+
+def plan_units(
+    stream: str, files: list[str], mirrors: list[tuple[str, str]], unit_bytes: int = UNIT_BYTES
+) -> Iterator[Unit]:
+    """The stream's work units in canonical order, planned lazily: only the files a run reaches are opened.
+    Small whole-file pieces are grouped so that 10,000 small files do not make 10,000 units."""
+    index, group, group_bytes = 0, [], 0
+    for path in files:
+        for piece in file_pieces(path, mirrors, unit_bytes, stream):
+            if piece.stop == -1 and piece.kind == "text":
+                group.append(piece)
+                group_bytes += piece.size
+                if group_bytes >= unit_bytes:
+                    yield Unit(stream, index, tuple(group))
+                    index, group, group_bytes = index + 1, [], 0
+                continue
+            if group:
+                yield Unit(stream, index, tuple(group))
+                index, group, group_bytes = index + 1, [], 0
+            yield Unit(stream, index, (piece,))
+            index += 1
+    if group:
+        yield Unit(stream, index, tuple(group))
+
+
+def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
+               huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
+    """Every document text of a unit (or one piece) in order, empty ones included. With `huge`, a parquet or
+    plain-text document or JSONL text of more bytes comes as a HugeText, or, with `skip_huge` (a sample that
+    needs no such document), is skipped without being read whole: a parquet row group of more than
+    HEAVY_ROW_GROUP_BYTES of text, a longer JSONL line, a larger text file."""
+    pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
+    for piece in pieces:
+        with reading(piece.path, stream, mirrors):
+            yield from FORMATS[piece.kind].texts(piece, field, stream, mirrors, huge, skip_huge)
+
+
+def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
+                    huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
+    """Documents of whole files in order (the holdout stage reads files this way)."""
+    for path in paths:
+        for piece in file_pieces(path, mirrors, 1 << 62, stream):
+            yield from read_texts(piece, field, stream, mirrors, huge, skip_huge)
+
+
+def batches(
+    texts: Iterator[str], huge: int = 1 << 62, max_chars: Callable[[int], int] | None = None
+) -> Iterator[list[str]]:
+    """Group non-empty texts into tokenizer batches bounded in count and size; a text longer than `huge`
+    characters is a batch alone. `max_chars(chars yielded so far)`, asked at the start of each batch, bounds
+    its size further."""
+    batch, size, limit, yielded = [], 0, BATCH_BYTES, 0
+    for text in texts:
+        if not text:
+            continue
+        if not batch and max_chars is not None:
+            limit = min(BATCH_BYTES, max(1, max_chars(yielded)))
+        if len(text) > huge:
+            if batch:
+                yield batch
+            yield [text]
+            batch, size, yielded = [], 0, yielded + size + len(text)
+            continue
+        batch.append(text)
+        size += len(text)
+        if len(batch) >= BATCH_DOCS or size >= limit:
+            yield batch
+            batch, size, yielded = [], 0, yielded + size
+    if batch:
+        yield batch
+
+
+def text_hashes(texts: list[str]) -> np.ndarray:
+    """64-bit hashes of documents' exact UTF-8 bytes (no normalisation): the decontamination key."""
+    digests = b"".join(hashlib.blake2b(t.utf8() if isinstance(t, HugeText) else t.encode("utf-8"),
+                                       digest_size=8).digest() for t in texts)
+    return np.frombuffer(digests, dtype=np.uint64)
