@@ -17,10 +17,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from tokmix.backends import ADVERSARIAL_TEXTS, clean_surrogates
+from tokmix.backends import ADVERSARIAL_TEXTS
 from tokmix.demo import build_demo_corpus
 from tokmix.plan import make_plan
 from tokmix.recipe import load_recipe
+from tokmix.text import clean_surrogates
 from tokmix.tokenizer import train_tokenizer
 
 

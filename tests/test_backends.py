@@ -18,11 +18,11 @@ from tokmix.backends import (
     ADVERSARIAL_TEXTS,
     BACKENDS,
     choose_backend,
-    clean_surrogates,
     installed_backends,
     make_encoder,
 )
 from tokmix.errors import TokmixError
+from tokmix.text import clean_surrogates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FAST_BACKENDS = [b for b in BACKENDS if b != "hf"]

@@ -12,7 +12,8 @@ import pytest
 
 import tokmix
 from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
-from tokmix.backends import can_cut_documents, document_pieces, make_encoder
+from tokmix.backends import can_cut_documents, make_encoder
+from tokmix.text import document_pieces
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

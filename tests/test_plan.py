@@ -10,13 +10,14 @@ import pytest
 from rich.console import Console
 
 from tokmix import plan as plan_module
-from tokmix.backends import choose_backend, clean_surrogates, make_encoder
+from tokmix.backends import choose_backend, make_encoder
 from tokmix.demo import build_demo_corpus
 from tokmix.errors import TokmixError
 from tokmix.plan import make_plan, render_plan
 from tokmix.recipe import load_recipe
 from tokmix.runner import run
 from tokmix.sources import iter_file_texts, load_or_create_split, stream_files
+from tokmix.text import clean_surrogates
 from tokmix.tokenizer import train_tokenizer
 
 TRAINED = "[tokenizer.train]\nvocab_size = 4096\n"

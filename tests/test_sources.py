@@ -150,7 +150,7 @@ JSON_EDGE_LINES = [
 
 
 def test_jsonl_lines_are_read_as_json_reads_them(tmp_path):
-    from tokmix.backends import clean_surrogates
+    from tokmix.text import clean_surrogates
 
     path = tmp_path / "edge.jsonl"
     path.write_bytes(b"\n".join(JSON_EDGE_LINES) + b"\n")
@@ -186,8 +186,8 @@ def test_a_huge_jsonl_text_is_read_as_utf8_pieces_equal_to_the_parsed_text(tmp_p
     """A JSONL text longer than `huge` bytes never becomes one Python string: its escapes are decoded a piece
     at a time (pieces never cut an escape or a UTF-8 character) into UTF-8 bytes, equal to what json.loads
     gives, with lone surrogates replaced as everywhere else; other fields, huge too, are parsed and checked."""
-    from tokmix.backends import clean_surrogates
     from tokmix.sources import HugeText
+    from tokmix.text import clean_surrogates
 
     path = tmp_path / "huge.jsonl"
     lines = [json.dumps({"id": i, "meta": {"note": "m" * 300}, "text": t}, ensure_ascii=ascii_only)

@@ -13,10 +13,11 @@ import tiktoken
 from tests.corpus import _documents
 from tests.test_tokenizer_layouts import LLAMA3_PATTERN
 from tests.vocab import MISTRAL_IDS, gpt2_tiktoken, mistral_tokenizer_json, tiktoken_cache
-from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, clean_surrogates, make_encoder
+from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import recipe_from_dict
 from tokmix.shards import Delimiters
+from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_file, vocab_size
 
 BASE = {"seed": 1, "layout": {"steps": 1, "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},

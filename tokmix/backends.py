@@ -12,9 +12,8 @@ import importlib.util
 import itertools
 import json
 import os
-import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.text import clean_surrogates
 
 BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "hf")  # fastest first
 _MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "hf": "tokenizers"}
@@ -30,21 +30,6 @@ _MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "hf": "tokenizers"}
 # gpt2 / r50k_base / p50k_base encodings write it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TIKTOKEN_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def clean_surrogates(text: str) -> str:
-    """Replace lone surrogates with U+FFFD (and join a split surrogate pair) so every backend sees valid text.
-
-    HF cannot encode them at all, so the pipeline cleans each document once, upstream of any encoder. Most text has
-    none: ASCII is a flag check, anything else one UTF-8 encode.
-    """
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
 
 
 _SHARED_PREFIX = "".join(f"row {i}: total = add(x{i}, 'y')  # ok\n" for i in range(150))  # ~5 KB
@@ -430,13 +415,6 @@ def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: s
 
 
 # ---------------------------------------------------------------------------- documents too large to encode whole
-HUGE_DOC_CHARS = 4 << 20  # a longer document is encoded piece by piece: fastokens needs ~12 bytes/char whole
-# Unicode White_Space: what the tokenizers' regex engine calls \s (Python's \s also takes \x1c-\x1f)
-_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B))))
-_SPACE_CLASS = "".join(re.escape(c) for c in sorted(_SPACE))
-_WORD_END = re.compile(f"[^{_SPACE_CLASS}](?=[{_SPACE_CLASS}])")
-
-
 def can_cut_documents(tokenizer_path: str | Path) -> bool:
     """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
     byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text
@@ -451,60 +429,3 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
         and not spec.get("normalizer")
         and all(t["special"] for t in spec.get("added_tokens") or [])
     )
-
-
-def _word_end(text: str, lo: int, hi: int) -> int | None:
-    """The last p in (lo, hi] where a non-space is followed by a space: GPT-2's regex always ends a pre-token
-    there. Searched backwards from hi; in prose the first try or two succeed."""
-    for p in range(min(hi, len(text) - 1), lo, -1):
-        if text[p] in _SPACE and text[p - 1] not in _SPACE:
-            return p
-    return None
-
-
-def document_pieces(text: str, piece_chars: int = HUGE_DOC_CHARS) -> Iterator[str]:
-    """A long text in pieces of about piece_chars, each cut where a word ends and whitespace starts; a text with
-    no such place in a piece's second half is cut at the next one after it, or not at all (one 200 MB word)."""
-    start = 0
-    while len(text) - start > piece_chars:
-        end = _word_end(text, start + piece_chars // 2, start + piece_chars)
-        if end is None:
-            found = _WORD_END.search(text, start + piece_chars)
-            if found is None:
-                break
-            end = found.end()
-        yield text[start:end]
-        start = end
-    yield text[start:]
-
-
-_ASCII_SPACE = frozenset(b"\t\n\v\f\r ")
-
-
-def _char_before(data, p: int) -> str:
-    """The character that ends just before byte p of UTF-8 data."""
-    start = p - 1
-    while start > 0 and p - start < 4 and data[start] & 0xC0 == 0x80:  # continuation bytes
-        start -= 1
-    return bytes(data[start:p]).decode("utf-8", "replace")[-1:]
-
-
-def utf8_pieces(data, piece_bytes: int = HUGE_DOC_CHARS) -> Iterator[str]:
-    """document_pieces for a document held as UTF-8 bytes (never one Python string): cut at an ASCII whitespace
-    byte that follows a non-space character, each piece decoded on its own (a cut at an ASCII byte is always
-    a character boundary). Raises UnicodeDecodeError on invalid UTF-8, with the offset of the piece in `.start`."""
-    view = memoryview(data)
-    start, n = 0, len(view)
-    while start < n:
-        end = n
-        if n - start > piece_bytes:
-            end = next((p for p in range(start + piece_bytes, start + piece_bytes // 2, -1)
-                        if view[p] in _ASCII_SPACE and _char_before(view, p) not in _SPACE), None)
-            if end is None:
-                end = next((p for p in range(start + piece_bytes, n)
-                            if view[p] in _ASCII_SPACE and _char_before(view, p) not in _SPACE), n)
-        try:
-            yield bytes(view[start:end]).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UnicodeDecodeError(e.encoding, e.object, start + e.start, start + e.end, e.reason) from None
-        start = end

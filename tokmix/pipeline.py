@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import psutil
 
-from tokmix.backends import HUGE_DOC_CHARS, can_cut_documents, choose_backend, installed_backends
+from tokmix.backends import can_cut_documents, choose_backend, installed_backends
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
@@ -40,6 +40,7 @@ from tokmix.stages.assemble import build_index, run_assemble
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
+from tokmix.text import HUGE_DOC_CHARS
 from tokmix.tokenizer import (
     document_delimiters,
     load_tokenizer,

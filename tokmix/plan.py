@@ -27,7 +27,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tokmix.backends import choose_backend, clean_surrogates, make_encoder
+from tokmix.backends import choose_backend, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
 from tokmix.shards import Delimiters, Layout, dtype_for_vocab, shard_blocks, shard_tokens
@@ -36,6 +36,7 @@ from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
+from tokmix.text import clean_surrogates
 from tokmix.tokenizer import TOKENIZER_FILE, document_delimiters, load_tokenizer, tokenizer_file, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF

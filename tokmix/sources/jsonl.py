@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import orjson
 
-from tokmix.backends import clean_surrogates
 from tokmix.errors import TokmixError
 from tokmix.sources.files import file_size, open_file
 from tokmix.sources.pieces import HugeText, Piece, Sample, bad
+from tokmix.text import clean_surrogates
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSION_GUESS = 4  # text compresses about 4x with gzip or zstd: a compressed file's size for scheduling

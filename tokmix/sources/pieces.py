@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from tokmix.backends import utf8_pieces
 from tokmix.errors import TokmixError
 from tokmix.sources.files import remote_errors
+from tokmix.text import utf8_pieces
 
 
 @dataclass(frozen=True)

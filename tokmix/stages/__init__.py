@@ -7,15 +7,39 @@ import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from tokmix.backends import HUGE_DOC_CHARS, Encoder, make_encoder
-from tokmix.progress import RunProgress
+from tokmix.backends import Encoder, make_encoder
 from tokmix.recipe import Recipe
 from tokmix.shards import REFERENCE_DELIMITERS, UNIT_BYTES, Delimiters, Layout
 from tokmix.sources import Split
+from tokmix.text import HUGE_DOC_CHARS
+
+
+class Progress(Protocol):
+    """What the stages tell of their progress: a bar per stream of tokens committed out of its budget."""
+
+    def start(self, name: str, total: int, done: int = 0) -> None: ...
+
+    def update(self, name: str, done: int, total: int) -> None: ...
+
+    def stop(self) -> None: ...  # the stages are over (the pipeline calls it)
+
+
+class NoProgress:
+    """Progress told to no one: the default, so that a worker importing a stage loads no display (the pipeline
+    gives the stage process tokmix.progress.RunProgress)."""
+
+    def start(self, name: str, total: int, done: int = 0) -> None:
+        pass
+
+    def update(self, name: str, done: int, total: int) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 @dataclass
@@ -32,7 +56,7 @@ class Context:
     executor: str = "local"
     log: Callable[[str], None] = print
     unit_bytes: int = UNIT_BYTES
-    progress: RunProgress = field(default_factory=lambda: RunProgress(live=False))
+    progress: Progress = field(default_factory=NoProgress)
     pool: Any = None  # the executor the stages share, started once per stage process (tokmix.executors)
     # a document of more characters is read as bytes and encoded in pieces (1 << 62: never, for a tokenizer whose
     # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)

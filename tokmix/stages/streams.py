@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.backends import document_pieces
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import (
@@ -37,6 +36,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
+from tokmix.text import document_pieces
 
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 UNITS_IN_FLIGHT_PER_WORKER = 2
