@@ -1,14 +1,17 @@
-"""Shared fixtures: one real finished run per session, which tests copy before changing anything. And no
-silent gaps: under CI=true a skipped test fails the run unless its reason is on the allow-list below."""
+"""Shared fixtures: one real finished run per session, which tests copy before changing anything, and one Ray
+head per session, which every Ray test runs on. And no silent gaps: under CI=true a skipped test fails the run
+unless its reason is on the allow-list below."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.corpus import make_inputs
+from tests.ray_nodes import RUN, RayNode
 
 # What CI may skip: only what its test command does not install or lay beside the clone. The default torch
 # wheel is several GB, so torch (and megatron-core, which needs it) is not in the test extras; a bare clone has
@@ -29,6 +32,46 @@ def finished_run(tmp_path_factory) -> Path:
     recipe = make_inputs(root, doc_limit=400, rows_per_group=16, decontaminate=True)
     tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=1, keep_streams=True)
     return root / "out"
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[str]:
+    """The address of a Ray head of 1 CPU started once for the session (`ray start`, its own temp dir and
+    process group; a start costs 10-25 s of the machine's two cores). Every Ray test runs on it by address, as a
+    user's run on a cluster would; tests/test_ray_cluster.py adds a second node to it (1 CPU each, so a run of
+    2 workers has a task on each). Tests that use it run in one pytest-xdist worker, one at a time (their group
+    is set below): a second node added by one test must not take another test's tasks."""
+    pytest.importorskip("ray", reason="the Ray executor is an extra: pip install 'tokmix[ray]'")
+    head, address = RayNode.head(num_cpus=1)
+    try:
+        yield address
+    finally:
+        head.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_corpus(tmp_path_factory) -> Path:
+    """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit."""
+    root = tmp_path_factory.mktemp("ray-corpus")
+    make_inputs(root, rows_per_group=16, decontaminate=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def ray_local_run(ray_corpus, tmp_path_factory) -> Path:
+    """ray_corpus run with the local executor: the bytes every Ray run must write."""
+    import tokmix
+
+    out = tmp_path_factory.mktemp("ray-local")
+    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), out, executor="local", **RUN)
+    return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of Ray run together in one xdist worker (`--dist loadgroup`), where the session's head lives."""
+    for item in items:
+        if "ray_head" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

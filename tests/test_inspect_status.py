@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 from rich.console import Console
 from tokenizers import Tokenizer
 
+from tests.pausing import wait_for_pause
 from tests.test_plan import TRAINED, recipe_variant, train_demo_tokenizer
 from tokmix.demo import build_demo_corpus
 from tokmix.errors import TokmixError
@@ -25,7 +25,7 @@ from tokmix.runner import run
 from tokmix.shards import EOT_TOKEN, read_index, read_tokens
 from tokmix.status import render_status, status
 
-KILL_WAIT_SECONDS = 120
+PAUSE_SECONDS = 120  # how long the run may take to reach code_py on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -58,35 +58,21 @@ def test_status_of_a_finished_run(demo):
 
 
 def test_status_of_a_run_killed_mid_stream(demo, tmp_path):
-    """kill -9 of the whole run while code_py is being tokenized: units take ~1 s each with HF on one worker,
-    so the kill lands between two of its units (other streams may be in progress too: a stream's last unit
-    waits for the ones before it while the worker takes the next stream's)."""
+    """kill -9 of the whole run while code_py is being tokenized: the stage process stands paused just after
+    code_py's first unit is committed (tokmix.faults, `streams:after-unit@code_py:1:pause`) and says so through
+    a FIFO, so status is read and the kill lands at that moment, whatever the machine's speed."""
     recipe, _ = demo
-    out = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokmix.cli",
-            "run",
-            str(recipe),
-            "--out",
-            str(out),
-            "--workers",
-            "1",
-            "--tokenizer-backend",
-            "hf",
-        ],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    out, fifo = tmp_path / "killed", tmp_path / "paused"
+    os.mkfifo(fifo)
+    env = {**os.environ, "TOKMIX_FAULT": "streams:after-unit@code_py:1:pause", "TOKMIX_PAUSE_FIFO": str(fifo)}
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out),
+                                 "--workers", "1"], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=err)
     try:
-        deadline = time.monotonic() + KILL_WAIT_SECONDS
-        while not list(out.glob("streams/code_py/units/*.json")):
-            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before code_py committed a unit"
-            assert time.monotonic() < deadline, "no code_py unit committed in time"
-            time.sleep(0.01)
+        paused = wait_for_pause(fifo, lambda: proc.poll() is None, PAUSE_SECONDS)
+        assert paused, stderr.read_text() if proc.poll() is not None else f"no pause within {PAUSE_SECONDS} s"
         live = status(out)
         assert live.running and live.lock[1] == proc.pid
         assert "running: pid" in _text(render_status(live))

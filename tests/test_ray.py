@@ -1,8 +1,8 @@
 """The Ray executor: the same recipe run as Ray tasks writes the same bytes as the local process pool, with or
 without an address; a Ray worker killed in the middle of a unit is rerun by Ray and changes nothing; SIGTERM
-still stops a run cleanly; bad input and a wrong address still end as one line. The tests share one local Ray
-instance of 2 CPUs, started here; the stage process that tokmix runs connects to it by address, as it would
-to a cluster. Needs the ray extra (skipped without it, but for the two tests that need no Ray)."""
+still stops a run cleanly; bad input and a wrong address still end as one line. The tests run on the session's
+Ray head (tests/conftest.py `ray_head`); the stage process that tokmix runs connects to it by address, as it
+would to a cluster. Needs the ray extra (skipped without it, but for the two tests that need no Ray)."""
 
 from __future__ import annotations
 
@@ -13,48 +13,23 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import psutil
 import pyarrow.parquet as pq
 import pytest
 
 import tokmix
-from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
+from tests.pausing import wait_for_pause
+from tests.ray_nodes import BLOCKS, RUN, UNIT_BYTES
 from tokmix import TokmixError
 from tokmix.executors import make_executor
 
-BLOCKS = 1024  # about 45 units of 16 rows each across the four streams, so a kill lands inside one
-UNIT_BYTES = 1  # every parquet row group is a unit
-RUN = {"workers": 2, "blocks": BLOCKS, "unit_bytes": UNIT_BYTES}
-KILL_DEADLINE_SECONDS = 60
+PAUSE_SECONDS = 120  # how long a run may take to reach its pause point on a loaded machine
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    ray = pytest.importorskip("ray", reason="the Ray executor is an extra: pip install 'tokmix[ray]'")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ray-corpus")
-    files = make_corpus(root, rows_per_group=16)
-    write_split(root, files)
-    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
-    write_recipe(root, "tokenizer/tokenizer.json", decontaminate=True)
-    return root
-
-
-@pytest.fixture(scope="module")
-def local_run(corpus, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("local")
-    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, executor="local", **RUN)
-    return out
+@pytest.fixture
+def ray_address(ray_head) -> str:
+    return ray_head
 
 
 def outputs(out: Path) -> dict[str, bytes]:
@@ -69,67 +44,44 @@ def outputs(out: Path) -> dict[str, bytes]:
     return files
 
 
-def test_ray_writes_the_same_bytes_as_local(ray_address, corpus, local_run, tmp_path):
+def test_ray_writes_the_same_bytes_as_local(ray_address, ray_corpus, ray_local_run, tmp_path):
     index = tokmix.run(
-        tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
+        tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
     )
     assert len(index["shards"]) > 1
-    assert outputs(tmp_path) == outputs(local_run)
+    assert outputs(tmp_path) == outputs(ray_local_run)
 
 
-def _running_unit() -> psutil.Process | None:
-    """A Ray worker of this test's instance that is running tokenize_unit right now (Ray titles a worker
-    process `ray::<function>` while it runs a task, `ray::IDLE` between tasks)."""
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.cmdline()[:1] == ["ray::tokenize_unit"]:
-                return proc
-        except psutil.Error:
-            pass
-    return None
-
-
-def test_without_an_address_the_stage_process_starts_its_own_ray(ray_address, corpus, local_run, tmp_path):
+@pytest.mark.xdist_group("ray")
+def test_without_an_address_the_stage_process_starts_its_own_ray(ray_corpus, ray_local_run, tmp_path):
     """`--executor ray` alone: a private Ray instance of --workers CPUs in the stage process, one per stage,
     within the default memory budget (the guard counts the driver; Ray's memory monitor watches the rest)."""
-    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", **RUN)
-    assert outputs(tmp_path) == outputs(local_run)
+    pytest.importorskip("ray", reason="the Ray executor is an extra: pip install 'tokmix[ray]'")
+    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray", **RUN)
+    assert outputs(tmp_path) == outputs(ray_local_run)
 
 
-def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(ray_address, corpus, local_run, tmp_path):
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            tokmix.run(
-                tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
-            )
-        except BaseException as e:  # handed to the test's thread
-            failure.append(e)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    killed, deadline = None, time.monotonic() + KILL_DEADLINE_SECONDS
-    while killed is None and runner.is_alive() and time.monotonic() < deadline:
-        worker = _running_unit()
-        if worker is not None:
-            worker.kill()  # SIGKILL in the middle of a unit: its temporary files stay behind, uncommitted
-            killed = worker.pid
-        time.sleep(0.005)  # a poll, not a wait: the loop ends on the kill, the run's end or the deadline
-    runner.join(KILL_DEADLINE_SECONDS)
-    assert not runner.is_alive(), "the run did not finish"
-    assert not failure, failure
-    assert killed is not None, "no Ray worker was seen running tokenize_unit"
-    assert outputs(tmp_path) == outputs(local_run)
+def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(ray_address, ray_corpus, ray_local_run, tmp_path,
+                                                                    monkeypatch):
+    """The first Ray worker to hold a unit's tokens under their temporary name SIGKILLs itself there, once in
+    the whole run (tokmix.faults `die` with TOKMIX_FAULT_ONCE: the retried task passes the point again); Ray
+    reruns the unit and the run ends with the local run's bytes."""
+    died = tmp_path / "died"
+    monkeypatch.setenv("TOKMIX_FAULT", "streams:unit-before-rename:1:die")  # the stage process passes it on
+    monkeypatch.setenv("TOKMIX_FAULT_ONCE", str(died))
+    out = tmp_path / "out"
+    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), out, executor="ray", ray_address=ray_address, **RUN)
+    assert died.exists(), "no Ray worker reached the fault point"
+    assert outputs(out) == outputs(ray_local_run)
 
 
-def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, corpus, local_run, tmp_path):
+def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, ray_corpus, ray_local_run, tmp_path):
     """ray.init makes SIGTERM a sys.exit; the executor puts tokmix's handler back, so a SIGTERM still ends the
     stage process as an interruption with its work kept, and the same run resumes to the same bytes."""
     fifo, out = tmp_path / "paused", tmp_path / "out"
     os.mkfifo(fifo)
     call = (
-        f"tokmix.run(tokmix.load_recipe({str(corpus / 'recipe.toml')!r}), {str(out)!r}, executor='ray', "
+        f"tokmix.run(tokmix.load_recipe({str(ray_corpus / 'recipe.toml')!r}), {str(out)!r}, executor='ray', "
         f"ray_address={ray_address!r}, **{RUN!r})"
     )
     env = {**os.environ, "TOKMIX_FAULT": "streams:after-unit:2:pause", "TOKMIX_PAUSE_FIFO": str(fifo)}
@@ -141,28 +93,21 @@ def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, c
         text=True,
         start_new_session=True,
     )
-    reader, said, deadline = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), b"", time.monotonic() + 60
-    while said != b"paused" and proc.poll() is None and time.monotonic() < deadline:
-        try:
-            said += os.read(reader, 16)
-        except BlockingIOError:  # the stage process has not reached the pause point yet
-            pass
-        time.sleep(0.01)
-    os.close(reader)
-    assert said == b"paused", proc.stderr.read() if proc.poll() is not None else "no pause within 60 s"
+    paused = wait_for_pause(fifo, lambda: proc.poll() is None, PAUSE_SECONDS)
+    assert paused, proc.stderr.read() if proc.poll() is not None else f"no pause within {PAUSE_SECONDS} s"
     proc.send_signal(signal.SIGTERM)  # the supervisor passes it on to the stage process
     proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert (out / "tokmix-state/error.txt").read_text().startswith("interrupted; committed work is kept")
-    tokmix.run(tokmix.load_recipe(corpus / "recipe.toml"), out, executor="ray", ray_address=ray_address, **RUN)
-    assert outputs(out) == outputs(local_run)
+    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), out, executor="ray", ray_address=ray_address, **RUN)
+    assert outputs(out) == outputs(ray_local_run)
 
 
-def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(ray_address, corpus, tmp_path):
+def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(ray_address, ray_corpus, tmp_path):
     """A broken JSONL line that only a worker reads (the driver's backend check reads the first documents)
     fails the task once, not RAY_MAX_RETRIES times, and reaches the user as the worker raised it."""
     root = tmp_path / "c"
-    shutil.copytree(corpus, root)
+    shutil.copytree(ray_corpus, root)
     texts = pq.read_table(root / "corpus/dclm/part-0.parquet")["text"].to_pylist()
     lines = [json.dumps({"text": t}) for t in texts]
     lines[200] = '{"text": "cut off'
@@ -183,10 +128,10 @@ def test_bad_input_on_ray_is_one_line_and_keeps_the_holdouts(ray_address, corpus
     assert (tmp_path / "out/val_dclm.bin").exists()
 
 
-def test_an_unreachable_ray_address_is_one_line(ray_address, corpus, tmp_path):
+def test_an_unreachable_ray_address_is_one_line(ray_address, ray_corpus, tmp_path):
     with pytest.raises(TokmixError, match=r"^cannot reach the Ray cluster at 127\.0\.0\.1:1: Connection refused$"):
         tokmix.run(
-            tokmix.load_recipe(corpus / "recipe.toml"), tmp_path, executor="ray", ray_address="127.0.0.1:1", **RUN
+            tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray", ray_address="127.0.0.1:1", **RUN
         )
 
 
@@ -201,7 +146,7 @@ def test_an_unknown_executor_is_named():
         make_executor("dask", 2)
 
 
-def test_ray_workers_never_import_tokmix_from_the_working_directory(ray_address, corpus, local_run, tmp_path):
+def test_ray_workers_never_import_tokmix_from_the_working_directory(ray_address, ray_corpus, ray_local_run, tmp_path):
     """Ray adds its driver's working directory to every worker's sys.path: run from a directory holding a
     `tokmix` package whose code would leave a marker, neither the stage process (the driver) nor a worker runs
     it. The console script is used, as a user would, with tokmix found only where it is installed."""
@@ -212,11 +157,11 @@ def test_ray_workers_never_import_tokmix_from_the_working_directory(ray_address,
         (cwd / "tokmix" / name).write_text(code)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("tokmix")), "run", str(corpus / "recipe.toml"), "--out",
+        [str(Path(sys.executable).with_name("tokmix")), "run", str(ray_corpus / "recipe.toml"), "--out",
          str(tmp_path / "out"), "--executor", "ray", "--ray-address", ray_address, "--workers", "2",
          "--blocks", str(BLOCKS)],
         cwd=cwd, env={**env, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists(), f"code from the working directory ran: {marker.read_text()}"
-    assert outputs(tmp_path / "out") == outputs(local_run)
+    assert outputs(tmp_path / "out") == outputs(ray_local_run)

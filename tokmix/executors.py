@@ -19,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from tokmix.errors import TokmixError
+from tokmix.faults import ENV_VARS as FAULT_ENV_VARS
 
 WORKER_ENV = {
     # a Ray worker runs one task per CPU: parallelism comes from the tasks, not from HF's rayon pool per process
@@ -160,7 +161,7 @@ class RayExecutor:
         if fn not in self.remotes:
             # the function travels by reference (module and name): workers import tokmix themselves
             self.remotes[fn] = self.ray.remote(fn).options(
-                max_retries=RAY_MAX_RETRIES, retry_exceptions=False, runtime_env={"env_vars": WORKER_ENV}
+                max_retries=RAY_MAX_RETRIES, retry_exceptions=False, runtime_env={"env_vars": _task_env()}
             )
         ref = self.remotes[fn].remote(*args)
         self.names[ref] = fn.__name__
@@ -200,6 +201,12 @@ class RayExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close(cancel=exc[0] is not None)
+
+
+def _task_env() -> dict[str, str]:
+    """A Ray task's environment variables: WORKER_ENV, and the fault-injection variables this driver was given
+    (a local worker process inherits them; a Ray worker, started by its node, would not)."""
+    return {**WORKER_ENV, **{name: os.environ[name] for name in FAULT_ENV_VARS if name in os.environ}}
 
 
 def _first_line(e: BaseException) -> str:

@@ -2,8 +2,12 @@
 kill itself. `TOKMIX_FAULT=assemble:after-rename:3` SIGKILLs the whole process group (supervisor, stage
 process and workers) the 3rd time a process passes that point; `...:3:restart` instead exits the stage
 process with the restart code, as the memory guard does, and `...:3:pause` writes "paused" to the FIFO
-named by TOKMIX_PAUSE_FIFO and waits for a signal. Several specs may be given, comma-separated.
-Without the variable a fault point costs one dictionary lookup."""
+named by TOKMIX_PAUSE_FIFO and waits for a signal, and `...:3:die` SIGKILLs this process alone (a worker lost
+as the OOM killer loses one: its stage process or Ray carries on). A point may name where it is
+(`streams:after-unit@code_py:1` counts code_py's units only). With TOKMIX_FAULT_ONCE=PATH a fault fires in one
+process only, the first to create PATH (it writes its pid there): a Ray task rerun elsewhere passes the point
+again, and the test knows from the file that the fault was reached. Several specs may be given,
+comma-separated. Without TOKMIX_FAULT a fault point costs one dictionary lookup."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import signal
 import sys
 
 RESTART_EXIT_CODE = 75
+# what a process must inherit for its fault points to fire (Ray tasks get them through their runtime env)
+ENV_VARS = ("TOKMIX_FAULT", "TOKMIX_PAUSE_FIFO", "TOKMIX_FAULT_ONCE")
 
 POINTS = (
     "tokenizer:after-train",
@@ -59,19 +65,41 @@ def _specs() -> list[tuple[str, int, str]]:
     return specs
 
 
-def fault_point(name: str) -> None:
-    """Kill or restart here if TOKMIX_FAULT asks for this point."""
+def _first_to_fire() -> bool:
+    """Under TOKMIX_FAULT_ONCE: True in the one process that creates the file, ever."""
+    once = os.environ.get("TOKMIX_FAULT_ONCE")
+    if not once:
+        return True
+    try:
+        fd = os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def fault_point(name: str, where: str | None = None) -> None:
+    """Kill, restart, pause or die here if TOKMIX_FAULT asks for this point (or for `name@where`)."""
     if "TOKMIX_FAULT" not in os.environ:
         return
-    _counts[name] = _counts.get(name, 0) + 1
+    keys = (name, f"{name}@{where}") if where else (name,)
+    for key in keys:
+        _counts[key] = _counts.get(key, 0) + 1
     for point, hit, action in _specs():
-        if point == name and _counts[name] == hit:
-            sys.stdout.flush()
-            if action == "restart":
-                exit_for_restart()
-            if action == "pause":  # tell the test through its FIFO, then wait for its signal
-                with open(os.environ["TOKMIX_PAUSE_FIFO"], "w") as f:
-                    f.write("paused")
-                while True:
-                    signal.pause()
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+        if point in keys and _counts[point] == hit and _first_to_fire():
+            _fire(action)
+
+
+def _fire(action: str) -> None:
+    sys.stdout.flush()
+    if action == "restart":
+        exit_for_restart()
+    if action == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "pause":  # tell the test through its FIFO, then wait for its signal
+        with open(os.environ["TOKMIX_PAUSE_FIFO"], "w") as f:
+            f.write("paused")
+        while True:
+            signal.pause()
+    os.killpg(os.getpgid(0), signal.SIGKILL)

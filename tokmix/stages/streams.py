@@ -496,7 +496,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
         for future in executor.wait_any(set(pending)):
             run, unit = pending.pop(future)
             run.committed(unit, executor.result(future))
-            fault_point("streams:after-unit")
+            fault_point("streams:after-unit", run.name)
             ctx.progress.update(run.name, run.committed_tokens, run.budget)
 
 
