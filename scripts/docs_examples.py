@@ -105,9 +105,9 @@ def index_excerpt(ws: Workspace) -> str:
     index["recipe_fingerprint"] = "…"
     index["shards"] = index["shards"][:1] + ["…"]
     index["val"] = dict(list(index["val"].items())[:1])
-    if isinstance(index.get("tokenizer"), str):
-        index["tokenizer"] = index["tokenizer"].replace(f"{ws.dir}/", "")
-    return _json(index).replace('"…"', "…") + "\n"
+    if "provenance" in index:
+        index["provenance"]["sources"] = index["provenance"]["sources"][:1] + ["…"]
+    return _json(index).replace('"…"', "…").replace(f"{ws.dir}/", "") + "\n"  # the tokenizer's, the sources' paths
 
 
 def _json(value, indent: str = "") -> str:

@@ -266,7 +266,7 @@ def _cli_run(recipe: Path, out: Path, fault: str | None = None) -> subprocess.Co
 
 
 def _outputs(out: Path) -> dict[str, bytes]:
-    files = {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+    files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
     index = json.loads((out / "index.json").read_text())
     for meta in index["mix"]["streams"].values():
         for key in ("seconds_last_run", "tok_s_end_to_end", "tok_s_tokenizer_capacity"):

@@ -44,7 +44,7 @@ def tokmix_run(recipe: Path, out: Path, fault: str | None = None, unit_bytes: in
 
 
 def outputs(out: Path) -> dict[str, bytes]:
-    files = {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+    files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
     files["tokenizer.json"] = (out / "tokenizer.json").read_bytes()
     index = json.loads((out / "index.json").read_text())
     for volatile in ("throughput", "tokenizer"):

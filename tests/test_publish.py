@@ -30,7 +30,7 @@ def test_a_url_output_holds_the_same_bytes_as_a_local_run(recipe, tmp_path):
     index = tokmix.run(tokmix.load_recipe(recipe), "memory://bucket/run", work=tmp_path / "work", workers=2)
     fs = fsspec.filesystem("memory")
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls("/bucket/run", detail=False))
-    want = sorted(p.name for p in local.glob("*.bin")) + ["index.json"]
+    want = sorted(p.name for p in [*local.glob("*.bin"), *local.glob("*.docs")]) + ["index.json"]
     assert names == sorted(want)
     for name in want[:-1]:
         assert fs.cat(f"/bucket/run/{name}") == (local / name).read_bytes(), name

@@ -34,7 +34,7 @@ def ray_address(ray_head) -> str:
 
 def outputs(out: Path) -> dict[str, bytes]:
     """Every output file, with index.json's timings and throughputs (which vary run to run) left out."""
-    files = {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+    files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
     index = json.loads((out / "index.json").read_text())
     index.pop("throughput")
     for meta in index["mix"]["streams"].values():

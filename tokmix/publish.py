@@ -37,9 +37,11 @@ def staging_dir(url: str, work: str | os.PathLike | None) -> Path:
 
 
 def published_files(local: Path) -> list[str]:
-    """The files a consumer reads, in upload order: holdouts, shards, the tokenizer if trained, index last."""
+    """The files a consumer reads, in upload order: holdouts, shards (each with its provenance index), the
+    tokenizer if trained, index last."""
     index = read_index(local)
-    names = [v["file"] for v in index.get("val", {}).values()] + [s["file"] for s in index.get("shards", [])]
+    entries = [*index.get("val", {}).values(), *index.get("shards", [])]
+    names = [name for e in entries for name in (e["file"], e.get("provenance", {}).get("file")) if name]
     if (local / "tokenizer.json").exists():
         names.append("tokenizer.json")
     return [*names, INDEX_NAME]

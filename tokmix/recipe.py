@@ -105,6 +105,9 @@ class LayoutSpec(_Strict):
     # how documents are interleaved: "global" is the reference's one shuffle of a label per document (1 byte per
     # document in one process); "chunked" shuffles chunks of ~1M documents, each with every stream's share
     interleave: Literal["global", "chunked"] = "global"
+    # a provenance index beside every train shard and holdout (tokmix.provenance): each document's source, place
+    # and text checksum; off, the units skip hashing their texts and no .docs file is written
+    provenance: bool = True
 
     @model_validator(mode="after")
     def _shard_holds_a_block(self) -> LayoutSpec:
@@ -239,6 +242,8 @@ class Recipe(_Strict):
         data["layout"]["blocks"] = self.blocks
         if data["layout"]["interleave"] == "global":
             del data["layout"]["interleave"]  # the default: fingerprints of recipes written before it stay
+        if data["layout"]["provenance"]:
+            del data["layout"]["provenance"]  # likewise; off, a resume that would turn it on is refused (no .src)
         for name, stream in data["streams"].items():
             stream["files"] = [self.resolve(f) for f in self.streams[name].files]
             # max_epochs only allows passes, the budget and seed decide them: raising it after a run ran out

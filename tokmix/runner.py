@@ -145,7 +145,8 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     that tokmix did not create (the user's). --restart first removes what earlier runs created, only that (the
     split file lives beside the recipe and is kept)."""
     shards = len(shard_blocks(recipe.blocks, recipe.blocks_per_shard))
-    paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched)
+    paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched,
+                             recipe.layout.provenance)
     taken = layout.not_created(paths)
     if taken:
         how = "write there" if taken[0].is_dir() else "overwrite it"

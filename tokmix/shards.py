@@ -29,6 +29,7 @@ INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 UNITS_DIR = "units"
+DOCS_SUFFIX = ".docs"  # beside a train shard or holdout: its provenance index (tokmix.provenance)
 INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
 STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
@@ -124,6 +125,11 @@ def val_name(domain: str) -> str:
     return f"val_{domain}.bin"
 
 
+def docs_name(token_file: str) -> str:
+    """The provenance index of a token file: train_000.bin -> train_000.docs."""
+    return token_file.removesuffix(".bin") + DOCS_SUFFIX
+
+
 def shard_tokens(blocks: int, seq_len: int) -> int:
     return blocks * seq_len + 1
 
@@ -134,7 +140,7 @@ def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
     return [blocks_per_shard] * full + ([rest] if rest else [])
 
 
-_UNIT_FILE = re.compile(r"\d{6}\.(tok|len|json)")  # what a units folder holds (sources.Unit.name)
+_UNIT_FILE = re.compile(r"\d{6}\.(tok|len|src|json)")  # what a units folder holds (sources.Unit.name)
 _TMP = re.compile(r"(.+)\.tmp-\d+")  # a file being written under its temporary name (_tmp_name)
 
 
@@ -185,6 +191,10 @@ class Layout:
     def val(self, domain: str) -> Path:
         return self.root / val_name(domain)
 
+    def docs(self, token_file: Path) -> Path:
+        """The provenance index beside a train shard or holdout."""
+        return token_file.with_name(docs_name(token_file.name))
+
     def stream(self, name: str) -> Path:
         return self.streams / name
 
@@ -195,9 +205,11 @@ class Layout:
         return self.stream(stream) / "stream.json"
 
     # ------------------------------------------------------------------ what the run creates, and the record
-    def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool) -> list[Path]:
+    def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool,
+                  provenance: bool = True) -> list[Path]:
         """Every path a run of these domains, streams and shards creates, the state folder's content aside."""
         paths = [self.index, *map(self.val, domains), *map(self.train, range(shards))]
+        paths += [self.docs(p) for p in paths[1:]] if provenance else []
         paths += [self.tokenizer] if trains_tokenizer else []
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
         return paths
@@ -207,7 +219,7 @@ class Layout:
         stream = self.stream("s")
         return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.state / "recipe.json",
                 self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
-                for ext in ("tok", "len", "json")), _tmp_name(self.train(0))]
+                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)), _tmp_name(self.train(0))]
 
     def is_run(self) -> bool:
         """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""

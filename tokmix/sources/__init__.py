@@ -8,7 +8,7 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arro
 
 from tokmix.sources.files import expand, file_size, open_file, parse_mirrors, remap  # noqa: E402
 from tokmix.sources.parquet import HEAVY_ROW_GROUP_BYTES  # noqa: E402
-from tokmix.sources.pieces import HugeText, Piece, SourceError  # noqa: E402
+from tokmix.sources.pieces import HugeText, Piece, Places, SourceError  # noqa: E402
 from tokmix.sources.split import Split, create_split, load_or_create_split, stream_files  # noqa: E402
 from tokmix.sources.units import (  # noqa: E402
     Unit,
@@ -21,7 +21,7 @@ from tokmix.sources.units import (  # noqa: E402
 )
 
 __all__ = [
-    "HEAVY_ROW_GROUP_BYTES", "HugeText", "Piece", "SourceError", "Split", "Unit", "batches", "create_split",
+    "HEAVY_ROW_GROUP_BYTES", "HugeText", "Piece", "Places", "SourceError", "Split", "Unit", "batches", "create_split",
     "expand", "file_kind", "file_size", "iter_file_texts", "load_or_create_split", "open_file", "parse_mirrors",
     "plan_units", "read_texts", "remap", "stream_files", "text_hashes",
 ]

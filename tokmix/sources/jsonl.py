@@ -14,7 +14,7 @@ import orjson
 
 from tokmix.errors import TokmixError
 from tokmix.sources.files import file_size, open_file
-from tokmix.sources.pieces import HugeText, Piece, Sample, bad
+from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad
 from tokmix.text import clean_surrogates
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -246,7 +246,7 @@ def _line_number(piece: Piece, mirrors, offset: int) -> int:
 
 
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
-          skip_huge: bool = False) -> Iterator[str | HugeText]:
+          skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The piece's documents, line by line; with `huge`, see tokmix.sources.units.read_texts."""
     longest = huge + 1 if huge is not None and skip_huge else -1  # readline's limit: -1 is none
     ranged = piece.stop != -1
@@ -278,8 +278,12 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                     else:
                         text = json_text(line, field, stream, piece.path, where)
                     del line  # a 200 MB line must not stay alive beside its text while it is tokenized
+                    if places is not None:
+                        places.add(line_no - 1)
                     yield text
                 offset += size
+            if places is not None:
+                places.lines[places.piece] = line_no
         except TokmixError:
             raise
         except Exception as e:  # EOFError, BadGzipFile, zstandard's ZstdError: a truncated or corrupt file

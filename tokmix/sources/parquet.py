@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokmix.sources.files import open_file
-from tokmix.sources.pieces import HugeText, Piece, Sample, bad, reading
+from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, reading
 
 PARQUET_READ_ROWS = 1024
 PARQUET_READ_BYTES = 1 << 20  # Arrow batches of ~1 MiB: its buffers stay in cache and are reused by malloc
@@ -40,7 +40,7 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
 
 
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
-          skip_huge: bool = False) -> Iterator[str | HugeText]:
+          skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The piece's documents, row by row; with `huge`, see tokmix.sources.units.read_texts."""
     with open_file(piece.path, mirrors) as f:
         pf = pq.ParquetFile(f)
@@ -69,6 +69,8 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field],
                                                                 use_threads=False))
             for column in batches:
+                if places is not None:
+                    places.add(row, len(column))
                 yield from _column_texts(column, piece, field, stream, huge, row)
                 row += len(column)
 

@@ -3,6 +3,7 @@ one Python string, and the error that names the stream, the file and the place i
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,31 @@ class Piece:
     size: int = 0  # source bytes it holds (uncompressed, estimated for compressed files): for scheduling
     file_bytes: int = 0  # its whole file's size when planned: a resume refuses a file that has another now
 
+
+
+class Places:
+    """Where the documents a reader yields lie, for the provenance index: the reader adds each one's place
+    (parquet: row in the file; JSONL: line in the piece, 0-based; text: 0) before yielding it, the consumer
+    takes them in the same order with `take()`. `lines`: the lines of each JSONL piece read (by piece number),
+    where the pieces after it in the same file start counting."""
+
+    def __init__(self):
+        self.piece = 0  # the unit's piece being read
+        self.runs: deque[list[int]] = deque()  # [piece, first place, count]
+        self.lines: dict[int, int] = {}
+
+    def add(self, place: int, count: int = 1) -> None:
+        if count:
+            self.runs.append([self.piece, place, count])
+
+    def take(self) -> tuple[int, int]:
+        """(piece, place) of the next document."""
+        run = self.runs[0]
+        found = run[0], run[1]
+        run[1], run[2] = run[1] + 1, run[2] - 1
+        if not run[2]:
+            self.runs.popleft()
+        return found
 
 
 class SourceError(TokmixError):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from tokmix.errors import TokmixError
 from tokmix.sources.files import file_size, open_file
-from tokmix.sources.pieces import HugeText, Piece, Sample, bad
+from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad
 
 
 def claims(path: str) -> bool:
@@ -20,10 +20,12 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
 
 
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
-          skip_huge: bool = False) -> Iterator[str | HugeText]:
+          skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The file's one document; with `huge`, see tokmix.sources.units.read_texts."""
     if skip_huge and huge is not None and piece.size > huge:
         return
+    if places is not None:
+        places.add(0)
     with open_file(piece.path, mirrors) as f:
         data = f.read()
     if huge is not None and len(data) > huge:

@@ -16,7 +16,7 @@ from tokmix.errors import TokmixError
 from tokmix.shards import UNIT_BYTES
 from tokmix.sources import jsonl, parquet
 from tokmix.sources import text as plain
-from tokmix.sources.pieces import HugeText, Piece, reading
+from tokmix.sources.pieces import HugeText, Piece, Places, reading
 
 BATCH_DOCS = 1024
 BATCH_BYTES = 8 << 20  # one batch of text handed to the tokenizer; a larger document is a batch alone
@@ -82,24 +82,27 @@ def plan_units(
         yield Unit(stream, index, tuple(group))
 
 
-def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors,
-               huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
+def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors, huge: int | None = None,
+               skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """Every document text of a unit (or one piece) in order, empty ones included. With `huge`, a parquet or
     plain-text document or JSONL text of more bytes comes as a HugeText, or, with `skip_huge` (a sample that
     needs no such document), is skipped without being read whole: a parquet row group of more than
-    HEAVY_ROW_GROUP_BYTES of text, a longer JSONL line, a larger text file."""
+    HEAVY_ROW_GROUP_BYTES of text, a longer JSONL line, a larger text file. `places`, when given, is told where
+    each document lies (Places)."""
     pieces = unit_or_piece.pieces if isinstance(unit_or_piece, Unit) else (unit_or_piece,)
-    for piece in pieces:
+    for i, piece in enumerate(pieces):
+        if places is not None:
+            places.piece = i
         with reading(piece.path, stream, mirrors):
-            yield from FORMATS[piece.kind].texts(piece, field, stream, mirrors, huge, skip_huge)
+            yield from FORMATS[piece.kind].texts(piece, field, stream, mirrors, huge, skip_huge, places)
 
 
-def iter_file_texts(paths: list[str], field: str, stream: str, mirrors,
-                    huge: int | None = None, skip_huge: bool = False) -> Iterator[str | HugeText]:
+def iter_file_texts(paths: list[str], field: str, stream: str, mirrors, huge: int | None = None,
+                    skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """Documents of whole files in order (the holdout stage reads files this way)."""
     for path in paths:
         for piece in file_pieces(path, mirrors, 1 << 62, stream):
-            yield from read_texts(piece, field, stream, mirrors, huge, skip_huge)
+            yield from read_texts(piece, field, stream, mirrors, huge, skip_huge, places)
 
 
 def batches(

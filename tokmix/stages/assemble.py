@@ -20,6 +20,7 @@ import numpy as np
 from tokmix import __version__
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
     LENGTH_DTYPE,
     BlockFingerprinter,
@@ -144,12 +145,13 @@ class StreamUnits:
         return tuple(str(self.directory / name) for name in self.names[first : last + 1])
 
 
-class LengthReader:
-    """A stream's document lengths from a cursor on, across its units' .len files, a bounded piece at a time."""
+class RecordReader:
+    """A stream's per-document records from a cursor on, across its units' files of one kind (.len: lengths,
+    .src: places), a bounded piece at a time."""
 
-    def __init__(self, units: tuple[str, ...], doc: int):
+    def __init__(self, units: tuple[str, ...], doc: int, suffix: str = ".len", dtype: np.dtype = LENGTH_DTYPE):
         self.units, self.unit, self.file = units, 0, None
-        self.doc = doc
+        self.doc, self.suffix, self.dtype = doc, suffix, dtype
 
     def take(self, n: int) -> np.ndarray:
         pieces = []
@@ -157,20 +159,26 @@ class LengthReader:
             if self.file is None:
                 if self.unit >= len(self.units):
                     raise TokmixError(f"{Path(self.units[-1]).parent}: the units end {n:,} documents early")
-                self.file = open(f"{self.units[self.unit]}.len", "rb")
-                self.file.seek(self.doc * LENGTH_DTYPE.itemsize)
-            got = np.fromfile(self.file, dtype=LENGTH_DTYPE, count=n)
+                self.file = open(f"{self.units[self.unit]}{self.suffix}", "rb")
+                self.file.seek(self.doc * self.dtype.itemsize)
+            got = np.fromfile(self.file, dtype=self.dtype, count=n)
             pieces.append(got)
             n -= len(got)
             if n > 0:  # this unit is used up
                 self.file.close()
                 self.file, self.unit, self.doc = None, self.unit + 1, 0
-        out = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces else np.empty(0, LENGTH_DTYPE)
-        return out.astype(np.int64)
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces else np.empty(0, self.dtype)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+class LengthReader(RecordReader):
+    """A stream's document lengths (int64) from a cursor on, across its units' .len files."""
+
+    def take(self, n: int) -> np.ndarray:
+        return super().take(n).astype(np.int64)
 
 
 class TokenReader:
@@ -256,6 +264,103 @@ def _tokens_of(labels: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
     return np.array([int(lengths[labels == s].sum()) for s in range(n)], dtype=np.int64)
 
 
+# ---------------------------------------------------------------------------- the provenance index
+@dataclass(frozen=True)
+class StreamOrigins:
+    """How a stream's unit documents (UNIT_DOC_DTYPE) become provenance records (DOC_DTYPE): per piece of each
+    pass-1 unit, its file's position among the stream's files and the line its file's earlier JSONL pieces
+    end at (0 for parquet, whose places are the file's rows already). O(pieces)."""
+
+    stream: str
+    first_source: int  # the id of the stream's (pass 1, first file) source; pass p's start files * (p - 1) later
+    files: tuple[str, ...]
+    kinds: tuple[str, ...]
+    passes: int
+    piece_start: np.ndarray  # per pass-1 unit: where its pieces start in piece_file and piece_base
+    piece_file: np.ndarray
+    piece_base: np.ndarray
+
+    def sources(self) -> list[list]:
+        """The stream's entries of the run's source table: [stream, pass, kind, file], pass by pass."""
+        return [[self.stream, p, kind, file] for p in range(1, self.passes + 1)
+                for file, kind in zip(self.files, self.kinds)]
+
+    def records(self, docs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        at = self.piece_start[docs["unit"]] + docs["piece"]
+        out = np.empty(len(docs), DOC_DTYPE)
+        out["source"] = self.first_source + (docs["pass"].astype(np.int64) - 1) * len(self.files) \
+            + self.piece_file[at]
+        place = docs["place"].astype(np.int64) + self.piece_base[at]
+        if len(place) and int(place.max()) > np.iinfo(np.uint32).max:
+            check_place(int(place.max()), self.stream, self.files[int(self.piece_file[at[place.argmax()]])])
+        out["place"], out["tokens"], out["crc32"] = place, tokens, docs["crc32"]
+        return out
+
+
+def stream_origins(directory: Path, units: list[dict], first_source: int) -> StreamOrigins:
+    """A stream's origins from the records of the units it uses (pass-1 units first, in order)."""
+    stream, files, kinds, starts, piece_file, piece_base = directory.parent.name, {}, [], [0], [], []
+    lines: dict[str, int] = {}  # a JSONL file's lines in the pieces before
+    passes = 1
+    for unit in units:
+        record = read_json(directory / f"{unit['name']}.json", sealed=True)
+        passes = max(passes, record.get("pass", 1))
+        if record.get("pass", 1) > 1:
+            continue
+        for (path, kind, *_), n in zip(record["pieces"], record.get("lines") or [0] * len(record["pieces"])):
+            if path not in files:
+                files[path] = len(files)
+                kinds.append(kind)
+            piece_file.append(files[path])
+            piece_base.append(lines.get(path, 0))
+            lines[path] = lines.get(path, 0) + n
+        starts.append(len(piece_file))
+    return StreamOrigins(stream, first_source, tuple(files), tuple(kinds), passes, np.array(starts, np.int64),
+                         np.array(piece_file, np.int64), np.array(piece_base, np.int64))
+
+
+def run_origins(ctx: Context, metas: dict[str, dict]) -> tuple[StreamOrigins, ...]:
+    """Every stream's origins, numbering the run's sources stream by stream (recipe order), pass by pass."""
+    out, first = [], 0
+    for name in ctx.recipe.streams:
+        origins = stream_origins(units_dir(ctx, name), metas[name]["units"], first)
+        out.append(origins)
+        first += len(origins.files) * origins.passes
+    return tuple(out)
+
+
+class ShardDocuments:
+    """The shard's provenance records, written as its documents are gathered: each stream's unit places read
+    from its cursor on (.src files), mapped by its StreamOrigins, committed beside the shard."""
+
+    def __init__(self, task: ShardTask):
+        self.task = task
+        self.readers = [RecordReader(units, c.doc, ".src", UNIT_DOC_DTYPE)
+                        for units, c in zip(task.units, task.cursors)]
+        self.writer = TokenFileWriter(Path(task.docs_path), DOC_DTYPE, fault="assemble:mid-write")
+
+    def add(self, labels: np.ndarray, tokens: np.ndarray) -> None:
+        out = np.empty(len(labels), DOC_DTYPE)
+        for s, origins in enumerate(self.task.origins):
+            where = labels == s
+            if where.any():
+                out[where] = origins.records(self.readers[s].take(int(np.count_nonzero(where))), tokens[where])
+        self.writer.write(out)
+
+    def close(self) -> dict:
+        """Commit the file; its entry in the shard's record."""
+        for reader in self.readers:
+            reader.close()
+        checksum = self.writer.close()
+        return {"file": Path(self.task.docs_path).name, "documents": self.writer.tokens, "skip": self.task.skip,
+                "checksum": checksum}
+
+    def abort(self) -> None:
+        for reader in self.readers:
+            reader.close()
+        self.writer.abort()
+
+
 # ---------------------------------------------------------------------------- one shard
 @dataclass(frozen=True)
 class ShardTask:
@@ -276,12 +381,13 @@ class ShardTask:
     labels: Labels
     units: tuple[tuple[str, ...], ...]  # per stream: its units from the one its cursor is in, without suffix
     cursors: tuple[Cursor, ...]  # per stream, at the first document's start (unit relative to `units`)
+    docs_path: str | None = None  # the shard's provenance index, with `origins` (None: provenance off)
+    origins: tuple[StreamOrigins, ...] | None = None
 
 
-def shard_runs(task: ShardTask):
-    """The shard's tokens in order as runs (stream, tokens): consecutive documents of one stream merged (a
-    document's Python cost is most of a shard's otherwise), the first cut by `skip`, the last by the shard's
-    end. Labels and lengths are read INTERLEAVE_CHUNK documents at a time."""
+def shard_documents(task: ShardTask):
+    """The shard's documents in order, INTERLEAVE_CHUNK at a time: (stream of each, its tokens in the shard),
+    the first cut by `skip`, the last by the shard's end."""
     n = len(task.streams)
     lengths = [LengthReader(units, c.doc) for units, c in zip(task.units, task.cursors)]
     try:
@@ -297,14 +403,27 @@ def shard_runs(task: ShardTask):
             last = min(int(np.searchsorted(ends, left)), len(ends) - 1)
             chunk, took = chunk[: last + 1], took[: last + 1]
             took[-1] -= max(int(ends[last]) - left, 0)
-            new_run = np.ones(len(chunk), dtype=bool)
-            new_run[1:] = chunk[1:] != chunk[:-1]
-            starts = np.flatnonzero(new_run)
-            yield from zip(chunk[starts].tolist(), np.add.reduceat(took, starts).tolist())
+            yield chunk, took
             at, left, skip = at + len(chunk), left - int(took.sum()), 0
     finally:
         for reader in lengths:
             reader.close()
+
+
+def runs_of(chunk: np.ndarray, took: np.ndarray):
+    """Documents as runs (stream, tokens): consecutive documents of one stream merged (a document's Python cost
+    is most of a shard's otherwise)."""
+    new_run = np.ones(len(chunk), dtype=bool)
+    new_run[1:] = chunk[1:] != chunk[:-1]
+    starts = np.flatnonzero(new_run)
+    return zip(chunk[starts].tolist(), np.add.reduceat(took, starts).tolist())
+
+
+def shard_runs(task: ShardTask):
+    """The shard's tokens in order as runs (stream, tokens). Labels and lengths are read INTERLEAVE_CHUNK
+    documents at a time."""
+    for chunk, took in shard_documents(task):
+        yield from runs_of(chunk, took)
 
 
 def write_shard(task: ShardTask) -> dict:
@@ -318,27 +437,33 @@ def write_shard(task: ShardTask) -> dict:
                for s, (units, c) in enumerate(zip(task.units, task.cursors))]
     gathered, pending = np.empty(min(GATHER_TOKENS, task.n_tokens), dtype=writer.dtype), 0
     by_stream = [0] * len(task.streams)
+    documents = ShardDocuments(task) if task.docs_path else None
     try:
-        for s, n in shard_runs(task):
-            by_stream[s] += n
-            while n > 0:  # a run longer than what is left to gather before a write is cut there
-                k = min(n, len(gathered) - pending)
-                readers[s].read_into(gathered[pending : pending + k])
-                n, pending = n - k, pending + k
-                if pending == len(gathered):
-                    _write_gathered(gathered, writer, marks)
-                    pending = 0
+        for chunk, took in shard_documents(task):
+            if documents is not None:
+                documents.add(chunk, took)
+            for s, n in runs_of(chunk, took):
+                by_stream[s] += n
+                while n > 0:  # a run longer than what is left to gather before a write is cut there
+                    k = min(n, len(gathered) - pending)
+                    readers[s].read_into(gathered[pending : pending + k])
+                    n, pending = n - k, pending + k
+                    if pending == len(gathered):
+                        _write_gathered(gathered, writer, marks)
+                        pending = 0
         if pending:
             _write_gathered(gathered[:pending], writer, marks)
+        if writer.tokens != task.n_tokens:
+            raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
+        docs = documents.close() if documents is not None else None  # committed before the shard: see _done
     except BaseException:
         writer.abort()
+        if documents is not None:
+            documents.abort()
         raise
     finally:
         for reader in readers:
             reader.close()
-    if writer.tokens != task.n_tokens:
-        writer.abort()
-        raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
     checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
     path = Path(task.path)
     marks_path = fingerprints_path(path.parent, path.name)
@@ -352,6 +477,7 @@ def write_shard(task: ShardTask) -> dict:
         "blocks": task.blocks,
         "tokens_by_stream": dict(zip(task.streams, by_stream)),
         "checksum": checksum,
+        **({"provenance": docs} if docs is not None else {}),
     }
 
 
@@ -361,9 +487,11 @@ def _write_gathered(gathered: np.ndarray, writer: TokenFileWriter, marks: BlockF
 
 
 def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: list[int],
-               streams: dict[str, StreamUnits], labels: Labels) -> tuple[list[ShardTask], dict[str, int]]:
+               streams: dict[str, StreamUnits], labels: Labels, origins: tuple[StreamOrigins, ...] | None = None,
+               docs_paths: list[Path] | None = None) -> tuple[list[ShardTask], dict[str, int]]:
     """Every shard's task, and the documents of each stream the shards use, from one pass over the interleave
-    (find_boundaries): the driver holds O(streams + units + shards), never a per-document array."""
+    (find_boundaries): the driver holds O(streams + units + shards), never a per-document array. With
+    `origins`, each task also writes its shard's provenance index at `docs_paths[k]`."""
     starts = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)]) * seq_len  # the last: the run's end
     positions = [int(t) for t in starts[:-1]] + [int(starts[-1])]  # the run's last token is shard K-1's end
     units = list(streams.values())
@@ -375,7 +503,8 @@ def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: 
             str(layout_paths[k]), dtype.str, seq_len, n_blocks, n_blocks * seq_len + 1, b0.doc, b1.doc, b0.skip,
             k > 0, tuple(streams), labels,
             tuple(u.paths(c0.unit, c1.unit) for u, c0, c1 in zip(units, b0.cursors, b1.cursors)),
-            tuple(Cursor(0, c.doc, c.token) for c in b0.cursors)))
+            tuple(Cursor(0, c.doc, c.token) for c in b0.cursors),
+            str(docs_paths[k]) if origins is not None else None, origins))
     end = bounds[-1]
     used = [d + (s == end.stream) for s, d in enumerate(end.docs_before)]
     return tasks, dict(zip(streams, used))
@@ -391,6 +520,10 @@ def write_labels(ctx: Context, docs: list[int]) -> Labels:
     path = ctx.layout.interleave_labels
     write_tokens(path, interleave_order(docs, seed))
     return Labels(kind, tuple(docs), seed, str(path))
+
+
+def sources_state(ctx: Context) -> Path:
+    return ctx.layout.state / "sources.json"
 
 
 def _record_path(ctx: Context, k: int) -> Path:
@@ -411,6 +544,11 @@ def _done(ctx: Context, k: int, n_tokens: int) -> dict | None:
     if record is not None and file_checksum(shard) != record["checksum"]:
         ctx.log(f"{shard.name}: damaged (sha256 differs from its record); rewritten")
         return None
+    if record is not None and ctx.recipe.layout.provenance:
+        docs = ctx.layout.docs(shard)  # committed before its shard: a shard on disk has had its index
+        if not docs.exists() or file_checksum(docs) != record.get("provenance", {}).get("checksum"):
+            ctx.log(f"{docs.name}: missing or damaged (sha256 differs from its record); {shard.name} rewritten")
+            return None
     return record
 
 
@@ -424,9 +562,12 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     todo = [k for k, r in enumerate(records) if r is None]
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
-    used_path = layout.state / "documents_used.json"
+    layout.remove_created(sorted(layout.root.glob("train_*.docs"))[len(plan) if recipe.layout.provenance else 0:])
+    used_path, sources_path = layout.state / "documents_used.json", sources_state(ctx)
     try:
         used = read_json(used_path)
+        if recipe.layout.provenance and read_json(sources_path, sealed=True) is None:
+            used = None
     except DamagedFile:
         used = None  # computed again below, from the units
     if not todo and used is not None:
@@ -439,8 +580,12 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
         raise TokmixError(f"streams hold {held:,} tokens, fewer than the {recipe.train_tokens:,} "
                           "the blocks need (stream_slack too small?)")
     labels = write_labels(ctx, [metas[name]["docs"] for name in recipe.streams])
-    tasks, used = plan_tasks([layout.train(k) for k in range(len(plan))], ctx.dtype, seq_len, plan, streams, labels)
+    origins = run_origins(ctx, metas) if recipe.layout.provenance else None
+    paths = [layout.train(k) for k in range(len(plan))]
+    tasks, used = plan_tasks(paths, ctx.dtype, seq_len, plan, streams, labels, origins, list(map(layout.docs, paths)))
     write_json(used_path, used)
+    if origins is not None:  # the index's table of sources, for build_index
+        write_record(sources_path, {"sources": [entry for o in origins for entry in o.sources()]})
     tasks = {k: tasks[k] for k in todo}
     executor, queue, pending = ctx.pool, iter(tasks.items()), {}
     window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
@@ -517,4 +662,15 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "backend": ctx.backend,
         },
         "val": val,
+        **({"provenance": provenance_entry(ctx)} if recipe.layout.provenance else {}),
+    }
+
+
+def provenance_entry(ctx: Context) -> dict:
+    """index.json's `provenance`: the layout of the .docs records, the train shards' table of sources and the
+    text field each stream's documents were read from (what `tokmix trace --text` reads again)."""
+    return {
+        "record": [[name, DOC_DTYPE.fields[name][0].str] for name in DOC_DTYPE.names],
+        "sources": read_json(sources_state(ctx), sealed=True)["sources"],
+        "text_fields": {n: s.text_field for n, s in ctx.recipe.streams.items()},
     }

@@ -16,6 +16,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
 from tokmix.shards import (
     CHECKSUM,
@@ -23,12 +24,13 @@ from tokmix.shards import (
     Delimiters,
     file_checksum,
     read_json,
+    write_bytes,
     write_json,
     write_npy,
     write_record,
     write_tokens,
 )
-from tokmix.sources import iter_file_texts, stream_files, text_hashes
+from tokmix.sources import Places, file_kind, iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
@@ -55,6 +57,12 @@ def holdout_damage(ctx: Context, domain: str, entry: dict) -> str | None:
         return f"{val.name} is missing"
     if file_checksum(val) != entry.get("checksum"):
         return f"sha256 of {val.name} differs from index.json"
+    if ctx.recipe.layout.provenance:
+        docs = ctx.layout.docs(val)
+        if not docs.exists():
+            return f"{docs.name} is missing"
+        if file_checksum(docs) != entry.get("provenance", {}).get("checksum"):
+            return f"sha256 of {docs.name} differs from index.json"
     try:
         record = read_json(record_path(ctx, domain), sealed=True)
     except DamagedFile as e:
@@ -88,24 +96,36 @@ def holdout_lengths(ctx: Context) -> np.ndarray | None:
     return _union(paths, np.int64) if all(p.exists() for p in paths) else None
 
 
+def _located_texts(files: list[str], field: str, stream: str, mirrors):
+    """(text, (file's position in `files`, place)) of every document of the files, in order."""
+    for i, path in enumerate(files):
+        places = Places()
+        for text in iter_file_texts([path], field, stream, mirrors, places=places):
+            yield text, (i, places.take()[1])
+
+
 def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: float, mirrors,
-                delimiters: Delimiters, dtype: np.dtype, decontaminate: bool) -> tuple[list, np.ndarray, np.ndarray]:
+                delimiters: Delimiters, dtype: np.dtype, decontaminate: bool,
+                provenance: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
     """Documents of one stream's holdout files, in file order, empty ones included (each its delimiters alone),
-    up to and including the one that crosses `budget` tokens; and the hashes and lengths (characters) of
-    their texts, or none without `decontaminate`. (`tokmix plan` reads them too, to show what each stream
-    gives.)"""
+    up to and including the one that crosses `budget` tokens, as (stream, ids, origin): with `provenance`
+    origin is (file's position in `files`, place, CRC-32 of the text), else None; and the hashes and lengths
+    (characters) of their texts, or none without `decontaminate`. (`tokmix plan` reads them too, to show what
+    each stream gives.)"""
     docs, hashes, chars, got = [], [], [], 0
     field = recipe.streams[stream].text_field
-    reader = iter_file_texts(files, field, stream, mirrors)
+    reader = _located_texts(files, field, stream, mirrors)
     while got < budget:
-        batch = list(itertools.islice(reader, READ_BATCH))
-        if not batch:
+        located = list(itertools.islice(reader, READ_BATCH))
+        if not located:
             break
+        batch = [text for text, _ in located]
         ids, lengths = encoder.encode_batch(batch)
         framed = delimiters.frame(ids, lengths, dtype)
         docs_ids = np.split(framed, np.cumsum(lengths + delimiters.per_document)[:-1])
+        crcs = text_crc32(batch).tolist() if provenance else None
         for k, doc in enumerate(docs_ids):
-            docs.append((stream, doc))
+            docs.append((stream, doc, (*located[k][1], crcs[k]) if provenance else None))
             got += len(doc)
             if got >= budget:
                 batch = batch[: k + 1]
@@ -121,7 +141,8 @@ def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -
     a call on its caller's thread)."""
     recipe = ctx.recipe
     return {name: pool.submit(read_stream, recipe, encoder, name, stream_files(recipe, ctx.split, name, "holdout"),
-                              reads, ctx.mirrors, ctx.delimiters, ctx.dtype, recipe.holdout.decontaminate)
+                              reads, ctx.mirrors, ctx.delimiters, ctx.dtype, recipe.holdout.decontaminate,
+                              recipe.layout.provenance)
             for name, reads in stream_reads(recipe, domain).items()}
 
 
@@ -138,10 +159,11 @@ def draw(docs: list[tuple[str, np.ndarray]], names: list[str], need: int,
     """The holdout from the documents its streams read: shuffled with random.Random(seed), then taken in that
     order until `need` tokens (the last one cut), as the reference does. Each stream reads its share, but a
     document longer than a share can take the place of several streams' documents. Returns the pieces taken,
-    the tokens each stream gave and their total (less than `need` when the documents run out)."""
+    the tokens each stream gave and their total (less than `need` when the documents run out). `docs` is
+    shuffled in place: the pieces are its first documents."""
     random.Random(seed).shuffle(docs)
     chunks, by_stream, n = [], dict.fromkeys(names, 0), 0
-    for name, ids in docs:
+    for name, ids, _ in docs:
         take = min(len(ids), need - n)
         chunks.append(ids[:take])
         by_stream[name] += take
@@ -174,6 +196,8 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         raise TokmixError(
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
+    if recipe.layout.provenance:
+        docs_entry = write_holdout_documents(ctx, domain, docs[: len(chunks)], [len(c) for c in chunks])
     digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
                hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
     write_record(record_path(ctx, domain), digests)
@@ -190,7 +214,23 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         "tokens_by_stream": by_stream,
         "source_files": ctx.split[domain]["holdout"],
         "checksum": hashlib.new(CHECKSUM, tokens.tobytes()).hexdigest(),
+        **({"provenance": docs_entry} if recipe.layout.provenance else {}),
     }
+
+
+def write_holdout_documents(ctx: Context, domain: str, taken: list[tuple], tokens: list[int]) -> dict:
+    """The holdout's provenance index (its documents in the holdout's order) and its entry in index.json, which
+    holds the holdout's own table of sources: its streams' holdout files, stream by stream."""
+    sources, first = [], {}
+    for name in ctx.recipe.streams_of(domain):
+        first[name] = len(sources)
+        sources += [[name, 1, file_kind(f), f] for f in stream_files(ctx.recipe, ctx.split, name, "holdout")]
+    records = np.zeros(len(taken), DOC_DTYPE)
+    for i, ((name, _, (file, place, crc)), n) in enumerate(zip(taken, tokens)):
+        records[i] = (first[name] + file, place, n, crc)
+    path = ctx.layout.docs(ctx.layout.val(domain))
+    return {"file": path.name, "documents": len(records), "skip": 0,
+            "checksum": write_bytes(path, records.tobytes()), "sources": sources}
 
 
 def run_holdout(ctx: Context) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.faults import fault_point
+from tokmix.provenance import UNIT_DOC_DTYPE
 from tokmix.shards import LENGTH_DTYPE, TokenFileWriter, read_tokens, write_bytes, write_record
 from tokmix.stages import cached
 
@@ -44,6 +45,7 @@ class RepeatTask:
     seed: int
     pass_units: int  # units of pass 1: indices 0 .. pass_units - 1
     limit: int | None = None  # as UnitTask.limit: stop after the document that reaches it
+    provenance: bool = False  # copy the documents' places too (NNNNNN.src), marked with this pass
 
 
 def passes_needed(budget: int, pass_tokens: int) -> int:
@@ -81,6 +83,12 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
     return cached(("pass one", unit_dir, pass_units), build)
 
 
+def _pass_one_places(unit_dir: str, pass_units: int) -> np.ndarray:
+    """Pass 1's documents' places and checksums (UNIT_DOC_DTYPE), in pass-1 order; built once per process."""
+    return cached(("pass one places", unit_dir, pass_units), lambda: np.concatenate(
+        [np.fromfile(Path(unit_dir) / f"{i:06d}.src", dtype=UNIT_DOC_DTYPE) for i in range(pass_units)]))
+
+
 def repeat_unit(task: RepeatTask) -> dict:
     """Copy one repeat unit's documents from the pass-1 units and commit it as a tokenized unit is
     committed (tokens, lengths, then the record); returns its record."""
@@ -113,6 +121,11 @@ def repeat_unit(task: RepeatTask) -> dict:
         raise
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", take.astype(LENGTH_DTYPE).tobytes())
+    src = {}
+    if task.provenance:
+        places = _pass_one_places(task.unit_dir, task.pass_units)[docs]  # a copy: marking the pass keeps pass 1's
+        places["pass"] = unit.pass_no
+        src = {"src_sha256": write_bytes(unit_dir / f"{unit.name}.src", places.tobytes())}
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -128,6 +141,7 @@ def repeat_unit(task: RepeatTask) -> dict:
         "encode_seconds": 0.0,
         "tok_sha256": tokens_sha256,
         "len_sha256": lengths_sha256,
+        **src,
     }
     write_record(unit_dir / f"{unit.name}.json", record)  # checked as a tokenized unit's is
     return record

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.shards import (
     LENGTH_DTYPE,
     REFERENCE_DELIMITERS,
@@ -33,7 +35,7 @@ from tokmix.shards import (
     write_npy,
     write_record,
 )
-from tokmix.sources import HugeText, Unit, batches, plan_units, read_texts, stream_files, text_hashes
+from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
 from tokmix.text import document_pieces
@@ -58,6 +60,7 @@ class UnitTask:
     limit: int | None = None
     lengths_path: str | None = None  # the holdout documents' lengths, when recorded: only texts of those are hashed
     delimiters: Delimiters = REFERENCE_DELIMITERS
+    provenance: bool = False  # write the unit's documents' places and text checksums (NNNNNN.src)
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -98,6 +101,37 @@ def _holdout_array(path: str | None) -> np.ndarray | None:
     return cached(("holdout array", path, stat.st_mtime_ns, stat.st_size), lambda: np.load(path))
 
 
+def _placed(texts: Iterator, places: Places, found: deque) -> Iterator:
+    """The texts, with the (piece, place) of each non-empty one queued in `found` as it passes (batches() drops
+    the empty ones; the unit then drops holdout copies and what lies past its limit)."""
+    for text in texts:
+        where = places.take()
+        if text:
+            found.append(where)
+        yield text
+
+
+class UnitDocuments:
+    """The places and text checksums of a unit's kept documents, gathered batch by batch (UNIT_DOC_DTYPE)."""
+
+    def __init__(self, unit: Unit):
+        self.unit, self.parts = unit, []
+
+    def add(self, where: list[tuple[int, int]], texts: list) -> None:
+        part = np.zeros(len(texts), dtype=UNIT_DOC_DTYPE)
+        part["unit"], part["pass"] = self.unit.index, 1
+        if where:
+            piece, place = np.array(where, dtype=np.int64).T
+            if int(place.max()) > np.iinfo(np.uint32).max:
+                check_place(int(place.max()), self.unit.stream, self.unit.pieces[int(piece[place.argmax()])].path)
+            part["piece"], part["place"] = piece, place
+        part["crc32"] = text_crc32(texts)
+        self.parts.append(part)
+
+    def result(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.empty(0, UNIT_DOC_DTYPE)
+
+
 def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], int]) -> Callable[[int], int] | None:
     """For a limited unit: the text its next batch should hold, given the characters already read, so that the
     unit ends within a small batch of its last document: the limit at the unit's characters per token so far
@@ -123,14 +157,19 @@ def tokenize_unit(task: UnitTask) -> dict:
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
     extra = delimiters.per_document
-    texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge)
+    places, found = (Places(), deque()) if task.provenance else (None, None)
+    documents = UnitDocuments(unit)
+    texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
     try:
-        for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
+        for batch in batches(texts if places is None else _placed(texts, places, found), huge,
+                             _batch_chars(task, writer, lambda: chars[0])):
+            where = [found.popleft() for _ in batch] if found is not None else []
             if hashes is not None and len(hashes):
                 is_copy = holdout_copies(batch, hashes, held_lengths)
                 if is_copy.any():
                     dropped_at += (kept + np.cumsum(~is_copy)[is_copy]).tolist()
                     batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]
+                    where = [w for w, c in zip(where, is_copy.tolist()) if not c] if where else where
             if not batch:
                 continue
             t0 = time.perf_counter()
@@ -143,8 +182,11 @@ def tokenize_unit(task: UnitTask) -> dict:
                     # the stream ends in this batch: keep it up to the document that reaches the limit
                     keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1
                     batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep * extra]
+                    where = where[:keep]
                 writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
+            if places is not None:
+                documents.add(where, batch)
             lengths.append(lens.astype(LENGTH_DTYPE))
             kept += len(batch)
             chars[0] += sum(map(len, batch))
@@ -158,6 +200,10 @@ def tokenize_unit(task: UnitTask) -> dict:
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
+    src = {}
+    if places is not None:  # sha256 as every intermediate's; `lines`: where a JSONL file's next piece starts
+        src = {"src_sha256": write_bytes(unit_dir / f"{unit.name}.src", documents.result().tobytes()),
+               "lines": [places.lines.get(i, 0) for i in range(len(unit.pieces))]}
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -173,6 +219,7 @@ def tokenize_unit(task: UnitTask) -> dict:
         "encode_seconds": encode_seconds,
         "tok_sha256": tokens_sha256,
         "len_sha256": lengths_sha256,
+        **src,
     }
     write_record(unit_dir / f"{unit.name}.json", record)
     return record
@@ -215,8 +262,10 @@ def unit_damage(directory: Path, name: str) -> tuple[dict | None, str | None]:
         return None, e.why
     if record is None:
         return None, "its record is missing"
-    for part in ("tok", "len"):
+    for part in ("tok", "len", "src"):
         path = directory / f"{name}.{part}"
+        if part == "src" and "src_sha256" not in record:
+            continue  # a unit of a run without provenance
         if not path.exists():
             return None, f"{path.name} is missing"
         if file_checksum(path) != record.get(f"{part}_sha256"):
@@ -227,7 +276,7 @@ def unit_damage(directory: Path, name: str) -> tuple[dict | None, str | None]:
 def discard_unit(directory: Path, name: str, why: str, log: Callable[[str], None]) -> None:
     """Remove a damaged unit, its record first (the record is the commit): its stream tokenizes it again."""
     log(f"unit {directory / name}: damaged ({why}); remade from its source")
-    for part in ("json", "tok", "len"):
+    for part in ("json", "tok", "len", "src"):
         (directory / f"{name}.{part}").unlink(missing_ok=True)
 
 
@@ -440,11 +489,12 @@ class StreamRun:
         limit = self.budget - self.prefix_tokens if ready else None
         if isinstance(unit, RepeatUnit):
             return RepeatTask(unit, str(self.directory), self.ctx.dtype.str, self.ctx.recipe.seed,
-                              self.pass_units, limit)
+                              self.pass_units, limit, self.ctx.recipe.layout.provenance)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
-                        limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters)
+                        limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters,
+                        provenance=self.ctx.recipe.layout.provenance)
 
     def committed(self, unit: Unit, record: dict) -> None:
         self._add(record)

@@ -1,0 +1,125 @@
+"""The provenance index (tokmix.provenance): every document of every train shard and holdout traced to its
+source file and place, checked against the source itself by an independent reader (pyarrow for parquet rows,
+the file's own lines for JSONL) and against the tokens in the shard. One real run serves every test: parquet
+and JSONL streams (blank lines, files cut into several units), holdout copies dropped from a train file, and a
+stream repeated in three passes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+import tokmix
+from tests.corpus import make_inputs
+from tokmix.provenance import DOC_DTYPE, file_documents, sources_of
+from tokmix.shards import Delimiters
+
+UNIT_BYTES = 4000  # JSONL files cut into several units: a piece's lines continue its file's earlier pieces'
+
+
+def mixed_corpus(root: Path) -> Path:
+    """The test corpus with edu as JSONL (blank and whitespace lines between records), two of dclm's holdout
+    documents copied into its first train file (decontamination drops them), and max_epochs = 4 (dclm's train
+    documents are too few for its budget: it makes 3 passes)."""
+    recipe = make_inputs(root, doc_limit=100, rows_per_group=8, decontaminate=True)
+    held = pq.read_table(root / "corpus/dclm/part-3.parquet").to_pylist()
+    first = root / "corpus/dclm/part-0.parquet"
+    rows = pq.read_table(first).to_pylist()
+    pq.write_table(pa.Table.from_pylist(rows[:5] + held[:2] + rows[5:]), first, row_group_size=8)
+    for path in root.glob("corpus/edu/*.parquet"):
+        lines = []
+        for i, row in enumerate(pq.read_table(path).to_pylist()):
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+            lines += ["\n" if i % 2 else "   \n"] if i % 3 == 1 else []
+        path.with_suffix(".jsonl").write_text("".join(lines), encoding="utf-8")
+        path.unlink()
+    for name in ("data/file_splits.json", "recipe.toml"):
+        path = root / name
+        path.write_text(re.sub(r"(corpus/edu/[^\"]*)\.parquet", r"\1.jsonl", path.read_text()))
+    recipe.write_text(re.sub(r"(files = \[.*\])", r"\1\nmax_epochs = 4", recipe.read_text()))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("provenance")
+    recipe = mixed_corpus(root)
+    tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=2, keep_streams=True, unit_bytes=UNIT_BYTES)
+    return root / "out"
+
+
+def source_text(kind: str, path: str, place: int, field: str = "text") -> str:
+    """A document read back by a reader of the test's own: pyarrow's row, or the JSON of the file's line."""
+    if kind == "parquet":
+        return pq.read_table(path, columns=[field]).column(field)[place].as_py()
+    assert kind == "jsonl"
+    return json.loads(Path(path).read_bytes().split(b"\n")[place])[field]
+
+
+def framed(tokenizer: Tokenizer, delimiters: Delimiters, text: str) -> list[int]:
+    return [*delimiters.prefix, *tokenizer.encode(text).ids, *delimiters.suffix]
+
+
+def token_files(index: dict) -> list[tuple[dict, list]]:
+    """(entry, its table of sources) of every train shard and holdout."""
+    train = sources_of(index["provenance"]["sources"])
+    holdouts = [(e, sources_of(e["provenance"]["sources"])) for e in index["val"].values()]
+    return [(e, train) for e in index["shards"]] + holdouts
+
+
+def test_every_document_of_every_shard_and_holdout_is_its_source_text_at_its_tokens(mixed_run):
+    index = json.loads((mixed_run / "index.json").read_text())
+    tokenizer = Tokenizer.from_file(index["tokenizer"])
+    tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text
+    delimiters = Delimiters.from_index(index)
+    seen = {"dropped": sum(index["decontamination"]["dropped_by_stream"].values()), "passes": set(), "jsonl": 0}
+    for entry, sources in token_files(index):
+        docs = file_documents(mixed_run, entry, sources)
+        tokens = np.fromfile(mixed_run / entry["file"], dtype=index["dtype"])
+        assert (mixed_run / entry["provenance"]["file"]).stat().st_size == DOC_DTYPE.itemsize * len(docs.records)
+        for i, record in enumerate(docs.records):
+            source = sources[int(record["source"])]
+            text = source_text(source.kind, source.file, int(record["place"]))
+            assert zlib.crc32(text.encode("utf-8")) == int(record["crc32"]), (source, int(record["place"]))
+            whole = framed(tokenizer, delimiters, text)[docs.skip if i == 0 else 0 :]
+            start, end = int(docs.starts[i]), int(docs.ends[i])
+            assert tokens[start:end].tolist() == whole[: end - start], (entry["file"], i, source)
+            assert end - start == len(whole) or i in (0, len(docs.records) - 1)  # only the ends are cut
+            seen["passes"].add(source.pass_no)
+            if source.kind == "jsonl":  # a line past its file's first unit, after blank lines
+                before = Path(source.file).read_bytes().split(b"\n")[: int(record["place"])]
+                seen["jsonl"] += sum(map(len, before)) > UNIT_BYTES and any(not b.strip() for b in before)
+    assert seen["dropped"] == 2 and seen["passes"] == {1, 2, 3} and seen["jsonl"]
+
+
+def test_the_index_is_committed_with_its_checksum_and_the_units_hold_places(mixed_run):
+    index = json.loads((mixed_run / "index.json").read_text())
+    for entry, _ in token_files(index):
+        docs = entry["provenance"]
+        assert hashlib.sha256((mixed_run / docs["file"]).read_bytes()).hexdigest() == docs["checksum"]
+    assert index["provenance"]["record"] == [["source", "<u4"], ["place", "<u4"], ["tokens", "<u4"],
+                                             ["crc32", "<u4"]]
+    assert sorted(mixed_run.glob("streams/*/units/*.src"))
+
+
+def test_provenance_off_writes_no_index_and_the_same_token_files(mixed_run, tmp_path):
+    recipe = mixed_run.parent / "recipe.toml"
+    off = recipe.with_name("recipe-off.toml")
+    off.write_text(recipe.read_text().replace("[layout]", "[layout]\nprovenance = false"))
+    out = tmp_path / "out"
+    tokmix.run(tokmix.load_recipe(off), out, workers=1, keep_streams=True, unit_bytes=UNIT_BYTES)
+    assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == \
+           {p.name: p.read_bytes() for p in mixed_run.glob("*.bin")}
+    assert not list(out.glob("*.docs")) and not list(out.glob("streams/*/units/*.src"))
+    index = json.loads((out / "index.json").read_text())
+    assert "provenance" not in index
+    assert not [e for e in [*index["shards"], *index["val"].values()] if "provenance" in e]

@@ -1,0 +1,117 @@
+"""The provenance index: beside every train shard (train_000.docs) and holdout (val_<domain>.docs), one 16-byte
+record per document in the order of the file's tokens: its source (an id into the run's table of (stream,
+pass, kind, file) entries in index.json), its place in that file (parquet: row, JSONL: line, both 0-based;
+plain text: 0, the file is one document), its tokens in this file (delimiters included; the first and last
+document may be cut by the file's ends) and the CRC-32 of its text's UTF-8 bytes. No header: numpy reads a
+file with `np.fromfile(path, DOC_DTYPE)`. Imports numpy, zlib and tokmix.shards alone: the training side
+reads it."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokmix.errors import TokmixError
+from tokmix.shards import INDEX_NAME
+
+DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
+# a unit's documents as the streams stage writes them (NNNNNN.src beside its .tok and .len): the pass-1 unit and
+# its piece the document was read from (a repeat unit's documents are pass-1 units'), its pass, its place in
+# the piece's file (JSONL: in the piece, made the file's by assemble) and its text's CRC-32
+UNIT_DOC_DTYPE = np.dtype([("unit", "<u4"), ("piece", "<u2"), ("pass", "<u2"), ("place", "<u4"),
+                           ("crc32", "<u4")])
+PLACE_LIMIT = np.iinfo(np.uint32).max  # rows or lines of one file a place can name
+
+
+def text_crc32(texts: list) -> np.ndarray:
+    """CRC-32 of each text's UTF-8 bytes (a HugeText's own bytes). CRC-32 runs at ~2.5 GB/s here, blake2b at
+    ~0.75: hashing every document costs ~1% of the tokenizer's CPU, not ~4%."""
+    return np.fromiter((zlib.crc32(t.utf8() if hasattr(t, "utf8") else t.encode("utf-8")) for t in texts),
+                       np.uint32, len(texts))
+
+
+def check_place(place: int, stream: str, path: str) -> int:
+    if place > PLACE_LIMIT:
+        raise TokmixError(f"stream {stream}: file {path}: row or line {place:,} is past the provenance index's "
+                          f"{PLACE_LIMIT:,}: split the file, or set [layout] provenance = false")
+    return place
+
+
+def read_docs(path: str | Path) -> np.ndarray:
+    """A .docs file's records."""
+    return np.fromfile(path, dtype=DOC_DTYPE)
+
+
+@dataclass(frozen=True)
+class Source:
+    stream: str
+    pass_no: int
+    kind: str  # "parquet" | "jsonl" | "text": what the place counts (row, line, nothing)
+    file: str
+
+    def where(self, place: int) -> str:
+        """`file:row 12` / `file:line 13` (lines 1-based, as editors show them) / `file`."""
+        if self.kind == "parquet":
+            return f"{self.file}:row {place}"
+        if self.kind == "jsonl":
+            return f"{self.file}:line {place + 1}"
+        return self.file
+
+
+def sources_of(entries: list[list]) -> list[Source]:
+    """The index's table of sources ([stream, pass, kind, file] each)."""
+    return [Source(s, int(p), k, f) for s, p, k, f in entries]
+
+
+@dataclass(frozen=True)
+class FileDocuments:
+    """One token file's documents: their records, where each ends among the file's tokens, and how many tokens
+    the first one had before the file (`skip`: it began in the previous shard)."""
+
+    records: np.ndarray
+    ends: np.ndarray  # int64: the token offset in the file after each document
+    skip: int
+    sources: list[Source]
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Where each document starts in the file (the first at 0, also when it began before)."""
+        return self.ends - self.records["tokens"].astype(np.int64)
+
+    def overlapping(self, lo: int, hi: int) -> np.ndarray:
+        """Indices of the documents with a token in [lo, hi)."""
+        first = int(np.searchsorted(self.ends, lo, side="right"))
+        last = int(np.searchsorted(self.ends, hi - 1, side="right"))
+        return np.arange(first, min(last, len(self.ends) - 1) + 1)
+
+    def segments(self, lo: int, hi: int) -> np.ndarray:
+        """Where documents start in the token range [lo, hi), as offsets from lo: 0 first (the range starts
+        inside a document or at one), then every later document start before hi."""
+        starts = self.ends[:-1]  # document i + 1 starts where document i ends
+        inside = starts[(starts > lo) & (starts < hi)] - lo
+        return np.concatenate([[0], inside]).astype(np.int64)
+
+
+def file_documents(root: Path, entry: dict[str, Any], sources: list[Source]) -> FileDocuments:
+    """The documents of the token file `entry` (an index.json shard or val entry), checked against the entry:
+    the index file's size and the tokens its documents hold."""
+    docs = entry.get("provenance")
+    if not docs:
+        raise TokmixError(f"{root / entry['file']}: no provenance index (the run was made with provenance off, "
+                          f"or by a tokmix before it)")
+    path = root / docs["file"]
+    if not path.is_file():
+        raise TokmixError(f"{path}: missing (listed in {INDEX_NAME})")
+    if path.stat().st_size != docs["documents"] * DOC_DTYPE.itemsize:
+        raise TokmixError(f"{path}: {path.stat().st_size:,} bytes, {INDEX_NAME} records {docs['documents']:,} "
+                          f"documents of {DOC_DTYPE.itemsize} bytes")
+    records = read_docs(path)
+    ends = np.cumsum(records["tokens"], dtype=np.int64)
+    if not len(ends) or int(ends[-1]) != int(entry["tokens"]):
+        raise TokmixError(f"{path}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
+                          f"{entry['file']} {int(entry['tokens']):,}")
+    return FileDocuments(records, ends, int(docs.get("skip", 0)), sources)
