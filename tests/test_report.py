@@ -117,7 +117,7 @@ def test_bytes_per_token_from_the_scan(runs):
     _, facts = gather(bare)
     for f in facts.values():
         assert f.lengths_from == "shards"
-        assert 2.5 < f.text_bytes / f.shard_tokens < 4.5  # a 4096-id BPE on English and code
+        assert 2.5 < f.text_bytes / f.tokens_in_shards < 4.5  # a 4096-id BPE on English and code
 
 
 def test_missing_matplotlib_is_a_clear_error(runs, tmp_path, monkeypatch):

@@ -37,7 +37,8 @@ def read_run_index(out_dir: str | os.PathLike) -> dict[str, Any]:
             raise TokmixError(f"{out_dir}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
     seq_len = int(index["seq_len"])
     # the readers below hard-code the block layout; refuse an index that says otherwise
-    if index.get("block", seq_len + 1) != seq_len + 1 or index.get("stride", seq_len) != seq_len:
+    block = shards.block_tokens(seq_len)
+    if index.get("block", block) != block or index.get("stride", seq_len) != seq_len:
         raise TokmixError(
             f"{out_dir}/{shards.INDEX_NAME}: block {index.get('block')} / stride {index.get('stride')} do not "
             f"match seq_len {seq_len} (expected block = seq_len + 1, stride = seq_len)"
@@ -80,7 +81,7 @@ class TrainBlocks:
         self.files = [self.root / s["file"] for s in index["shards"]]
         counts = [int(s["blocks"]) for s in index["shards"]]
         for path, s, n in zip(self.files, index["shards"], counts):
-            if int(s["tokens"]) != shards.shard_tokens(n, self.seq_len):
+            if int(s["tokens"]) != shards.tokens_in_shard(n, self.seq_len):
                 raise TokmixError(f"{path}: {s['tokens']:,} tokens recorded for {n:,} blocks of {self.seq_len}")
             check_token_file(path, int(s["tokens"]), self.dtype)
         # first global block of each shard; the last entry is the number of blocks of the run
@@ -110,7 +111,7 @@ class TrainBlocks:
     def block(self, j: int) -> np.ndarray:
         """Global block j as stored: seq_len + 1 tokens of the shard dtype."""
         k, start = self.locate(j)
-        return np.array(self._shard(k)[start : start + self.seq_len + 1])
+        return np.array(self._shard(k)[start : start + shards.block_tokens(self.seq_len)])
 
     def _fill(self, first: int, count: int, x: np.ndarray, y: np.ndarray) -> None:
         """Blocks [first, first + count) into x and y. Consecutive blocks of one shard are one contiguous span of

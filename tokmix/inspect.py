@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
-from tokmix.shards import Delimiters, read_index, read_tokens
+from tokmix.shards import Delimiters, block_tokens, read_index, read_tokens
 from tokmix.summary import holdout_table, mix_table
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
@@ -110,7 +110,7 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     start = block * seq_len
     first = sum(s["blocks"] for s in shards[:shard]) + block
     title = f"{entry['file']} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
-    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + seq_len + 1]))
+    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
 
 
 def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockView:
@@ -126,7 +126,7 @@ def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockVi
     tokens = read_tokens(out_dir / entry["file"], index["dtype"])
     start = window * seq_len
     title = f"{entry['file']} window {window}: tokens {start:,} to {start + seq_len:,}"
-    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + seq_len + 1]))
+    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
 
 
 def _view(out_dir: Path, index: dict, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:

@@ -29,9 +29,9 @@ from tokmix.shards import (
     DamagedFile,
     Layout,
     file_checksum,
+    index_dtype,
     read_json,
-    shard_blocks,
-    shard_tokens,
+    tokens_in_shard,
     write_json,
 )
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
@@ -116,13 +116,13 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     if done is None or done.get("fingerprint") != recipe.fingerprint():
         return None
     index = remakable(layout.index)
-    plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    plan = recipe.shard_blocks
     if not index or len(index.get("shards", [])) != len(plan):
         return None
-    itemsize = 4 if index.get("dtype") == "uint32" else 2
+    itemsize = index_dtype(index).itemsize
     files = index["shards"] + list(index.get("val", {}).values())
     if not all((layout.root / f["file"]).exists() and (layout.root / f["file"]).stat().st_size == f["tokens"] * itemsize
-               for f in files) or any(s["tokens"] != shard_tokens(b, recipe.layout.seq_len)
+               for f in files) or any(s["tokens"] != tokens_in_shard(b, recipe.layout.seq_len)
                                       for s, b in zip(index["shards"], plan)):
         return None
     damaged = [f["file"] for f in files if file_checksum(layout.root / f["file"]) != f.get("checksum")]

@@ -30,7 +30,7 @@ from rich.text import Text
 from tokmix.backends import choose_backend, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import Delimiters, Layout, dtype_for_vocab, shard_blocks, shard_tokens
+from tokmix.shards import Delimiters, Layout, dtype_for_vocab, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS
@@ -351,7 +351,7 @@ def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPla
         path=place,
         free=free,
         intermediates=intermediates,
-        shards=sum(shard_tokens(b, seq_len) for b in shards) * itemsize,
+        shards=sum(tokens_in_shard(b, seq_len) for b in shards) * itemsize,
         holdouts=len(recipe.domains) * (recipe.holdout.tokens + 1) * itemsize,
         written=_already_written(Layout(out)) if out.exists() else 0,
     )
@@ -490,7 +490,7 @@ def make_plan(
                                          tokenizer_path)
         for h in holdouts.values():
             h.gives = _holdout_gives(recipe, encoder, split, mirrors, delimiters, dtype, h)
-    shards = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk)
     plan.problems = _problems(plan)
@@ -512,7 +512,7 @@ def _shards_line(shards: list[int], seq_len: int) -> str:
     groups: dict[int, int] = {}
     for b in shards:
         groups[b] = groups.get(b, 0) + 1
-    return " + ".join(f"{n} x {b:,} blocks ({shard_tokens(b, seq_len):,} tokens)" for b, n in groups.items())
+    return " + ".join(f"{n} x {b:,} blocks ({tokens_in_shard(b, seq_len):,} tokens)" for b, n in groups.items())
 
 
 def _status(short: bool, exact: bool, ratio: float) -> Text:

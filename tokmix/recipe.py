@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokmix.errors import TokmixError
-from tokmix.shards import EOT_TOKEN
+from tokmix.shards import EOT_TOKEN, shard_blocks, tokens_in_shard
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -189,11 +189,16 @@ class Recipe(_Strict):
     @property
     def train_tokens(self) -> int:
         """Tokens of the whole train run: the blocks plus the one token the last block reads past them."""
-        return self.blocks * self.layout.seq_len + 1
+        return tokens_in_shard(self.blocks, self.layout.seq_len)
 
     @property
     def blocks_per_shard(self) -> int:
         return self.layout.shard_tokens // self.layout.seq_len
+
+    @property
+    def shard_blocks(self) -> list[int]:
+        """Blocks of each train shard: full shards of blocks_per_shard, then the remainder."""
+        return shard_blocks(self.blocks, self.blocks_per_shard)
 
     def budget(self, stream: str) -> int:
         """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index
+from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, write_bytes
 from tokmix.summary import passes
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
@@ -40,7 +40,7 @@ class StreamFacts:
     chars: int | None = None  # characters of the units' documents, and their tokens
     unit_tokens: int = 0
     text_bytes: int | None = None  # UTF-8 bytes of the stream's tokens in the shards (the shard scan), and
-    shard_tokens: int | None = None  # those tokens
+    tokens_in_shards: int | None = None  # those tokens
 
 
 def interleave_order(index: dict) -> np.ndarray:
@@ -139,10 +139,10 @@ def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[dict, 
             facts[n] = StreamFacts(n, domain, np.empty(0, np.int64), "none")
         if scanned is not None:
             facts[n].text_bytes = scanned["text_bytes"][n] if scanned["text_bytes"] else None
-            facts[n].shard_tokens = scanned["tokens"][n]
-            if facts[n].shard_tokens != index["total"]["tokens_by_stream"][n]:
+            facts[n].tokens_in_shards = scanned["tokens"][n]
+            if facts[n].tokens_in_shards != index["total"]["tokens_by_stream"][n]:
                 raise TokmixError(
-                    f"stream {n}: the shards hold {facts[n].shard_tokens:,} of its tokens by the replayed "
+                    f"stream {n}: the shards hold {facts[n].tokens_in_shards:,} of its tokens by the replayed "
                     f"interleave, index.json says {index['total']['tokens_by_stream'][n]:,}"
                 )
     return index, facts
@@ -294,7 +294,7 @@ def bytes_per_token(index: dict, facts: dict[str, StreamFacts]) -> list[tuple[st
     rows = []
     for f in facts.values():
         if f.text_bytes is not None:
-            rows.append(("stream", f.name, f.text_bytes / max(f.shard_tokens, 1)))
+            rows.append(("stream", f.name, f.text_bytes / max(f.tokens_in_shards, 1)))
         elif f.chars is not None:
             rows.append(("stream (chars)", f.name, f.chars / max(f.unit_tokens, 1)))
     for domain, v in index.get("val", {}).items():
@@ -618,7 +618,5 @@ def write_report(out_dir: str | os.PathLike, path: str | os.PathLike, *, scan: b
     index, facts = gather(out_dir, scan)
     page = render_html(out_dir, index, facts, plt)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    write_bytes(path, page.encode("utf-8"))
     return path

@@ -26,7 +26,7 @@ from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.outdir import check_output_dir
 from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import UNIT_BYTES, DamagedFile, Layout, read_json, shard_blocks, write_json
+from tokmix.shards import UNIT_BYTES, DamagedFile, Layout, read_json, write_json
 
 ERROR_EXIT_CODE = 2
 MAX_FRUITLESS_RESTARTS = 3
@@ -144,7 +144,7 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     """Record every path this run will create before any is created, refusing one that is there already and
     that tokmix did not create (the user's). --restart first removes what earlier runs created, only that (the
     split file lives beside the recipe and is kept)."""
-    shards = len(shard_blocks(recipe.blocks, recipe.blocks_per_shard))
+    shards = len(recipe.shard_blocks)
     paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched,
                              recipe.layout.provenance)
     taken = layout.not_created(paths)

@@ -130,8 +130,20 @@ def docs_name(token_file: str) -> str:
     return token_file.removesuffix(".bin") + DOCS_SUFFIX
 
 
-def shard_tokens(blocks: int, seq_len: int) -> int:
+def tokens_in_shard(blocks: int, seq_len: int) -> int:
+    """Tokens of a shard of `blocks` blocks (of the whole run, for all its blocks): the last block reads one
+    token past them."""
     return blocks * seq_len + 1
+
+
+def block_tokens(seq_len: int) -> int:
+    """Tokens of one block as stored: seq_len inputs, and the last target."""
+    return seq_len + 1
+
+
+def index_dtype(index: dict[str, Any]) -> np.dtype:
+    """The token dtype index.json records (uint16, the reference's, when it records none)."""
+    return np.dtype(index.get("dtype", "uint16"))
 
 
 def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
@@ -512,14 +524,12 @@ class TokenFileWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-def read_tokens(path: Path, dtype: np.dtype | str, mmap: bool = True) -> np.ndarray:
-    """The file's tokens, memory-mapped read-only by default. A plain ndarray over the mapping, not an
-    np.memmap: slicing a memmap runs Python code for every slice, which per-document gathers pay for."""
-    if mmap:
-        if os.path.getsize(path) == 0:
-            return np.empty(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
-    return np.fromfile(path, dtype=dtype)
+def read_tokens(path: Path, dtype: np.dtype | str) -> np.ndarray:
+    """The file's tokens, memory-mapped read-only. A plain ndarray over the mapping, not an np.memmap: slicing
+    a memmap runs Python code for every slice, which per-document gathers pay for."""
+    if os.path.getsize(path) == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
 
 def iter_token_chunks(path: Path, dtype: np.dtype | str, chunk_bytes: int = READ_CHUNK_BYTES):

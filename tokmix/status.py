@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe, recipe_from_dict
-from tokmix.shards import Layout, read_index, shard_blocks, shard_tokens
+from tokmix.shards import Layout, index_dtype, read_index, tokens_in_shard
 
 
 @dataclass
@@ -130,7 +130,7 @@ def _shards_written(layout: Layout, plan: list[int], seq_len: int, itemsize: int
     for k, blocks in enumerate(plan):
         shard = layout.train(k)
         record = layout.shard_record(shard.name)
-        if record.exists() and shard.exists() and shard.stat().st_size == shard_tokens(blocks, seq_len) * itemsize:
+        if record.exists() and shard.exists() and shard.stat().st_size == tokens_in_shard(blocks, seq_len) * itemsize:
             written.append(shard.name)
     return written
 
@@ -145,8 +145,9 @@ def status(out_dir: str | os.PathLike) -> Status:
     lock, running = _lock(layout)
     val = index.get("val", {})
     holdouts = {d: (val[d]["tokens"] if d in val and layout.val(d).exists() else None) for d in recipe.domains}
-    itemsize = 4 if index.get("dtype") == "uint32" or recipe.tokenizer.dtype == "uint32" else 2
-    plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    forced = recipe.tokenizer.dtype if recipe.tokenizer.dtype != "auto" else None
+    itemsize = index_dtype(index if "dtype" in index or forced is None else {"dtype": forced}).itemsize
+    plan = recipe.shard_blocks
     error = layout.state / "error.txt"
     return Status(
         out=layout.root,

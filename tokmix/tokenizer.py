@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokmix.backends import GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, bytes_to_unicode, first_line
 from tokmix.errors import TokmixError
 from tokmix.recipe import REFERENCE_PREFIX, Recipe, is_tiktoken_file
-from tokmix.shards import CHECKSUM, Delimiters, dtype_for_vocab
+from tokmix.shards import CHECKSUM, Delimiters, dtype_for_vocab, write_bytes
 
 
 def tokenizer_checksum(path: str) -> str:
@@ -134,9 +134,7 @@ def train_tokenizer(texts: Iterator[str], vocab: int, min_frequency: int, out_pa
     placed = [tok.token_to_id(name) for name in specials]
     if placed != list(range(len(specials))):  # the trainer puts special tokens first; make sure
         raise TokmixError(f"trained tokenizer put its special tokens {specials} at ids {placed}")
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text(tok.to_str(pretty=False))
-    tmp.replace(out_path)
+    write_bytes(out_path, tok.to_str(pretty=False).encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------- where the tokenizer comes from
@@ -162,9 +160,7 @@ def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
         except FileNotFoundError:
             raise TokmixError(f"tokenizer {recipe.tokenizer_path}: file not found") from None
     own.parent.mkdir(parents=True, exist_ok=True)
-    tmp = own.with_name(own.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(own)
+    write_bytes(own, text.encode("utf-8"))
     return str(own)
 
 

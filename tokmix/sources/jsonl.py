@@ -168,7 +168,7 @@ def _open(piece: Piece, mirrors) -> io.BufferedIOBase:
     kind = codec(piece.path)
     source = gzip.GzipFile(fileobj=raw) if kind == "gzip" else _ZstdFrames(raw) if kind == "zstd" else raw
     # lines are read through a 1 MiB buffer: with a file's default 8 KiB one, a line of web text takes
-    # several reads joined (readline over the bench corpus's web text: 0.11 -> 0.04 CPU-s for 95 MB)
+    # several reads joined (measured: docs/benchmarks.md, "Choices measured in the code")
     return io.BufferedReader(source, buffer_size=1 << 20)
 
 

@@ -64,8 +64,8 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 batches = _rows_one_at_a_time(f, pf.metadata, group, field)
             else:
                 rows = _batch_rows(meta, column_index)
-                # decoded on this thread, not handed to Arrow's pool for the one column: over 12 alternating
-                # whole runs of the bench corpus, streams 1.34 -> 1.23 s and holdout 0.68 -> 0.62 s (medians)
+                # decoded on this thread, not handed to Arrow's pool for the one column: faster (measured:
+                # docs/benchmarks.md, "Choices measured in the code")
                 batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field],
                                                                 use_threads=False))
             for column in batches:

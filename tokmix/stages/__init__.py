@@ -70,8 +70,8 @@ class Context:
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
 # threads share one encoder, each call encoding on its caller's core, and the holdout stage reads its
-# streams on as many threads; a Ray task holds one CPU. (fastokens' own pool, shared by the workers, was no
-# faster: in 11 alternating whole runs on 2 cores its streams stage took ~6% longer.)
+# streams on as many threads; a Ray task holds one CPU. (fastokens' own pool, shared by the workers, was
+# slower: docs/benchmarks.md, "Choices measured in the code".)
 ENCODER_THREADS = 1
 
 

@@ -26,10 +26,11 @@ from tokmix.shards import (
     BlockFingerprinter,
     DamagedFile,
     TokenFileWriter,
+    block_tokens,
     file_checksum,
     fingerprints_path,
     read_json,
-    shard_blocks,
+    tokens_in_shard,
     write_bytes,
     write_json,
     write_record,
@@ -500,8 +501,8 @@ def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: 
     for k, n_blocks in enumerate(blocks):
         b0, b1 = bounds[k], bounds[k + 1]
         tasks.append(ShardTask(
-            str(layout_paths[k]), dtype.str, seq_len, n_blocks, n_blocks * seq_len + 1, b0.doc, b1.doc, b0.skip,
-            k > 0, tuple(streams), labels,
+            str(layout_paths[k]), dtype.str, seq_len, n_blocks, tokens_in_shard(n_blocks, seq_len), b0.doc, b1.doc,
+            b0.skip, k > 0, tuple(streams), labels,
             tuple(u.paths(c0.unit, c1.unit) for u, c0, c1 in zip(units, b0.cursors, b1.cursors)),
             tuple(Cursor(0, c.doc, c.token) for c in b0.cursors),
             str(docs_paths[k]) if origins is not None else None, origins))
@@ -557,8 +558,8 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     stream that the shards use."""
     recipe, layout = ctx.recipe, ctx.layout
     seq_len = recipe.layout.seq_len
-    plan = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
-    records: list[dict | None] = [_done(ctx, k, b * seq_len + 1) for k, b in enumerate(plan)]
+    plan = recipe.shard_blocks
+    records: list[dict | None] = [_done(ctx, k, tokens_in_shard(b, seq_len)) for k, b in enumerate(plan)]
     todo = [k for k, r in enumerate(records) if r is None]
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
@@ -621,7 +622,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         "vocab_size": ctx.vocab_size,
         "dtype": ctx.dtype.name,
         "seq_len": recipe.layout.seq_len,
-        "block": recipe.layout.seq_len + 1,
+        "block": block_tokens(recipe.layout.seq_len),
         "stride": recipe.layout.seq_len,
         "eot_id": ctx.delimiters.marker,  # the reference's key: the id that shows where documents meet
         "delimiters": ctx.delimiters.to_index(),

@@ -317,18 +317,18 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict], max_
 def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError | None:
     """None while a committed unit's files are cut as they were and have the sizes they had; otherwise they
     changed since the run started, resuming would mix documents of two versions of them, and this is the error
-    naming the file. (A record written before tokmix kept each file's size has only the unit's total.)"""
+    naming the file."""
     paths = [piece.path for piece in unit.pieces]
     cut = record["pieces"] == unit.describe()
     resized = [(piece.path, was, piece.file_bytes)
-               for piece, was in zip(unit.pieces, record.get("file_bytes", unit.file_bytes()))
+               for piece, was in zip(unit.pieces, record["file_bytes"])
                if was != piece.file_bytes]
-    if cut and not resized and record.get("size", unit.size) == unit.size:
+    if cut and not resized and record["size"] == unit.size:
         return None
     moved = [path for path, (was, *_) in zip(paths, record["pieces"]) if path != was]
     if moved or resized or len(paths) == 1:
         where = f"file {moved[0] if moved else resized[0][0] if resized else paths[0]}"
-    else:  # grouped small files, whose sizes an older record has only as their total
+    else:  # grouped small files: which one changed is not known
         where = f"a file of unit {unit.name} ({paths[0]} or {len(paths) - 1} more)"
     if resized and not moved:
         how = f"{resized[0][1]:,} bytes when unit {unit.name} was written, now {resized[0][2]:,}"

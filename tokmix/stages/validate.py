@@ -19,6 +19,7 @@ from tokmix.shards import (
     block_fingerprints,
     fingerprints_path,
     read_json,
+    tokens_in_shard,
 )
 
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
@@ -64,7 +65,7 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             previous_last = None  # unknown: the next shard's first token cannot be judged against it
             continue
         got = _scan(path, dtype)
-        want = shard["blocks"] * seq_len + 1
+        want = tokens_in_shard(shard["blocks"], seq_len)
         if got["tokens"] != want or shard["tokens"] != want:
             problems.append(f"{name}: {got['tokens']:,} tokens, expected {want:,} ({shard['blocks']:,} blocks)")
         if vocab is not None and got["max"] >= vocab:
