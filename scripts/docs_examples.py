@@ -147,6 +147,8 @@ EXAMPLES: dict[str, Callable[[Workspace], str]] = {
     "status": lambda ws: _finished(ws, "status", "run"),
     "inspect": lambda ws: _from(_finished(ws, "inspect", "run"), "shards"),
     "inspect-block": lambda ws: _finished(ws, "inspect", "run", "--shard", "1", "--block", "3"),
+    "trace-step": lambda ws: _finished(ws, "trace", "run", "--step", "2", "--rank", "1", "--world-size", "2"),
+    "trace-text": lambda ws: _finished(ws, "trace", "run", "--shard", "1", "--block", "3", "--text"),
     "report": lambda ws: _finished(ws, "report", "run"),
     "index": index_excerpt,
 }

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -20,8 +23,10 @@ from tokenizers import Tokenizer
 
 import tokmix
 from tests.corpus import make_inputs
+from tokmix.data import TrainBlocks
 from tokmix.provenance import DOC_DTYPE, file_documents, sources_of
 from tokmix.shards import Delimiters
+from tokmix.trace import token_block, trace_blocks
 
 UNIT_BYTES = 4000  # JSONL files cut into several units: a piece's lines continue its file's earlier pieces'
 
@@ -123,3 +128,84 @@ def test_provenance_off_writes_no_index_and_the_same_token_files(mixed_run, tmp_
     index = json.loads((out / "index.json").read_text())
     assert "provenance" not in index
     assert not [e for e in [*index["shards"], *index["val"].values()] if "provenance" in e]
+
+
+# ---------------------------------------------------------------------------- tokmix trace
+def tokmix_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The command as a user runs it, in `cwd` (source paths under it are shown relative to it)."""
+    return subprocess.run([sys.executable, "-m", "tokmix.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_random_blocks_are_their_traced_documents_read_again_from_the_sources(mixed_run):
+    """Every token of a block is its traced documents' tokens: each text read again by trace from its source,
+    checked against its CRC-32, framed by the delimiters, cut where the block cuts it."""
+    index = json.loads((mixed_run / "index.json").read_text())
+    tokenizer = Tokenizer.from_file(index["tokenizer"])
+    tokenizer.encode_special_tokens = True
+    delimiters, loader = Delimiters.from_index(index), TrainBlocks(mixed_run)
+    blocks = sorted(np.random.default_rng(7).choice(loader.blocks, 12, replace=False).tolist())
+    for block in trace_blocks(mixed_run, [*blocks, loader.blocks - 1], text=True):
+        got = loader.block(block.block).tolist()
+        assert [d.start for d in block.documents] == np.cumsum([0] + [d.tokens for d in block.documents])[:-1].tolist()
+        rebuilt = []
+        for doc in block.documents:
+            assert doc.text_ok and doc.text == source_text(doc.kind, doc.file, doc.place)
+            ids = framed(tokenizer, delimiters, doc.text)
+            rebuilt += ids[doc.offset : doc.offset + doc.tokens]
+            if doc.offset == 0 and doc.tokens == len(ids):  # whole in the block: decoded, it is its text
+                piece = tokenizer.decode(got[doc.start : doc.start + doc.tokens], skip_special_tokens=False)
+                assert piece == "<|endoftext|>" + doc.text
+        assert rebuilt == got, block.block
+
+
+def test_trace_step_gives_the_blocks_of_that_rank_and_step_as_the_loader_does(mixed_run):
+    for rank in range(2):
+        proc = tokmix_cli("trace", str(mixed_run), "--step", "5", "--rank", str(rank), "--world-size", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        traced = json.loads(proc.stdout)
+        x, _ = TrainBlocks(mixed_run, rank, 2).batch(5)
+        assert len(traced) == len(x)
+        for row, block in zip(x, traced):
+            shard = np.fromfile(mixed_run / block["file"], dtype=np.uint16)
+            assert shard[block["first_token"] : block["first_token"] + 64].tolist() == row.tolist()
+            assert sum(d["tokens"] for d in block["documents"]) == 65
+    table = tokmix_cli("trace", str(mixed_run), "--step", "5", cwd=mixed_run.parent)
+    assert table.returncode == 0 and "document tokens" in table.stdout
+    assert "corpus/dclm/part-0.parquet:row" in table.stdout  # paths under the working directory: relative
+
+
+def test_trace_token_marks_the_document_that_holds_it(mixed_run):
+    loader = TrainBlocks(mixed_run)
+    shard1 = int(loader.first_block[1]) * 64  # the first token of shard 1: the overlap token, shard 0's last
+    for token in (0, shard1, shard1 + 1, loader.blocks * 64):
+        block, at = token_block(mixed_run, token)
+        traced = trace_blocks(mixed_run, [block])[0]
+        holder = [d for d in traced.documents if d.start <= at < d.start + d.tokens]
+        assert len(holder) == 1
+        stream = np.concatenate([np.fromfile(p, np.uint16)[k > 0 :] for k, p in enumerate(loader.files)])
+        assert loader.block(block)[at] == stream[token]
+    proc = tokmix_cli("trace", str(mixed_run), "--token", str(shard1))
+    assert proc.returncode == 0 and "▶" in proc.stdout
+    assert "does not exist" in tokmix_cli("trace", str(mixed_run), "--token", str(10**9)).stderr
+
+
+def test_trace_text_names_a_document_whose_source_changed(mixed_run, tmp_path):
+    """--text reads through --mirror (here: a copy of the corpus in which one JSONL line was edited): the
+    edited document is shown CHANGED, the others ok."""
+    corpus = mixed_run.parent / "corpus"
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    docs = trace_blocks(mixed_run, range(TrainBlocks(mixed_run).blocks))
+    edu = next(d for b in docs for d in b.documents if d.kind == "jsonl" and d.place > 0)
+    path = copy / Path(edu.file).relative_to(corpus)
+    lines = path.read_bytes().split(b"\n")
+    record = json.loads(lines[edu.place])
+    record["text"] = record["text"].replace("e", "E", 1)
+    lines[edu.place] = json.dumps(record).encode()
+    path.write_bytes(b"\n".join(lines))
+    block = next(b for b in docs if edu in b.documents)
+    proc = tokmix_cli("trace", str(mixed_run), "--shard", str(block.shard), "--block", str(block.block_in_shard),
+                      "--text", "--mirror", f"{corpus}={copy}", cwd=mixed_run.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert "CHANGED" in proc.stdout and f"line {edu.place + 1}" in proc.stdout
+    assert proc.stdout.count("ok ") == len(block.documents) - 1

@@ -291,6 +291,58 @@ def inspect(
 
 
 @app.command()
+def trace(
+    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    step: int | None = typer.Option(None, "--step", help="the blocks of training step N (see --rank)"),
+    rank: int = typer.Option(0, "--rank", help="with --step: this rank's blocks"),
+    world_size: int = typer.Option(1, "--world-size", help="with --step: ranks sharing each step"),
+    skipped: int = typer.Option(0, "--skipped", help="with --step: steps the loader skipped before (NaN guard)"),
+    shard: int | None = typer.Option(None, "--shard", "-s", help="block --block of train shard K"),
+    block: int = typer.Option(0, "--block", "-b", help="with --shard: block J of the shard"),
+    token: int | None = typer.Option(None, "--token", help="the block of token T of the train stream"),
+    text: bool = typer.Option(False, "--text", help="read each document again from its source, check it against "
+                                                    "its recorded CRC-32 and show its first characters"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (one object per block) for scripts"),
+    mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: with --text, read files under PREFIX from a "
+                                              "local copy"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Which documents a training step, a block or a token came from: stream, file:row (or :line), text
+    checksum and tokens in the block, from the run's provenance index.
+    """
+    import json
+
+    from tokmix.trace import render_trace, shard_block, step_blocks, token_block, trace_blocks
+
+    try:
+        if sum(x is not None for x in (step, shard, token)) != 1:
+            raise TokmixError("name one of --step N, --shard K --block J or --token T")
+        marked = None
+        if step is not None:
+            blocks = step_blocks(out, step, rank, world_size, skipped)
+        elif token is not None:
+            first, marked = token_block(out, token)
+            blocks = [first]
+        else:
+            blocks = [shard_block(out, shard, block)]
+        mirrors = []
+        if mirror:  # (tokmix.sources imports pyarrow and fsspec: only when needed)
+            from tokmix.sources import parse_mirrors
+
+            mirrors = parse_mirrors(mirror)
+        traced = trace_blocks(out, blocks, text, mirrors)
+        if marked is not None:
+            traced[0].token = marked
+    except (TokmixError, OSError) as e:
+        _fail(e, debug)
+    if as_json:
+        print(json.dumps([b.to_json() for b in traced], indent=1))
+    else:
+        for table in render_trace(traced):
+            console.print(table)
+
+
+@app.command()
 def report(
     out: Path = typer.Argument(..., help="output directory of a finished run"),
     html: Path | None = typer.Option(None, "--html", "-o", help="where to write the report (default: OUT/report.html)"),

@@ -69,7 +69,7 @@ class TrainBlocks:
 
     def __init__(self, out_dir: str | os.PathLike, rank: int = 0, world_size: int = 1):
         self.root = Path(out_dir)
-        index = read_run_index(self.root)
+        self.index = index = read_run_index(self.root)
         for key in ("shards", "seqs_per_step", "train_steps"):
             if not index.get(key):
                 raise TokmixError(f"{self.root}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
@@ -147,9 +147,9 @@ class TrainBlocks:
         """Logical steps iteration yields: train_steps, or fewer if a short run's shards (or skips) run out."""
         return max(0, min(self.train_steps, self.physical_steps - self.skipped))
 
-    def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
-        """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).
-        rank and world_size default to the loader's own."""
+    def step_blocks(self, step: int, rank: int | None = None, world_size: int | None = None) -> range:
+        """The global blocks of logical `step` for one rank, in the order of its batch's rows. rank and world_size
+        default to the loader's own."""
         rank = self.rank if rank is None else rank
         world_size = self.world_size if world_size is None else world_size
         offset, per_rank = self._rank_slice(rank, world_size)
@@ -161,9 +161,16 @@ class TrainBlocks:
                 f"step {step}{f' (+{self.skipped} skipped)' if self.skipped else ''} is past the last block: the run "
                 f"has {self.blocks:,} blocks, {self.physical_steps:,} steps of {self.seqs_per_step}"
             )
-        x = np.empty((per_rank, self.seq_len), dtype=BATCH_DTYPE)
+        first = physical * self.seqs_per_step + offset
+        return range(first, first + per_rank)
+
+    def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
+        """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).
+        rank and world_size default to the loader's own."""
+        blocks = self.step_blocks(step, rank, world_size)
+        x = np.empty((len(blocks), self.seq_len), dtype=BATCH_DTYPE)
         y = np.empty_like(x)
-        self._fill(physical * self.seqs_per_step + offset, per_rank, x, y)
+        self._fill(blocks.start, len(blocks), x, y)
         return x, y
 
     def skip(self, n_steps: int) -> None:

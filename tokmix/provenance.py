@@ -115,3 +115,21 @@ def file_documents(root: Path, entry: dict[str, Any], sources: list[Source]) -> 
         raise TokmixError(f"{path}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
                           f"{entry['file']} {int(entry['tokens']):,}")
     return FileDocuments(records, ends, int(docs.get("skip", 0)), sources)
+
+
+class RunDocuments:
+    """A finished run's train documents, shard by shard (each shard's index read on first use), from its
+    index.json."""
+
+    def __init__(self, root: str | Path, index: dict[str, Any]):
+        self.root, self.index = Path(root), index
+        if "provenance" not in index:
+            raise TokmixError(f"{self.root / INDEX_NAME}: no provenance index (the run was made with [layout] "
+                              "provenance = false, or by a tokmix before it)")
+        self.sources = sources_of(index["provenance"]["sources"])
+        self._shards: dict[int, FileDocuments] = {}
+
+    def shard(self, k: int) -> FileDocuments:
+        if k not in self._shards:
+            self._shards[k] = file_documents(self.root, self.index["shards"][k], self.sources)
+        return self._shards[k]

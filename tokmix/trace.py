@@ -1,0 +1,169 @@
+"""`tokmix trace`: the documents of a training step (per rank), of a block or of a token, from the run's
+provenance index (tokmix.provenance): each one's stream, source file and row or line, text checksum and tokens in
+the block; with `text`, each document read again from its source and checked against its checksum."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from tokmix.data import TrainBlocks
+from tokmix.errors import TokmixError
+from tokmix.provenance import RunDocuments, Source, text_crc32
+
+PREVIEW_CHARS = 60  # of a document's text shown by --text
+
+
+@dataclass
+class TracedDocument:
+    index: int  # its position in its shard's index
+    stream: str
+    pass_no: int
+    kind: str
+    file: str
+    place: int  # row (parquet) or line (JSONL), 0-based
+    where: str  # file:row N / file:line N+1
+    crc32: int
+    start: int  # its first token in the block (0: it began at the block's start or before)
+    tokens: int  # its tokens in the block
+    offset: int  # its tokens before the block (in this shard or an earlier one)
+    shard_tokens: int  # its tokens in the shard
+    text: str | None = None  # with --text: its text read again from the source
+    text_ok: bool | None = None  # ... and whether its CRC-32 is the recorded one
+
+
+@dataclass
+class TracedBlock:
+    block: int  # of the run
+    shard: int
+    file: str
+    block_in_shard: int
+    first_token: int  # in the shard: the block is its tokens [first_token, first_token + seq_len + 1)
+    documents: list[TracedDocument]
+    token: int | None = None  # --token: the traced token's offset in the block
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def step_blocks(out_dir: str | os.PathLike, step: int, rank: int = 0, world_size: int = 1,
+                skipped: int = 0) -> list[int]:
+    """The global blocks TrainBlocks gives `rank` of `world_size` at logical `step` after `skipped` skips."""
+    loader = TrainBlocks(out_dir, rank, world_size)
+    loader.skip(skipped)
+    return list(loader.step_blocks(step))
+
+
+def token_block(out_dir: str | os.PathLike, token: int) -> tuple[int, int]:
+    """(block, offset in it) of token `token` of the run's train stream (each token once: a shard's overlap
+    token is the previous shard's last)."""
+    loader = TrainBlocks(out_dir)
+    total = loader.blocks * loader.seq_len + 1
+    if not 0 <= token < total:
+        raise TokmixError(f"token {token:,} does not exist: the run's train stream has {total:,} tokens")
+    block = min(token // loader.seq_len, loader.blocks - 1)
+    return block, token - block * loader.seq_len
+
+
+def shard_block(out_dir: str | os.PathLike, shard: int, block: int) -> int:
+    """The global block that is block `block` of train shard `shard`."""
+    loader = TrainBlocks(out_dir)
+    if not 0 <= shard < len(loader.files):
+        raise TokmixError(f"shard {shard}: the run has shards 0..{len(loader.files) - 1}")
+    blocks = int(loader.first_block[shard + 1] - loader.first_block[shard])
+    if not 0 <= block < blocks:
+        raise TokmixError(f"block {block}: {loader.files[shard].name} has blocks 0..{blocks - 1}")
+    return int(loader.first_block[shard]) + block
+
+
+def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = False,
+                 mirrors: list[tuple[str, str]] | None = None) -> list[TracedBlock]:
+    """Each block's documents, in the order of its tokens."""
+    loader = TrainBlocks(out_dir)
+    run = RunDocuments(loader.root, loader.index)
+    traced = []
+    for j in blocks:
+        k, first = loader.locate(j)
+        docs = run.shard(k)
+        lo, hi = first, first + loader.seq_len + 1
+        documents = []
+        for i in docs.overlapping(lo, hi).tolist():
+            start, end = int(docs.ends[i]) - int(docs.records["tokens"][i]), int(docs.ends[i])
+            record, source = docs.records[i], run.sources[int(docs.records[i]["source"])]
+            documents.append(TracedDocument(
+                i, source.stream, source.pass_no, source.kind, source.file, int(record["place"]),
+                source.where(int(record["place"])), int(record["crc32"]), max(start - lo, 0),
+                min(end, hi) - max(start, lo), max(lo - start, 0) + (docs.skip if i == 0 else 0),
+                int(record["tokens"])))
+        traced.append(TracedBlock(j, k, loader.files[k].name, j - int(loader.first_block[k]), first, documents))
+    if text:
+        fields = loader.index["provenance"]["text_fields"]
+        for block in traced:
+            for doc in block.documents:
+                source = Source(doc.stream, doc.pass_no, doc.kind, doc.file)
+                doc.text = read_document(source, doc.place, fields[doc.stream], mirrors or [])
+                doc.text_ok = int(text_crc32([doc.text])[0]) == doc.crc32
+    return traced
+
+
+def read_document(source: Source, place: int, field: str, mirrors: list[tuple[str, str]]) -> str:
+    """A document read again from its source file by tokmix's own readers: a parquet row from its row group
+    alone, a JSONL line by reading the file up to it, a text file whole."""
+    from tokmix.sources import Places, read_texts
+    from tokmix.sources.units import file_pieces
+
+    unit_bytes = 1 if source.kind == "parquet" else 1 << 62  # a parquet piece per row group
+    pieces = list(file_pieces(source.file, mirrors, unit_bytes, source.stream))
+    if source.kind == "parquet":
+        pieces = [p for p in pieces if p.first_row <= place][-1:]
+    places = Places()
+    for piece in pieces:
+        for text in read_texts(piece, field, source.stream, mirrors, places=places):
+            if places.take()[1] == place:
+                return text.utf8().decode("utf-8") if hasattr(text, "utf8") else text
+    raise TokmixError(f"{source.where(place)}: not in the file any more (it holds fewer documents)")
+
+
+def render_trace(blocks: list[TracedBlock]) -> list:
+    """A rich table per block: its documents in order."""
+    from rich.table import Table
+    from rich.text import Text
+
+    tables = []
+    for b in blocks:
+        title = (f"block {b.block:,} of the run: {b.file} block {b.block_in_shard:,} "
+                 f"(tokens {b.first_token:,} to {b.first_token + _span(b):,})")
+        if b.token is not None:
+            title += f"; token {b.token} of the block"
+        table = Table(title=title, title_justify="left")
+        columns = ["#", "stream", "source", "pass", "crc32", "block tokens", "document tokens"]
+        with_text = any(d.text is not None for d in b.documents)
+        for col in columns + (["text"] if with_text else []):
+            right = col in ("#", "pass", "block tokens", "document tokens")
+            table.add_column(col, justify="right" if right else "left",
+                             overflow="fold" if col in ("source", "text") else "ellipsis")
+        for d in b.documents:
+            here = f"{d.start}-{d.start + d.tokens}"  # half-open ranges, as Python slices
+            if b.token is not None and d.start <= b.token < d.start + d.tokens:
+                here = f"▶ {here}"
+            where = Source(d.stream, d.pass_no, d.kind, _shown(d.file)).where(d.place)
+            row = [str(d.index), d.stream, where, str(d.pass_no), f"{d.crc32:08x}", here,
+                   f"{d.offset:,}-{d.offset + d.tokens:,}"]
+            if with_text:
+                mark = Text("ok " if d.text_ok else "CHANGED ", style="green" if d.text_ok else "bold red")
+                row.append(mark + Text(repr(d.text[:PREVIEW_CHARS])[1:-1]))
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def _shown(path: str) -> str:
+    """A path under the working directory relative to it (the table's widest column), others as recorded."""
+    if "://" in path or not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def _span(block: TracedBlock) -> int:
+    return max((d.start + d.tokens for d in block.documents), default=1) - 1
