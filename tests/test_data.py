@@ -344,5 +344,5 @@ def test_the_loader_imports_numpy_and_the_format_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     tokmix_modules, heavy = out.splitlines()
-    assert set(eval(tokmix_modules)) <= {"tokmix", "tokmix.data", "tokmix.shards", "tokmix.errors"}
+    assert set(eval(tokmix_modules)) <= {"tokmix", "tokmix.data", "tokmix.shards", "tokmix.errors", "tokmix.provenance"}
     assert eval(heavy) == []

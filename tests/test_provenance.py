@@ -209,3 +209,24 @@ def test_trace_text_names_a_document_whose_source_changed(mixed_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "CHANGED" in proc.stdout and f"line {edu.place + 1}" in proc.stdout
     assert proc.stdout.count("ok ") == len(block.documents) - 1
+
+
+# ---------------------------------------------------------------------------- boundaries for training
+def test_document_segments_from_the_index_are_where_the_delimiters_are(mixed_run):
+    """Every step, both ranks: each row's segment starts from the index are 0 and the rows' document-start
+    delimiters (the default doc_prefix, <|endoftext|>); cu_seqlens and position ids follow from them."""
+    loader = TrainBlocks(mixed_run, 1, 2)
+    delimiters = Delimiters.from_index(loader.index)
+    for step in range(loader.physical_steps):
+        x, _ = loader.batch(step)
+        segments = loader.segments(step)
+        for row, starts in zip(x, segments.starts):
+            assert starts.tolist() == sorted({0, *delimiters.starts(row, None).tolist()})
+        bounds = [r * 64 + s for r, starts in enumerate(segments.starts) for s in starts.tolist()]
+        assert segments.cu_seqlens.dtype == np.int32
+        assert segments.cu_seqlens.tolist() == [*bounds, len(x) * 64]
+        assert segments.max_seqlen == int(np.diff(segments.cu_seqlens).max())
+        flat = segments.position_ids.reshape(-1)
+        assert flat[bounds].tolist() == [0] * len(bounds)
+        assert all(flat[i] == flat[i - 1] + 1 for i in range(1, len(flat)) if i not in set(bounds))
+    assert any(len(s) > 1 for step in range(loader.physical_steps) for s in loader.segments(step).starts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,41 @@ import numpy as np
 
 from tokmix import shards
 from tokmix.errors import TokmixError
+from tokmix.provenance import RunDocuments
 
 BATCH_DTYPE = np.int64
 STATE_VERSION = 1
 
 Batch = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Where documents meet in a batch's x (rows of seq_len tokens), for attention that stays inside a document
+    (flash-attn's varlen functions, a block-diagonal mask): a row's first segment starts at its first token
+    (inside a document or at its start), then one starts at every document start in the row.
+
+    - `starts[r]`: offsets in row r where its segments start (int64, first 0);
+    - `cu_seqlens`: int32 cumulative segment lengths over the batch flattened row after row (a row's end is a
+      segment's end), 0 first and rows * seq_len last: flash_attn_varlen_func's cu_seqlens;
+    - `max_seqlen`: the longest segment;
+    - `position_ids`: int64 (rows, seq_len), 0 at each segment's start, counting up to its end."""
+
+    starts: list[np.ndarray]
+    cu_seqlens: np.ndarray
+    max_seqlen: int
+    position_ids: np.ndarray
+
+
+def segments_of(starts: list[np.ndarray], seq_len: int) -> Segments:
+    """Segments from each row's segment starts."""
+    ends = [np.append(s[1:], seq_len) + r * seq_len for r, s in enumerate(starts)]  # each segment's end
+    cu = np.concatenate([[0], *ends]).astype(np.int32)
+    positions = np.empty((len(starts), seq_len), dtype=np.int64)
+    for r, s in enumerate(starts):
+        lengths = np.diff(np.append(s, seq_len))
+        positions[r] = np.arange(seq_len) - np.repeat(s, lengths)
+    return Segments(starts, cu, int(np.diff(cu).max()) if len(cu) > 1 else 0, positions)
 
 
 def read_run_index(out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -94,6 +125,7 @@ class TrainBlocks:
         self.step = 0  # the next logical step that iteration yields
         self.skipped = 0  # steps skipped so far: logical step s reads physical step s + skipped
         self._tokens: list[np.ndarray | None] = [None] * len(self.files)
+        self._documents: RunDocuments | None = None  # the provenance index, read on first use
 
     # ------------------------------------------------------------------ blocks
     def _shard(self, k: int) -> np.ndarray:
@@ -164,6 +196,18 @@ class TrainBlocks:
         first = physical * self.seqs_per_step + offset
         return range(first, first + per_rank)
 
+    def segments(self, step: int, rank: int | None = None, world_size: int | None = None) -> Segments:
+        """The document segments of batch(step, rank, world_size)'s x, from the run's provenance index (not by
+        looking for a delimiter id among the tokens: a document is where the index says it is)."""
+        return segments_of([self.block_starts(j) for j in self.step_blocks(step, rank, world_size)], self.seq_len)
+
+    def block_starts(self, j: int) -> np.ndarray:
+        """Where segments start among global block j's first seq_len tokens (its x): 0, then each document start."""
+        if self._documents is None:
+            self._documents = RunDocuments(self.root, self.index)
+        k, start = self.locate(j)
+        return self._documents.shard(k).segments(start, start + self.seq_len)
+
     def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
         """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).
         rank and world_size default to the loader's own."""
@@ -218,6 +262,7 @@ class TrainBlocks:
         # a memmap pickles as its whole contents; a DataLoader worker reopens the files instead
         state = self.__dict__.copy()
         state["_tokens"] = [None] * len(self.files)
+        state["_documents"] = None
         return state
 
 
