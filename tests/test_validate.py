@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tokmix.cli import app
+from tokmix.provenance import read_docs
 
 
 @pytest.fixture
@@ -214,3 +215,69 @@ def test_two_swapped_tokens_name_their_block(run):
     set_tokens(run, "train_001.bin", {at: int(tokens[at + 1]), at + 1: int(tokens[at])}, checksum=False)
     assert validate(run) == (1, ["train_001.bin: sha256 checksum differs from index.json (file changed or corrupt): "
                                  "block 10 (tokens 640-704)"])
+
+
+# ---------------------------------------------------------------------------- the provenance index
+def edit_documents(out: Path, name: str, change, checksum: bool = True) -> None:
+    """The records of provenance index `name` changed by `change`; its checksum in the index follows when
+    `checksum`, so only the check under test sees the change."""
+    path = out / name
+    records = read_docs(path)
+    change(records)
+    records.tofile(path)
+    if checksum:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        edit_index(out, lambda index: [e["provenance"].update(checksum=digest) for e in
+                                       [*index["shards"], *index["val"].values()] if e["provenance"]["file"] == name])
+
+
+def test_a_missing_provenance_index(run):
+    (run / "train_001.docs").unlink()
+    assert validate(run) == (1, ["train_001.docs: missing (the provenance index of train_001.bin)"])
+
+
+def test_a_flipped_byte_of_a_provenance_index(run):
+    def flip(records):
+        records["crc32"][3] ^= 1 << 9
+
+    edit_documents(run, "train_002.docs", flip, checksum=False)
+    assert validate(run) == (1, ["train_002.docs: sha256 checksum differs from index.json (file changed or corrupt)"])
+
+
+def test_a_truncated_provenance_index(run):
+    path = run / "val_edu.docs"
+    path.write_bytes(path.read_bytes()[:-16])
+    code, lines = validate(run)
+    assert code == 1 and lines[1].startswith("val_edu.docs: ") and "bytes, index.json records" in lines[1]
+    assert lines[0] == "val_edu.docs: sha256 checksum differs from index.json (file changed or corrupt)"
+
+
+def test_two_document_lengths_moved_in_a_provenance_index(run):
+    """One token moved from a document to the next: the same total, but not where the shard's documents start."""
+    def move(records):
+        records["tokens"][4] += 1
+        records["tokens"][5] -= 1
+
+    edit_documents(run, "train_001.docs", move)
+    starts = np.cumsum(read_docs(run / "train_001.docs")["tokens"], dtype=np.int64)
+    assert validate(run) == (1, [f"train_001.docs: its documents do not start where train_001.bin's delimiters do "
+                                 f"(first at token {int(starts[4]) - 1:,})"])
+
+
+def test_a_provenance_index_whose_tokens_are_not_its_files(run):
+    def grow(records):
+        records["tokens"][-1] += 3
+
+    edit_documents(run, "val_code.docs", grow)
+    assert validate(run) == (1, ["val_code.docs: its documents hold 3,004 tokens, val_code.bin 3,001"])
+
+
+def test_a_source_past_the_table_in_a_provenance_index(run):
+    sources = len(index_of(run)["provenance"]["sources"])
+
+    def retarget(records):
+        records["source"][2] = sources
+
+    edit_documents(run, "train_000.docs", retarget)
+    assert validate(run) == (1, [f"train_000.docs: document 2 names source {sources}, the table has {sources}"])
+

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix.provenance import DOC_DTYPE
 from tokmix.shards import (
     CHECKSUM,
     EOT_TOKEN,
@@ -25,10 +26,11 @@ from tokmix.shards import (
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
 
 
-def _scan(path: Path, dtype: np.dtype) -> dict:
-    """One sequential pass: token count, largest id, first and last token, checksum."""
+def _scan(path: Path, dtype: np.dtype, marker: int | None = None) -> dict:
+    """One sequential pass: token count, largest id, first and last token, checksum; with `marker`, where that
+    id is ("marks": the documents' delimiters, checked against the provenance index)."""
     h = hashlib.new(CHECKSUM)
-    n, top, first, last = 0, -1, None, None
+    n, top, first, last, marks = 0, -1, None, None, []
     with open(path, "rb") as f:
         while data := f.read(READ_CHUNK_BYTES - READ_CHUNK_BYTES % dtype.itemsize):
             h.update(data)
@@ -37,8 +39,11 @@ def _scan(path: Path, dtype: np.dtype) -> dict:
                 top = max(top, int(chunk.max()))
                 first = int(chunk[0]) if first is None else first
                 last = int(chunk[-1])
+                if marker is not None:
+                    marks.append(np.flatnonzero(chunk == marker) + n)
             n += len(chunk)
-    return {"tokens": n, "max": top, "first": first, "last": last, "checksum": h.hexdigest()}
+    return {"tokens": n, "max": top, "first": first, "last": last, "checksum": h.hexdigest(),
+            "marks": np.concatenate(marks) if marks else np.empty(0, np.int64)}
 
 
 def _starts_a_document(name: str, first: int | None, index: dict) -> list[str]:
@@ -64,7 +69,7 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             problems.append(f"{name}: {path.stat().st_size} bytes is not a whole number of {dtype} tokens")
             previous_last = None  # unknown: the next shard's first token cannot be judged against it
             continue
-        got = _scan(path, dtype)
+        got = _scan(path, dtype, _marker(index, shard))
         want = tokens_in_shard(shard["blocks"], seq_len)
         if got["tokens"] != want or shard["tokens"] != want:
             problems.append(f"{name}: {got['tokens']:,} tokens, expected {want:,} ({shard['blocks']:,} blocks)")
@@ -81,6 +86,9 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
         counted = sum(shard.get("tokens_by_stream", {}).values())
         if counted != want - (k > 0):
             problems.append(f"{name}: tokens_by_stream sums to {counted:,}, expected {want - (k > 0):,}")
+        if got["tokens"] == want:  # (a shard of the wrong size is named above: its index cannot be judged)
+            problems += _check_documents(root, shard, got, index, len(index["provenance"]["sources"])
+                                         if "provenance" in shard else 0)
         previous_last = got["last"]
     return problems
 
@@ -110,7 +118,7 @@ def _check_holdouts(root: Path, index: dict, dtype: np.dtype, vocab: int | None)
         if not path.exists():
             problems.append(f"{entry['file']}: missing (holdout {domain})")
             continue
-        got = _scan(path, dtype)
+        got = _scan(path, dtype, _marker(index, entry))
         if got["tokens"] != entry["tokens"]:
             problems.append(f"{entry['file']}: {got['tokens']:,} tokens, index.json says {entry['tokens']:,}")
         if vocab is not None and got["max"] >= vocab:
@@ -118,6 +126,54 @@ def _check_holdouts(root: Path, index: dict, dtype: np.dtype, vocab: int | None)
         if "checksum" in entry and got["checksum"] != entry["checksum"]:
             problems.append(f"{entry['file']}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
         problems += _starts_a_document(entry["file"], got["first"], index)
+        if got["tokens"] == entry["tokens"]:
+            problems += _check_documents(root, entry, got, index,
+                                         len(entry.get("provenance", {}).get("sources", [])))
+    return problems
+
+
+# ---------------------------------------------------------------------------- the provenance index
+def _marker(index: dict, entry: dict) -> int | None:
+    """The id whose places validate compares with the token file's provenance index, when it has one."""
+    return Delimiters.from_index(index).marker if "provenance" in entry else None
+
+
+def _check_documents(root: Path, entry: dict, scanned: dict, index: dict, sources: int) -> list[str]:
+    """A token file's provenance index against its record (checksum, size), its sources table and the file:
+    its documents hold the file's tokens, and they start where the delimiters say documents start (a
+    doc_prefix's first token at a start, a doc_suffix's last just before one)."""
+    docs = entry.get("provenance")
+    if docs is None:
+        return []
+    name, path = docs["file"], root / docs["file"]
+    if not path.exists():
+        return [f"{name}: missing (the provenance index of {entry['file']})"]
+    data = path.read_bytes()
+    problems = []
+    if hashlib.new(CHECKSUM, data).hexdigest() != docs.get("checksum"):
+        problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
+    if len(data) % DOC_DTYPE.itemsize or len(data) // DOC_DTYPE.itemsize != docs.get("documents"):
+        return problems + [f"{name}: {len(data):,} bytes, index.json records {docs.get('documents'):,} documents "
+                           f"of {DOC_DTYPE.itemsize} bytes"]
+    records = np.frombuffer(data, dtype=DOC_DTYPE)
+    ends = np.cumsum(records["tokens"], dtype=np.int64)
+    if not len(ends) or int(ends[-1]) != scanned["tokens"]:
+        return problems + [f"{name}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
+                           f"{entry['file']} {scanned['tokens']:,}"]
+    if len(records) and int(records["source"].max()) >= sources:
+        bad = int(np.argmax(records["source"] >= sources))
+        problems.append(f"{name}: document {bad} names source {int(records['source'][bad])}, the table has {sources}")
+    delimiters = Delimiters.from_index(index)
+    found = scanned["marks"] if delimiters.prefix else scanned["marks"] + 1
+    found = found[(found > 0) & (found < scanned["tokens"])]
+    starts = ends[:-1]
+    if not np.array_equal(found, starts):
+        n = min(len(found), len(starts))
+        differ = np.flatnonzero(found[:n] != starts[:n])
+        at = int(min(found[differ[0]], starts[differ[0]]) if len(differ) else
+                 found[n] if len(found) > n else starts[n])
+        problems.append(f"{name}: its documents do not start where {entry['file']}'s delimiters do "
+                        f"(first at token {at:,})")
     return problems
 
 
