@@ -230,3 +230,54 @@ def test_document_segments_from_the_index_are_where_the_delimiters_are(mixed_run
         assert flat[bounds].tolist() == [0] * len(bounds)
         assert all(flat[i] == flat[i - 1] + 1 for i in range(1, len(flat)) if i not in set(bounds))
     assert any(len(s) > 1 for step in range(loader.physical_steps) for s in loader.segments(step).starts)
+
+
+# ---------------------------------------------------------------------------- the Megatron export
+def test_the_megatron_export_has_one_sequence_per_source_document(mixed_run, tmp_path):
+    """Read back by the test's own .idx reader: each sequence is one document of the index, the whole of its
+    source text framed by the delimiters (the run's last cut where the blocks end), across shard boundaries too."""
+    from tests.test_export import read_megatron
+    from tokmix.export import export_megatron, train_stream
+
+    index = json.loads((mixed_run / "index.json").read_text())
+    tokenizer = Tokenizer.from_file(index["tokenizer"])
+    tokenizer.encode_special_tokens = True
+    delimiters = Delimiters.from_index(index)
+    export_megatron(mixed_run, tmp_path / "gptu")
+    _, doc_index, sequences = read_megatron(tmp_path / "gptu")
+    assert doc_index.tolist() == list(range(len(sequences) + 1))
+    stream = np.concatenate(list(train_stream(TrainBlocks(mixed_run))))
+    assert np.array_equal(np.concatenate(sequences), stream)
+    sources = sources_of(index["provenance"]["sources"])
+    origins = []  # each document of the train stream once: a shard's first continues the previous shard's last
+    for k, entry in enumerate(index["shards"]):
+        records = file_documents(mixed_run, entry, sources).records
+        origins += [(int(r["source"]), int(r["place"])) for r in records[1 if k else 0 :]]
+    assert len(origins) == len(sequences)
+    for n, ((source, place), sequence) in enumerate(zip(origins, sequences)):
+        s = sources[source]
+        whole = framed(tokenizer, delimiters, source_text(s.kind, s.file, place))
+        assert sequence.tolist() == (whole if n < len(sequences) - 1 else whole[: len(sequence)])
+    for domain, entry in index["val"].items():
+        _, _, held = read_megatron(tmp_path / f"gptu_val_{domain}")
+        assert [len(d) for d in held] == file_documents(mixed_run, entry, []).records["tokens"].tolist()
+
+
+def test_a_damaged_index_is_refused_by_the_export_trace_and_the_loader(mixed_run, tmp_path):
+    """One token moved from a document to the next keeps the index's total: its checksum names it."""
+    from tokmix.export import export_megatron
+
+    out = tmp_path / "out"
+    shutil.copytree(mixed_run, out, ignore=shutil.ignore_patterns("streams"))
+    records = np.fromfile(out / "train_001.docs", DOC_DTYPE)
+    records["tokens"][3] += 1
+    records["tokens"][4] -= 1
+    records.tofile(out / "train_001.docs")
+    damaged = f"{out / 'train_001.docs'}: damaged (sha256 differs from index.json)"
+    with pytest.raises(tokmix.TokmixError, match=re.escape(damaged)):
+        export_megatron(out, tmp_path / "gptu")
+    with pytest.raises(tokmix.TokmixError, match=re.escape(damaged)):
+        trace_blocks(out, [TrainBlocks(out).first_block[1]])
+    with pytest.raises(tokmix.TokmixError, match=re.escape(damaged)):
+        TrainBlocks(out).block_starts(int(TrainBlocks(out).first_block[1]))
+    assert not list(tmp_path.glob("gptu*"))

@@ -4,12 +4,12 @@ committed atomically, so memory stays bounded whatever the run's size and a kill
 half-written under its final name.
 
 Megatron: the train token stream (shard 0 whole, every later shard without its first token, which repeats the
-previous shard's last) is cut where documents meet (before each doc_prefix, after each doc_suffix), so each
-document appears once with its delimiters as in the shards: the documents concatenated are the train stream token
-for token. The last document is cut where the run's last block ends, as in the shards. Tokens are written as
-Megatron's preprocess writes them: uint16 for a vocabulary under 65,500 ids, int32 from there on
-(DType.optimal_dtype in megatron/core/datasets/indexed_dataset.py). Holdouts are written the same way as
-`<prefix>_val_<domain>`.
+previous shard's last) is cut where the provenance index says documents meet (a run without one: before each
+doc_prefix, after each doc_suffix), so each document appears once with its delimiters as in the shards: the
+documents concatenated are the train stream token for token. The last document is cut where the run's last block
+ends, as in the shards. Tokens are written as Megatron's preprocess writes them: uint16 for a vocabulary under
+65,500 ids, int32 from there on (DType.optimal_dtype in megatron/core/datasets/indexed_dataset.py). Holdouts are
+written the same way as `<prefix>_val_<domain>`.
 
 llm.c: each train shard and holdout is copied token for token behind llm.c's 256-int32 header: "gpt-2"'s
 (magic 20240520, version 1) for uint16 tokens, "llama-3"'s (20240801, version 7) for uint32 ones
@@ -29,6 +29,7 @@ import numpy as np
 from tokmix import shards
 from tokmix.data import TrainBlocks, check_token_file, read_run_index
 from tokmix.errors import TokmixError
+from tokmix.provenance import file_documents, sources_of
 
 FORMATS = ("megatron", "llmc")
 
@@ -134,22 +135,40 @@ class _DocumentSplitter:
             return starts
         lengths = np.diff(starts) if self.start is None else np.diff(starts, prepend=self.start)
         self.start = int(starts[-1])
-        return self._count(lengths)
+        return self.count(lengths)
 
     def finish(self) -> np.ndarray:
         if self.start is None:
             raise TokmixError("no tokens to export")
-        return self._count(np.array([self.tokens - self.start]))
+        return self.count(np.array([self.tokens - self.start]))
 
-    def _count(self, lengths: np.ndarray) -> np.ndarray:
+    def count(self, lengths: np.ndarray) -> np.ndarray:
         if len(lengths) and int(lengths.max()) > np.iinfo(np.int32).max:
             raise TokmixError(f"a document of {int(lengths.max()):,} tokens exceeds Megatron's int32 lengths")
         self.documents += len(lengths)
         return lengths
 
 
+def index_lengths(out_dir: Path, entries: list[dict], sources: list) -> Iterator[np.ndarray]:
+    """The documents' lengths in the token stream of `entries` (the train shards, or one holdout) from their
+    provenance index: a shard's first document goes on from the previous shard's last, which ends with the
+    overlap token they share (counted once)."""
+    carry = None
+    for entry in entries:
+        lengths = file_documents(out_dir, entry, sources).records["tokens"].astype(np.int64)
+        if carry is not None:
+            lengths[0] += carry - 1
+        carry = int(lengths[-1])
+        if len(lengths) > 1:
+            yield lengths[:-1]
+    if carry is not None:
+        yield np.array([carry])
+
+
 def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: shards.Delimiters, prefix: Path,
-                    chunk_bytes: int) -> list[Path]:
+                    chunk_bytes: int, documents: Iterator[np.ndarray] | None = None) -> list[Path]:
+    """The .bin and .idx of a token stream: one sequence per document, its documents' lengths from `documents`
+    (the provenance index) or, without, cut where the delimiters say."""
     bin_path, idx_path = prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
     limit = np.iinfo(dtype).max
     # document lengths are spooled to disk, 4 bytes a document, so a corpus of any size exports in bounded memory
@@ -157,12 +176,24 @@ def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: s
     splitter = _DocumentSplitter(delimiters)
     try:
         with _AtomicFile(bin_path) as f, open(spool, "wb") as lengths:
+            written = 0
             for chunk in chunks:
                 if chunk.dtype != dtype and int(chunk.max()) > limit:
                     raise TokmixError(f"token id {int(chunk.max())} does not fit Megatron's {dtype.name}")
-                lengths.write(splitter.feed(chunk).astype("<i4").tobytes())
+                if documents is None:
+                    lengths.write(splitter.feed(chunk).astype("<i4").tobytes())
                 f.write(chunk.astype(dtype, copy=False).tobytes())
-            lengths.write(splitter.finish().astype("<i4").tobytes())
+                written += len(chunk)
+            if documents is None:
+                lengths.write(splitter.finish().astype("<i4").tobytes())
+            else:
+                held = 0
+                for part in documents:
+                    lengths.write(splitter.count(part).astype("<i4").tobytes())
+                    held += int(part.sum())
+                if held != written:
+                    raise TokmixError(f"{prefix}: the provenance index's documents hold {held:,} tokens, the "
+                                      f"token stream {written:,}")
         _write_megatron_index(idx_path, spool, splitter.documents, dtype, chunk_bytes // 8 or 1)
     finally:
         spool.unlink(missing_ok=True)
@@ -203,11 +234,17 @@ def export_megatron(
     # an index without vocab_size: the largest vocabulary the run's dtype holds
     dtype = megatron_token_dtype(index.get("vocab_size") or np.iinfo(blocks.dtype).max + 1)
     delimiters = shards.Delimiters.from_index(index)
-    written = _write_megatron(train_stream(blocks, chunk_bytes), dtype, delimiters, prefix, chunk_bytes)
+    # documents where the provenance index says they are; a run without one is cut at its delimiters
+    traced = "provenance" in index
+    documents = index_lengths(out_dir, index["shards"], sources_of(index["provenance"]["sources"])) if traced \
+        else None
+    written = _write_megatron(train_stream(blocks, chunk_bytes), dtype, delimiters, prefix, chunk_bytes, documents)
     for domain, path, _ in _holdout_files(out_dir):
         chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
+        entry = index["val"][domain]
+        documents = index_lengths(out_dir, [entry], sources_of(entry["provenance"]["sources"])) if traced else None
         written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
-                                   chunk_bytes)
+                                   chunk_bytes, documents)
     return written
 
 
