@@ -64,8 +64,9 @@ def peak_rss() -> int:
 
 
 def _plan(work: Path, tokens: float, interleave: str):
+    from tokmix.interleave import Labels, interleave_order
     from tokmix.shards import shard_blocks, write_tokens
-    from tokmix.stages.assemble import Labels, StreamUnits, interleave_order, plan_tasks
+    from tokmix.stages.assemble import StreamUnits, plan_tasks
 
     metas = json.loads((work / "streams.json").read_text())
     blocks = int((tokens - 1) // SEQ_LEN)

@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 
 from tokmix.errors import TokmixError
+from tokmix.interleave import CHUNK_DOCS, Labels, chunked_order, interleave_labels, interleave_order
 from tokmix.shards import LENGTH_DTYPE, block_fingerprints, fingerprints_path
-from tokmix.stages.assemble import (
-    GATHER_TOKENS,
-    INTERLEAVE_CHUNK,
-    Labels,
-    StreamUnits,
-    chunked_order,
-    interleave_labels,
-    interleave_order,
-    plan_tasks,
-    write_shard,
-)
+from tokmix.stages.assemble import GATHER_TOKENS, StreamUnits, plan_tasks, write_shard
 
 SEQ_LEN = 1024
 
@@ -153,16 +144,16 @@ def test_a_shard_writer_holds_one_gather_buffer_not_its_unit_files(tmp_path):
 
 
 def test_the_chunked_interleave_gives_every_stream_exactly_its_documents_in_any_range():
-    docs = (3 * INTERLEAVE_CHUNK + 17, INTERLEAVE_CHUNK // 3, 5, 0, 2 * INTERLEAVE_CHUNK + 1)
+    docs = (3 * CHUNK_DOCS + 17, CHUNK_DOCS // 3, 5, 0, 2 * CHUNK_DOCS + 1)
     whole = interleave_labels(list(docs), 7, "chunked")
     assert np.array_equal(np.bincount(whole, minlength=len(docs)), docs)
     # spread evenly: every chunk-sized window holds each stream's share to within a few documents
     total = sum(docs)
-    for lo in range(0, total - INTERLEAVE_CHUNK, INTERLEAVE_CHUNK):
-        counts = np.bincount(whole[lo : lo + INTERLEAVE_CHUNK], minlength=len(docs))
-        share = np.array(docs) * INTERLEAVE_CHUNK / total
+    for lo in range(0, total - CHUNK_DOCS, CHUNK_DOCS):
+        counts = np.bincount(whole[lo : lo + CHUNK_DOCS], minlength=len(docs))
+        share = np.array(docs) * CHUNK_DOCS / total
         assert np.all(np.abs(counts - share) <= 3 + 4 * np.sqrt(share)), (lo, counts, share)
-    for start, stop in [(0, 10), (INTERLEAVE_CHUNK - 3, INTERLEAVE_CHUNK + 4), (123_457, 3 * INTERLEAVE_CHUNK),
+    for start, stop in [(0, 10), (CHUNK_DOCS - 3, CHUNK_DOCS + 4), (123_457, 3 * CHUNK_DOCS),
                         (total - 9, total)]:
         assert np.array_equal(chunked_order(docs, 7, start, stop), whole[start:stop])
     assert not np.array_equal(whole, interleave_order(list(docs), 7))

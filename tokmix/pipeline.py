@@ -22,9 +22,10 @@ from tokmix.backends import can_cut_documents, choose_backend, installed_backend
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
+from tokmix.manifest import build_index
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
-from tokmix.runner import ERROR_EXIT_CODE, RunOptions, _interrupt, load_recorded_recipe, log
+from tokmix.runner import ERROR_EXIT_CODE, RunOptions, interrupt, load_recorded_recipe, log
 from tokmix.shards import (
     DamagedFile,
     Layout,
@@ -36,7 +37,7 @@ from tokmix.shards import (
 )
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
-from tokmix.stages.assemble import build_index, run_assemble
+from tokmix.stages.assemble import provenance_entry, run_assemble
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
@@ -319,7 +320,8 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     timings.add("streams", time.perf_counter() - t0)
     t0 = time.perf_counter()
     shards, used = run_assemble(ctx, metas)
-    index = build_index(ctx, val, metas, shards, used)
+    provenance = provenance_entry(ctx) if ctx.recipe.layout.provenance else None
+    index = build_index(ctx, val, metas, shards, used, provenance)
     fault_point("assemble:before-index")
     ctx.layout.write_index(index)
     timings.add("assemble", time.perf_counter() - t0)
@@ -386,7 +388,7 @@ def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
 def child_main(out_dir: str, report_fd: int | None = None) -> int:
     layout = Layout(out_dir)
     options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
                         with_supervisor=options.guard_counts_supervisor)
     try:

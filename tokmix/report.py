@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.interleave import interleave_labels
 from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, write_bytes
 from tokmix.summary import passes
 
@@ -46,8 +47,6 @@ class StreamFacts:
 def interleave_order(index: dict) -> np.ndarray:
     """The stream (its position in the recipe) of every document in the shards, in shard order: the
     assemble stage's seeded shuffle of one label per document of each stream."""
-    from tokmix.stages.assemble import interleave_labels
-
     docs = [meta["docs"] for meta in index["mix"]["streams"].values()]
     return interleave_labels(docs, index["seed"], index["mix"].get("interleave", "global"))
 

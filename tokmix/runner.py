@@ -244,7 +244,7 @@ def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:
     finally:
         os.close(write_end)
     lock.name_stage_process(proc.pid)
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+    previous = signal.signal(signal.SIGTERM, interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
         code = proc.wait()
@@ -264,5 +264,6 @@ def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:
     return code, message
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does (committed work is kept)."""
     raise KeyboardInterrupt

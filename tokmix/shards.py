@@ -347,6 +347,11 @@ class Layout:
                 tmp.unlink()
 
 
+    def holdout_copies(self, kind: str) -> Path:
+        """Every domain's holdout documents in one sorted array, "hashes" (of their texts) or "lengths" (in
+        characters): written by the holdout stage, read by the streams stage to drop exact copies."""
+        return self.state / f"holdout.{kind}.npy"
+
     def shard_record(self, shard_file: str) -> Path:
         """What the assemble stage recorded of a shard it committed (tokens by stream, checksum)."""
         return self.state / "shards" / f"{shard_file}.json"

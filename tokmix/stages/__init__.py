@@ -73,6 +73,9 @@ class Context:
 # streams on as many threads; a Ray task holds one CPU. (fastokens' own pool, shared by the workers, was
 # slower: docs/benchmarks.md, "Choices measured in the code".)
 ENCODER_THREADS = 1
+# Units (or shards) dispatched per worker and not yet committed: the streams and assemble stages' window, which
+# bounds their memory and what a kill loses.
+UNITS_IN_FLIGHT_PER_WORKER = 2
 
 
 _cache: dict[tuple, Any] = {}  # per process (the stage process, or a Ray worker): what tasks build once

@@ -17,16 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix import __version__
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.interleave import Labels, interleave_order
 from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
     LENGTH_DTYPE,
     BlockFingerprinter,
     DamagedFile,
     TokenFileWriter,
-    block_tokens,
     file_checksum,
     fingerprints_path,
     read_json,
@@ -36,82 +35,11 @@ from tokmix.shards import (
     write_record,
     write_tokens,
 )
-from tokmix.stages import Context, drop_cached
-from tokmix.stages.passes import passes_used
-from tokmix.stages.streams import UNITS_IN_FLIGHT_PER_WORKER, units_dir
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, drop_cached
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time
-INTERLEAVE_CHUNK = 1 << 20  # documents of the interleave read (or, "chunked", shuffled) at a time
-
-
-# ---------------------------------------------------------------------------- the interleave
-def interleave_order(docs_per_stream: list[int], seed: int) -> np.ndarray:
-    """The stream (its position in the recipe) of every document in train order: one label per document,
-    shuffled with np.random.default_rng(seed), as the reference does. One byte per document, in one process."""
-    order = np.empty(sum(docs_per_stream), dtype=np.uint8)  # filled in place: no second copy at the peak
-    for s, (lo, hi) in enumerate(itertools.pairwise(np.cumsum([0, *docs_per_stream]).tolist())):
-        order[lo:hi] = s
-    np.random.default_rng(seed).shuffle(order)
-    return order
-
-
-def _chunk_starts(docs: tuple[int, ...], chunks: int, c: int) -> list[int]:
-    """Documents of each stream in the first c chunks of the chunked interleave: stream s's n documents are
-    spread so that chunks [0, c) hold floor(n * c / chunks) of them, every one exactly once."""
-    return [n * c // chunks for n in docs]
-
-
-def chunked_order(docs: tuple[int, ...], seed: int, start: int, stop: int) -> np.ndarray:
-    """Documents [start, stop) of the chunked interleave: the documents cut into chunks of ~INTERLEAVE_CHUNK,
-    each holding every stream's share of them (to within one document), shuffled on its own by the chunk's
-    child of SeedSequence(seed) (spawn_key (chunk,): independent of the global order's stream, also for a run
-    of one chunk). Any range is computed from the counts alone."""
-    total = sum(docs)
-    chunks = max(1, -(-total // INTERLEAVE_CHUNK))
-    c = min(start * chunks // max(total, 1), chunks - 1)
-    while c > 0 and sum(_chunk_starts(docs, chunks, c)) > start:
-        c -= 1
-    while c < chunks and sum(_chunk_starts(docs, chunks, c + 1)) <= start:
-        c += 1
-    pieces, at = [], sum(_chunk_starts(docs, chunks, c))
-    while at < stop and c < chunks:
-        lo, hi = _chunk_starts(docs, chunks, c), _chunk_starts(docs, chunks, c + 1)
-        labels = np.concatenate([np.full(b - a, s, dtype=np.uint8) for s, (a, b) in enumerate(zip(lo, hi))])
-        np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(c,))).shuffle(labels)
-        pieces.append(labels[max(start - at, 0) : stop - at])
-        at, c = at + len(labels), c + 1
-    return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint8)
-
-
-@dataclass(frozen=True)
-class Labels:
-    """The stream of each document in train order, read a range at a time. "global" is the reference's
-    shuffle, written once to `path` by the driver (one byte per document); "chunked" is computed per range."""
-
-    kind: str
-    docs: tuple[int, ...]  # documents of each stream
-    seed: int
-    path: str | None = None
-
-    @property
-    def total(self) -> int:
-        return sum(self.docs)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        stop = min(stop, self.total)
-        if start >= stop:
-            return np.empty(0, dtype=np.uint8)
-        if self.kind == "chunked":
-            return chunked_order(self.docs, self.seed, start, stop)
-        return np.fromfile(self.path, dtype=np.uint8, count=stop - start, offset=start)
-
-
-def interleave_labels(docs: list[int], seed: int, kind: str) -> np.ndarray:
-    """Every document's stream, in train order, for either interleave (what a report reads)."""
-    if kind == "chunked":
-        return chunked_order(tuple(docs), seed, 0, sum(docs))
-    return interleave_order(docs, seed)
+INTERLEAVE_CHUNK = 1 << 20  # documents of the interleave read at a time
 
 
 # ---------------------------------------------------------------------------- reading a stream's units in order
@@ -324,7 +252,7 @@ def run_origins(ctx: Context, metas: dict[str, dict]) -> tuple[StreamOrigins, ..
     """Every stream's origins, numbering the run's sources stream by stream (recipe order), pass by pass."""
     out, first = [], 0
     for name in ctx.recipe.streams:
-        origins = stream_origins(units_dir(ctx, name), metas[name]["units"], first)
+        origins = stream_origins(ctx.layout.units(name), metas[name]["units"], first)
         out.append(origins)
         first += len(origins.files) * origins.passes
     return tuple(out)
@@ -575,7 +503,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
         return records, used
     t0 = time.perf_counter()
     (layout.state / "shards").mkdir(parents=True, exist_ok=True)
-    streams = {name: StreamUnits(units_dir(ctx, name), metas[name]["units"]) for name in recipe.streams}
+    streams = {name: StreamUnits(ctx.layout.units(name), metas[name]["units"]) for name in recipe.streams}
     held = sum(metas[name]["tokens"] for name in recipe.streams)
     if held < recipe.train_tokens:
         raise TokmixError(f"streams hold {held:,} tokens, fewer than the {recipe.train_tokens:,} "
@@ -585,7 +513,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     paths = [layout.train(k) for k in range(len(plan))]
     tasks, used = plan_tasks(paths, ctx.dtype, seq_len, plan, streams, labels, origins, list(map(layout.docs, paths)))
     write_json(used_path, used)
-    if origins is not None:  # the index's table of sources, for build_index
+    if origins is not None:  # the index's table of sources, for tokmix.manifest.build_index
         write_record(sources_path, {"sources": [entry for o in origins for entry in o.sources()]})
     tasks = {k: tasks[k] for k in todo}
     executor, queue, pending = ctx.pool, iter(tasks.items()), {}
@@ -604,67 +532,6 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
             ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
     ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")
     return records, used
-
-
-def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int]) -> dict:
-    """index.json as the reference writes it, plus what tokmix adds (the tokenizer's checksum, tokmix's version,
-    vocab size, shard checksums, decontamination)."""
-    recipe = ctx.recipe
-    names = list(recipe.streams)
-    by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
-    total = sum(by_stream.values())
-    by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
-    summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
-    return {
-        "tokenizer": ctx.tokenizer_path,
-        "tokenizer_sha256": ctx.tokenizer_sha256,
-        "tokmix_version": __version__,
-        "vocab_size": ctx.vocab_size,
-        "dtype": ctx.dtype.name,
-        "seq_len": recipe.layout.seq_len,
-        "block": block_tokens(recipe.layout.seq_len),
-        "stride": recipe.layout.seq_len,
-        "eot_id": ctx.delimiters.marker,  # the reference's key: the id that shows where documents meet
-        "delimiters": ctx.delimiters.to_index(),
-        "delimiter_tokens": {"prefix": recipe.tokenizer.doc_prefix, "suffix": recipe.tokenizer.doc_suffix},
-        "seed": recipe.seed,
-        "recipe_fingerprint": recipe.fingerprint(),
-        "mix": {
-            "method": "each stream tokenized to its token budget, documents interleaved in a seeded random order "
-            "(per-document sampling at fixed proportions)",
-            "target_share_by_stream": {n: s.share for n, s in recipe.streams.items()},
-            "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
-            "streams": summary,
-            "documents_used": used,
-            # epochs of each stream's train documents in the shards: its tokens there over one pass's tokens
-            "passes_by_stream": {n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
-            "interleave": recipe.layout.interleave,
-        },
-        "blocks": recipe.blocks,
-        "train_steps": recipe.layout.steps,
-        "seqs_per_step": recipe.layout.seqs_per_step,
-        "margin_steps": recipe.layout.margin_steps if recipe.blocks == recipe.default_blocks else 0,
-        "shards": shards,
-        "total": {
-            "tokens": total,
-            "tokens_by_stream": by_stream,
-            "tokens_by_domain": by_domain,
-            "share_by_stream": {n: by_stream[n] / total for n in names},
-            "share_by_domain": {d: by_domain[d] / total for d in recipe.domains},
-        },
-        "decontamination": {
-            "enabled": recipe.holdout.decontaminate,
-            "dropped_by_stream": {n: metas[n]["dropped_holdout_duplicates"] for n in names},
-        },
-        "throughput": {
-            "tok_s_end_to_end_by_stream": {n: metas[n]["tok_s_end_to_end"] for n in names},
-            "tok_s_tokenizer_capacity_by_stream": {n: metas[n]["tok_s_tokenizer_capacity"] for n in names},
-            "num_proc": ctx.workers,
-            "backend": ctx.backend,
-        },
-        "val": val,
-        **({"provenance": provenance_entry(ctx)} if recipe.layout.provenance else {}),
-    }
 
 
 def provenance_entry(ctx: Context) -> dict:

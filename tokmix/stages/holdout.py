@@ -70,8 +70,6 @@ def holdout_damage(ctx: Context, domain: str, entry: dict) -> str | None:
     if record is None:
         return f"{record_path(ctx, domain).name} is missing"
     for path in (hashes_path(ctx, domain), lengths_path(ctx, domain)):
-        if not path.exists() and path == lengths_path(ctx, domain):
-            continue  # holdouts kept without lengths (as before they were recorded): every text is hashed
         if not path.exists():
             return f"{path.name} is missing"
         if file_checksum(path) != record.get(path.name):
@@ -84,16 +82,11 @@ def _union(paths: list, dtype) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype)
 
 
-def holdout_hashes(ctx: Context) -> np.ndarray:
-    """Sorted hashes of every holdout document of every domain."""
-    return _union([hashes_path(ctx, d) for d in ctx.recipe.domains], np.uint64)
-
-
-def holdout_lengths(ctx: Context) -> np.ndarray | None:
-    """Sorted lengths in characters of every holdout document of every domain, or None for holdouts built
-    before they were recorded (a run resumed from then)."""
-    paths = [lengths_path(ctx, d) for d in ctx.recipe.domains]
-    return _union(paths, np.int64) if all(p.exists() for p in paths) else None
+def write_holdout_copies(ctx: Context) -> None:
+    """The hashes and the lengths of every holdout document of every domain, each merged into one sorted file
+    (Layout.holdout_copies) that the streams stage drops exact copies of holdout documents by."""
+    for kind, path_of, dtype in (("hashes", hashes_path, np.uint64), ("lengths", lengths_path, np.int64)):
+        write_npy(ctx.layout.holdout_copies(kind), _union([path_of(ctx, d) for d in ctx.recipe.domains], dtype))
 
 
 def _located_texts(files: list[str], field: str, stream: str, mirrors):
@@ -250,6 +243,8 @@ def run_holdout(ctx: Context) -> dict:
             if d in val:
                 ctx.log(f"holdout {d}: damaged ({why}); remade")
     if not todo:
+        if ctx.recipe.holdout.decontaminate:
+            write_holdout_copies(ctx)
         return val
     encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too
     byte_len = ctx.token_bytes
@@ -273,4 +268,6 @@ def run_holdout(ctx: Context) -> dict:
             )
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # after an error: the queued reads are dropped
+    if ctx.recipe.holdout.decontaminate:
+        write_holdout_copies(ctx)
     return val

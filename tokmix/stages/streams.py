@@ -32,16 +32,14 @@ from tokmix.shards import (
     file_checksum,
     read_json,
     write_bytes,
-    write_npy,
     write_record,
 )
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import Context, cached, shared_encoder
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
 from tokmix.text import document_pieces
 
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
-UNITS_IN_FLIGHT_PER_WORKER = 2
 
 
 @dataclass(frozen=True)
@@ -226,21 +224,12 @@ def tokenize_unit(task: UnitTask) -> dict:
 
 
 # ---------------------------------------------------------------------------- coordinator side
-def merged_holdout_path(ctx: Context, kind: str) -> Path:
-    """Every domain's holdout hashes or lengths in one file, which the units' tasks name."""
-    return ctx.layout.state / f"holdout.{kind}.npy"
-
-
-def units_dir(ctx: Context, stream: str) -> Path:
-    return ctx.layout.units(stream)
-
-
 def meta_path(ctx: Context, stream: str) -> Path:
     return ctx.layout.stream_meta(stream)
 
 
 def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
-    return np.fromfile(units_dir(ctx, stream) / f"{name}.len", dtype=LENGTH_DTYPE)
+    return np.fromfile(ctx.layout.units(stream) / f"{name}.len", dtype=LENGTH_DTYPE)
 
 
 def load_meta(ctx: Context, stream: str) -> dict | None:
@@ -380,7 +369,7 @@ class StreamRun:
     def __init__(self, ctx: Context, stream: str):
         self.ctx, self.name = ctx, stream
         self.budget = ctx.recipe.budget(stream)
-        self.directory = units_dir(ctx, stream)
+        self.directory = ctx.layout.units(stream)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.records: dict[int, dict] = {}
         self.committed_tokens = self.whole_tokens = self.whole_bytes = 0  # running sums over self.records
@@ -398,9 +387,8 @@ class StreamRun:
         self.started = time.perf_counter()
         self.hashes = self.lengths = None
         if ctx.recipe.holdout.decontaminate:
-            self.hashes = str(merged_holdout_path(ctx, "hashes"))
-            lengths = merged_holdout_path(ctx, "lengths")
-            self.lengths = str(lengths) if lengths.exists() else None
+            self.hashes = str(ctx.layout.holdout_copies("hashes"))
+            self.lengths = str(ctx.layout.holdout_copies("lengths"))
         committed = f", {len(self.records)} units already committed" if self.records else ""
         ctx.log(f"{stream}: budget {self.budget:,} tokens{committed}")
         ctx.progress.start(stream, self.budget, self.committed_tokens)
@@ -556,7 +544,7 @@ def _finished(ctx: Context, stream: str) -> dict | None:
     meta = load_meta(ctx, stream)
     if meta is None:
         return None
-    directory, whole = units_dir(ctx, stream), True
+    directory, whole = ctx.layout.units(stream), True
     for unit in meta["units"]:
         if (why := unit_damage(directory, unit["name"])[1]) is not None:
             discard_unit(directory, unit["name"], why, ctx.log)
@@ -579,14 +567,5 @@ def run_streams(ctx: Context) -> dict[str, dict]:
             ctx.unit_bytes = recorded["unit_bytes"]
         else:
             write_record(cut, {"unit_bytes": ctx.unit_bytes})
-        if ctx.recipe.holdout.decontaminate:
-            from tokmix.stages.holdout import holdout_hashes, holdout_lengths  # workers need not import HF's
-
-            write_npy(merged_holdout_path(ctx, "hashes"), holdout_hashes(ctx))
-            lengths = holdout_lengths(ctx)
-            if lengths is None:  # holdouts built before lengths were recorded: every text is hashed
-                merged_holdout_path(ctx, "lengths").unlink(missing_ok=True)
-            else:
-                write_npy(merged_holdout_path(ctx, "lengths"), lengths)
         metas.update(tokenize_streams(ctx, ctx.pool, todo))
     return metas
