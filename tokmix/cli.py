@@ -119,8 +119,8 @@ def run(
                                                        "worker: for many cores) | ray"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to use with --executor ray "
                                                                        "(default: RAY_ADDRESS, else a local one)"),
-    work: Path | None = typer.Option(None, "--work", help="local working directory when --out is a URL "
-                                                          "(default: under ~/.cache/tokmix)"),
+    work: Path | None = typer.Option(None, "--work", help="when --out is a URL: the local folder of the run's lock "
+                                                          "and bookkeeping (default: under ~/.cache/tokmix)"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
 ) -> None:
     """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate.
@@ -148,14 +148,14 @@ def run(
         err.print(f"interrupted; committed work is kept. Resume with the same command: tokmix run {recipe} "
                   f"--out {out_url or out}")
         raise typer.Exit(130) from None
-    from tokmix.publish import staging_dir
+    from tokmix.store import work_dir
 
-    print_summary(staging_dir(out_url, work) if out_url else out, index)
+    print_summary(work_dir(out_url, work) if out_url else out, index)
     console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out_url or out}")
 
 
 @app.command()
-def validate(out: Path = typer.Argument(..., help="output directory"),
+def validate(out: str = typer.Argument(..., help="output directory or URL (s3://bucket/run, gs://...)"),
              debug: bool = typer.Option(False, "--debug")) -> None:
     """Check an output directory: sizes, ids, overlaps, checksums, holdouts, shares."""
     from tokmix.shards import read_index

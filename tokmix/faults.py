@@ -37,7 +37,7 @@ POINTS = (
     "validate:before",
     "cleanup:before",  # validated, intermediates not yet removed
     "runner:before-restart",  # the supervisor between a stage process's restart exit and the next start
-    "publish:before-move",  # an object uploaded under its temporary name, not yet moved to its final one
+    "publish:before-index",  # a store's run validated, its index.json not yet uploaded
     "write:middle",  # half of a file's bytes written (tokmix.shards.write_bytes: every file but token files)
 )
 

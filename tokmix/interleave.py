@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokmix.shards import read_array
+
 CHUNK_DOCS = 1 << 20  # documents per chunk of the "chunked" interleave
 
 
@@ -72,7 +74,7 @@ class Labels:
             return np.empty(0, dtype=np.uint8)
         if self.kind == "chunked":
             return chunked_order(self.docs, self.seed, start, stop)
-        return np.fromfile(self.path, dtype=np.uint8, count=stop - start, offset=start)
+        return read_array(self.path, np.uint8, start, stop - start)  # a local file or an object on a store
 
 
 def interleave_labels(docs: list[int], seed: int, kind: str) -> np.ndarray:

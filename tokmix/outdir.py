@@ -71,7 +71,7 @@ def _check_input(out: str, layout: Layout, what: str, pattern: str) -> None:
     if magic and _inside(real_out, real_static):
         translated = re.compile(glob_translate(pattern))
         for sample in layout.sample_paths():
-            rel = os.path.relpath(sample, layout.root)
+            rel = os.path.relpath(str(sample), str(layout.root))
             as_named = os.path.join(static, os.path.relpath(os.path.join(real_out, rel), real_static))
             if translated.fullmatch(as_named):
                 raise TokmixError(f"output directory {out}: {what} pattern {pattern} would match files tokmix "
@@ -100,6 +100,15 @@ def _check_ours(layout: Layout) -> None:
                           "new or empty directory")
 
 
+def _check_store_ours(layout: Layout) -> None:
+    """A prefix on a store tokmix may write: one that holds nothing yet, or a tokmix run's (its record of what it
+    created is there). The lock is not: it is in the run's local working folder (tokmix.store)."""
+    found = layout.root.iterdir()
+    if found and not layout.is_run():
+        raise TokmixError(f"output {layout.root}: not empty and not a tokmix run (it holds {found[0].name}); "
+                          "choose a new or empty prefix")
+
+
 def check_output_dir(recipe: Recipe, out: str, mirrors: list[str]) -> None:
     """Refuse, in one line naming the file, an output directory (a local path or a URL) that is a file, holds
     or would be matched by one of the run's inputs, or is not empty and not a tokmix run."""
@@ -109,5 +118,7 @@ def check_output_dir(recipe: Recipe, out: str, mirrors: list[str]) -> None:
     for what, pattern in _inputs(recipe, mirror_pairs(mirrors)):
         if ("://" in pattern) == ("://" in out):
             _check_input(out, layout, what, pattern)
-    if "://" not in out:
+    if layout.remote:
+        _check_store_ours(layout)
+    else:
         _check_ours(layout)

@@ -15,6 +15,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import psutil
 
@@ -27,12 +28,15 @@ from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, interrupt, load_recorded_recipe, log
 from tokmix.shards import (
+    STATE_DIR,
+    TOKENIZER_NAME,
     DamagedFile,
     Layout,
     file_checksum,
     index_dtype,
     read_json,
     tokens_in_shard,
+    write_bytes,
     write_json,
 )
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
@@ -122,6 +126,7 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
         return None
     itemsize = index_dtype(index).itemsize
     files = index["shards"] + list(index.get("val", {}).values())
+    # layout.root: the output directory or the store; one stat or request per file
     if not all((layout.root / f["file"]).exists() and (layout.root / f["file"]).stat().st_size == f["tokens"] * itemsize
                for f in files) or any(s["tokens"] != tokens_in_shard(b, recipe.layout.seq_len)
                                       for s, b in zip(index["shards"], plan)):
@@ -327,7 +332,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     timings.add("assemble", time.perf_counter() - t0)
     fault_point("validate:before")
     t0 = time.perf_counter()
-    problems = validate_dir(ctx.layout.root)
+    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)
     timings.add("validate", time.perf_counter() - t0)
     if problems:
         raise TokmixError(f"validation failed: {problems[0]}" + (f" (and {len(problems) - 1} more)"
@@ -338,11 +343,25 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     return index
 
 
+def publish_index(layout: Layout) -> None:
+    """On a store, the validated run's index.json is uploaded last (with the run's own tokenizer just before it):
+    a reader that finds it finds every file it names, whole. Locally it is where the run wrote it."""
+    if not layout.remote:
+        return
+    if layout.tokenizer.exists():
+        write_bytes(layout.root / TOKENIZER_NAME, layout.tokenizer.read_bytes())
+    fault_point("publish:before-index")
+    write_bytes(layout.published_index, layout.index.read_bytes())
+    log(f"index.json published to {layout.root}")
+
+
 def run_stages(layout: Layout, options: RunOptions) -> None:
     recipe = load_recorded_recipe(layout)
     if (complete := verified_complete(layout, recipe)) is not None:
         log(f"{layout.root}: already complete: sha256 of {complete[0]} shard(s) and {complete[1]} holdout(s) "
             "verified; nothing to do")
+        if layout.remote and not layout.published_index.exists():  # stopped between validation and publishing
+            publish_index(layout)
     else:
         layout.remove_tmp_files()
         timings = Timings(layout)
@@ -358,6 +377,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
             finally:
                 ctx.progress.stop()
         write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
+        publish_index(layout)
         fault_point("cleanup:before")
     if not options.keep_streams:
         layout.remove_created([p for p in layout.recorded() if layout.streams in (p, *p.parents)])
@@ -385,9 +405,10 @@ def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
         pass
 
 
-def child_main(out_dir: str, report_fd: int | None = None) -> int:
-    layout = Layout(out_dir)
-    options = RunOptions(**json.loads((layout.state / "options.json").read_text()))
+def child_main(work: str, report_fd: int | None = None) -> int:
+    """`work`: the run's state folder's parent (the output directory, or a store's local working folder)."""
+    options = RunOptions(**json.loads((Path(work) / STATE_DIR / "options.json").read_text()))
+    layout = Layout(options.store, work=work) if options.store else Layout(work)
     signal.signal(signal.SIGTERM, interrupt)
     _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
                         with_supervisor=options.guard_counts_supervisor)

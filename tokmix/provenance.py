@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.shards import INDEX_NAME
+from tokmix.shards import INDEX_NAME, read_array
 
 DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
 # a unit's documents as the streams stage writes them (NNNNNN.src beside its .tok and .len): the pass-1 unit and
@@ -44,7 +44,7 @@ def check_place(place: int, stream: str, path: str) -> int:
 
 def read_docs(path: str | Path) -> np.ndarray:
     """A .docs file's records."""
-    return np.fromfile(path, dtype=DOC_DTYPE)
+    return read_array(path, DOC_DTYPE)  # a local file or an object on a store
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.outdir import check_output_dir
-from tokmix.publish import is_remote, local_path, publish, staging_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import UNIT_BYTES, DamagedFile, Layout, read_json, write_json
+from tokmix.shards import STATE_DIR, UNIT_BYTES, DamagedFile, Layout, read_json, write_json
+from tokmix.store import check_store_url, is_url, local_path, work_dir
 
 ERROR_EXIT_CODE = 2
+STORE_RUN_NAME = "run.json"  # on a store, in its tokmix-state/: the working folder that writes it, the recipe
 MAX_FRUITLESS_RESTARTS = 3
 
 
@@ -49,6 +50,7 @@ class RunOptions:
     # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;
     # under the Python API the supervisor is the caller's process, whose memory is not the run's
     guard_counts_supervisor: bool = False
+    store: str | None = None  # the output is this store's URL; the run's state is in its local working folder
 
 
 def log(msg: str) -> None:
@@ -135,6 +137,30 @@ def _record_recipe(layout: Layout, recipe: Recipe) -> None:
                                              "base_dir": str(recipe.base_dir), "output_fields": recipe.output_fields()})
 
 
+def _store_run(layout: Layout, recipe: Recipe) -> dict:
+    return {"host": socket.gethostname(), "work": str(layout.work), "output_fields": recipe.output_fields()}
+
+
+def _same_store_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -> None:
+    """A store holds no lock: the run's lock is the kernel's, in its local working folder. So the store names the
+    working folder (host and path) whose lock guards it, and the recipe it was started with: a run from another
+    folder, which that lock cannot exclude, is refused (--break-lock takes the prefix over once the other run is
+    known to have stopped), and so is another recipe, even from a folder that lost its own record of it."""
+    path = layout.root / STATE_DIR / STORE_RUN_NAME
+    found = read_json(path)
+    if found is None:
+        return
+    ours = _store_run(layout, recipe)
+    if (found["host"], found["work"]) != (ours["host"], ours["work"]) and not break_lock:
+        raise TokmixError(f"{layout.root}: written by the tokmix run working in {found['work']} on host "
+                          f"{found['host']}, whose lock this run cannot see: run it from there (--work), or, if "
+                          "no run is writing this prefix, run again with --break-lock")
+    changes = recipe_diff(found["output_fields"], ours["output_fields"])
+    if changes and not restart:
+        raise TokmixError(f"{layout.root} was started with another recipe; resuming would mix two runs. "
+                          f"Changed: {'; '.join(changes)}. Use --restart to start over")
+
+
 def load_recorded_recipe(layout: Layout) -> Recipe:
     data = json.loads((layout.state / "recipe.json").read_text())
     return recipe_from_dict(data["recipe"], Path(data["base_dir"]))
@@ -169,35 +195,40 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         restart: bool = False, work: str | Path | None = None, options: RunOptions | None = None,
         break_lock: bool = False, **option_values) -> dict:
     """Run every stage of `recipe` that is not done yet into `out`; returns the index. `out` may be an
-    fsspec URL (s3://, gs://, ...): the run then works in `work` (default: a folder under ~/.cache) and
-    publishes the validated files there. `break_lock` takes over a lock that a run on another host left (see
-    RunLock). Keyword arguments not named here are RunOptions fields (workers=,
-    max_memory=, keep_streams=, mirrors=, executor=)."""
+    fsspec URL (s3://, gs://, ...): workers then write units and shards straight to the store, and the run keeps
+    its lock and bookkeeping in `work` (default: a folder under ~/.cache named after the URL). `break_lock`
+    takes over a lock that a run on another host left (see RunLock). Keyword arguments not named here are
+    RunOptions fields (workers=, max_memory=, keep_streams=, mirrors=, executor=)."""
     options = options or RunOptions(**option_values)
     check_executor(options.executor, options.ray_address)  # before hours of holdout and streams, not after
     recipe = recipe.with_blocks(blocks).with_backend(backend)
     # the stage process runs elsewhere (see STAGE_BOOT): every local path it is given is absolute
     recipe = recipe.model_copy(update={"base_dir": Path(os.path.abspath(recipe.base_dir))})
     options = replace(options, mirrors=[_absolute_mirror(spec) for spec in options.mirrors])
-    if is_remote(out):
-        check_output_dir(recipe, str(out), options.mirrors)
-        index = run(recipe, staging_dir(str(out), work), restart=restart, options=options, break_lock=break_lock)
-        uploaded = publish(staging_dir(str(out), work), str(out))
-        log(f"published {len(uploaded)} file(s) to {out}")
-        return index
-    layout = Layout(os.path.abspath(local_path(out)))
+    if is_url(out):
+        url = str(out).rstrip("/")
+        check_store_url(url)
+        check_store_options(recipe)
+        layout = Layout(url, work=work_dir(url, work))
+        options = replace(options, store=url)
+    else:
+        layout = Layout(os.path.abspath(local_path(out)))
     check_output_dir(recipe, str(layout.root), options.mirrors)  # before anything is written
     try:
         layout.state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise TokmixError(f"output directory {layout.root}: cannot create it ({e.strerror})") from None
-    if not os.access(layout.root, os.W_OK):
-        raise TokmixError(f"output directory {layout.root}: not writable")
+        raise TokmixError(f"output directory {layout.work}: cannot create it ({e.strerror})") from None
+    if not os.access(layout.work, os.W_OK):
+        raise TokmixError(f"output directory {layout.work}: not writable")
     with RunLock(layout, break_lock) as lock:
         if not restart:
             _same_recipe(layout, recipe)
+        if layout.remote:
+            _same_store_run(layout, recipe, restart, break_lock)
         _claim(layout, recipe, restart)
         _record_recipe(layout, recipe)
+        if layout.remote:
+            write_json(layout.root / STATE_DIR / STORE_RUN_NAME, _store_run(layout, recipe))
         write_json(layout.state / "options.json", asdict(options))
         (layout.state / "error.txt").unlink(missing_ok=True)
         fruitless = 0
@@ -215,6 +246,15 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
             fault_point("runner:before-restart")
             log("restarting the stage process (memory guard); resuming from committed work")
     return layout.read_index()
+
+
+def check_store_options(recipe: Recipe) -> None:
+    """What a run to a store cannot do yet, refused before any work."""
+    repeating = [name for name, stream in recipe.streams.items() if stream.max_epochs > 1]
+    if repeating:
+        raise TokmixError(f"stream {repeating[0]}: max_epochs > 1 needs a local or shared-filesystem --out (a "
+                          "repeat unit reads its documents from every unit of the first pass, which on a store "
+                          "would mean holding them in memory)")
 
 
 # The stage process imports tokmix from where this supervisor did, never from the working directory: `-m` and
@@ -239,7 +279,7 @@ def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:
     quiet = ["-W", "ignore:resource_tracker:UserWarning"]
     read_end, write_end = os.pipe()
     try:  # the lock's descriptor is inherited too: the stage process holds the lock as long as it runs
-        proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.root), str(write_end)],
+        proc = subprocess.Popen([sys.executable, *quiet, "-c", STAGE_BOOT, str(layout.work), str(write_end)],
                                 cwd=layout.state, pass_fds=(write_end, lock.fd))
     finally:
         os.close(write_end)

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.store import READ_BLOCK_BYTES, ObjectPath, abort_upload, as_path
 
 EOT_ID = 0
 EOT_TOKEN = "<|endoftext|>"
@@ -164,18 +165,33 @@ class Layout:
     The top-level files and the intermediates' folders are recorded by name; inside a recorded folder, what
     is removed is only what tokmix names there (a units folder's `NNNNNN.tok/.len/.json`, a stream's
     `stream.json`); the state folder is tokmix's alone. `--restart`, the end-of-run cleanup and the sweep of
-    temporary files all go through `remove_created`; anything else found there is left, and named."""
+    temporary files all go through `remove_created`; anything else found there is left, and named.
 
-    def __init__(self, out_dir: str | os.PathLike):
-        self.root = Path(out_dir)
+    On a store (`out_dir` a URL, tokmix.store), the data (units and their records, shards and theirs,
+    holdouts, the record of what tokmix created, index.json) are objects under the URL, and the state folder
+    (the lock, the run's identity, its index while it is being built) is in the local folder `work`."""
+
+    def __init__(self, out_dir: str | os.PathLike | ObjectPath, work: str | os.PathLike | None = None):
+        self.root = as_path(out_dir)
+        self.remote = isinstance(self.root, ObjectPath)
+        # where the state lives: the output directory itself, or for a store the local working folder
+        self.work = Path(work) if work is not None else self.root
 
     @property
     def index(self) -> Path:
+        """index.json as the run builds it (for a store: in the working folder, published last)."""
+        return self.work / INDEX_NAME
+
+    @property
+    def published_index(self) -> Path:
+        """index.json where consumers read it; for a store, uploaded once every other file is there."""
         return self.root / INDEX_NAME
 
     @property
     def tokenizer(self) -> Path:
-        return self.root / TOKENIZER_NAME
+        """The run's own tokenizer (for a store: in the working folder, where its workers read it; published
+        beside index.json)."""
+        return self.work / TOKENIZER_NAME
 
     @property
     def streams(self) -> Path:
@@ -187,11 +203,12 @@ class Layout:
 
     @property
     def state(self) -> Path:
-        return self.root / STATE_DIR
+        return self.work / STATE_DIR
 
     @property
     def record(self) -> Path:
-        return self.state / RECORD_NAME
+        """What tokmix created in the output directory: beside what it names (on the store for a store)."""
+        return self.root / STATE_DIR / RECORD_NAME
 
     @property
     def lock(self) -> Path:
@@ -220,9 +237,9 @@ class Layout:
     def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool,
                   provenance: bool = True) -> list[Path]:
         """Every path a run of these domains, streams and shards creates, the state folder's content aside."""
-        paths = [self.index, *map(self.val, domains), *map(self.train, range(shards))]
+        paths = [self.published_index, *map(self.val, domains), *map(self.train, range(shards))]
         paths += [self.docs(p) for p in paths[1:]] if provenance else []
-        paths += [self.tokenizer] if trains_tokenizer else []
+        paths += [self.root / TOKENIZER_NAME] if trains_tokenizer else []
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
         return paths
 
@@ -235,6 +252,8 @@ class Layout:
 
     def is_run(self) -> bool:
         """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""
+        if self.remote:
+            return self.record.is_file()
         # a real folder and file: a link to another run's state would make its bookkeeping this run's
         return self.state.is_dir() and not self.state.is_symlink() and self.record.is_file() \
             and not self.record.is_symlink()
@@ -260,6 +279,8 @@ class Layout:
     def _write_record(self, paths: list[Path]) -> None:
         lines = [RECORD_HEADER, *(str(p.relative_to(self.root)) for p in paths)]
         write_bytes(self.record, ("\n".join(lines) + "\n").encode())
+        if self.remote:  # an object is durable once its upload completes
+            return
         fd = os.open(self.state, os.O_RDONLY)
         try:  # the rename itself on disk before anything it allows is created
             os.fsync(fd)
@@ -319,6 +340,9 @@ class Layout:
     def _empty_state(self, keep: tuple[Path, ...]) -> list[Path]:
         """The state folder's content, but the lock, the record and `keep`: all of it is tokmix's."""
         left = []
+        if self.remote:  # the store's share of the state: the shards' records and fingerprints
+            for path in (self.root / STATE_DIR).glob("*/*"):
+                path.unlink(missing_ok=True)
         for path in sorted(self.state.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             if path in (self.lock, self.record, *keep) or path.parent in keep:
                 continue
@@ -335,7 +359,8 @@ class Layout:
         """Temporary files left by a killed writer are never visible under a final name; a resume sweeps those
         of recorded files and in recorded folders (never the user's files that happen to end in .tmp-N)."""
         recorded = self.recorded()
-        folders = {self.root} | {p for p in recorded if p.is_dir() and not p.is_symlink()}
+        # an object store has no temporary names: an upload cut short leaves no object
+        folders = set() if self.remote else {self.root} | {p for p in recorded if p.is_dir() and not p.is_symlink()}
         for folder in folders:
             for tmp in folder.glob("*.tmp-*"):
                 name = _TMP.fullmatch(tmp.name)
@@ -353,11 +378,12 @@ class Layout:
         return self.state / f"holdout.{kind}.npy"
 
     def shard_record(self, shard_file: str) -> Path:
-        """What the assemble stage recorded of a shard it committed (tokens by stream, checksum)."""
-        return self.state / "shards" / f"{shard_file}.json"
+        """What the assemble stage recorded of a shard it committed (tokens by stream, checksum): the shard's
+        commit, beside it (on the store for a store)."""
+        return self.root / STATE_DIR / "shards" / f"{shard_file}.json"
 
     def read_index(self) -> dict[str, Any]:
-        return read_index(self.root)
+        return read_json(self.index, remedy=REMAKE_REMEDY) or {}
 
     def write_index(self, index: dict[str, Any]) -> None:
         write_json(self.index, index)
@@ -365,7 +391,7 @@ class Layout:
 
 def read_index(out_dir: str | os.PathLike) -> dict[str, Any]:
     """index.json, {} when there is none; DamagedFile when it is not whole JSON."""
-    return read_json(Path(out_dir) / INDEX_NAME, remedy=REMAKE_REMEDY) or {}
+    return read_json(as_path(out_dir) / INDEX_NAME, remedy=REMAKE_REMEDY) or {}
 
 
 # ---------------------------------------------------------------------------- records and their checksums
@@ -396,7 +422,7 @@ def read_json(path: Path, sealed: bool = False, remedy: str = RESTART_REMEDY) ->
     """A JSON file tokmix wrote, None when there is none. DamagedFile when it is not whole JSON or, `sealed`, its
     seal is missing or does not match its content (the seal is not returned)."""
     try:
-        data = Path(path).read_bytes()
+        data = as_path(path).read_bytes()
     except FileNotFoundError:
         return None
     try:
@@ -439,8 +465,23 @@ def _write_in_halves(f: BinaryIO, data: bytes | memoryview, fault: str = "write:
     f.write(data[half:])
 
 
-def write_bytes(path: Path, data: bytes, durable: bool = True) -> str:
+def _upload(path: ObjectPath, data: bytes | memoryview) -> None:
+    """One object, whole or not at all: its upload completes at close (an error or a kill on the way leaves
+    no object under its name)."""
+    f = path.open("wb")
+    try:
+        _write_in_halves(f, data)
+    except BaseException:
+        abort_upload(f)
+        raise
+    f.close()
+
+
+def write_bytes(path: Path | ObjectPath, data: bytes, durable: bool = True) -> str:
     """Write and commit `data`; returns its checksum, computed from the bytes in memory (no read back)."""
+    if isinstance(path, ObjectPath):
+        _upload(path, data)
+        return hashlib.new(CHECKSUM, data).hexdigest()
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -456,7 +497,10 @@ def write_json(path: Path, obj: Any) -> None:
     write_bytes(path, json.dumps(obj, indent=2).encode())
 
 
-def write_tokens(path: Path, tokens: np.ndarray) -> None:
+def write_tokens(path: Path | ObjectPath, tokens: np.ndarray) -> None:
+    if isinstance(path, ObjectPath):
+        _upload(path, memoryview(np.ascontiguousarray(tokens)).cast("B"))
+        return
     tmp = _tmp_name(path)
     tokens.tofile(tmp)  # no copy of the array in bytes
     commit(tmp, path)
@@ -490,10 +534,12 @@ class TokenFileWriter:
     starts going to disk at once (on Linux), while the checksum is computed and the next tokens gathered,
     so the fsync of the commit waits for little."""
 
-    def __init__(self, path: Path, dtype: np.dtype, checksum: bool = True, fault: str = "write:middle"):
+    def __init__(self, path: Path | ObjectPath, dtype: np.dtype, checksum: bool = True, fault: str = "write:middle"):
         self.path, self.dtype, self.fault = path, np.dtype(dtype), fault  # fault: the point inside each write
-        self.tmp = _tmp_name(path)
-        self.f = open(self.tmp, "wb")
+        # on a store: the object's upload, under its final name, which appears when it completes (close)
+        self.remote = isinstance(path, ObjectPath)
+        self.tmp = None if self.remote else _tmp_name(path)
+        self.f = path.open("wb") if self.remote else open(self.tmp, "wb")
         self.tokens = 0
         self.hash = hashlib.new(CHECKSUM) if checksum else None
 
@@ -503,7 +549,7 @@ class TokenFileWriter:
             _write_in_halves(self.f, data, self.fault)
         except OSError as e:  # a full disk: say which file
             raise OSError(e.errno, e.strerror, str(self.path)) from None
-        if _SYNC_FILE_RANGE is not None:
+        if _SYNC_FILE_RANGE is not None and not self.remote:
             self.f.flush()
             _SYNC_FILE_RANGE(self.f.fileno(), 0, 0, SYNC_FILE_RANGE_WRITE)
         if self.hash is not None:
@@ -512,7 +558,12 @@ class TokenFileWriter:
 
     def close(self, before_commit: Callable[[], None] | None = None) -> str | None:
         """Commit the file; returns its checksum (None without). `before_commit` runs between writing and
-        renaming."""
+        renaming (for a store: before the upload completes)."""
+        if self.remote:
+            if before_commit:
+                before_commit()
+            self.f.close()
+            return self.hash.hexdigest() if self.hash is not None else None
         try:
             self.f.flush()
             os.fsync(self.f.fileno())
@@ -525,13 +576,19 @@ class TokenFileWriter:
         return self.hash.hexdigest() if self.hash is not None else None
 
     def abort(self) -> None:
+        if self.remote:
+            abort_upload(self.f)
+            return
         self.f.close()
         self.tmp.unlink(missing_ok=True)
 
 
-def read_tokens(path: Path, dtype: np.dtype | str) -> np.ndarray:
+def read_tokens(path: Path | ObjectPath, dtype: np.dtype | str) -> np.ndarray:
     """The file's tokens, memory-mapped read-only. A plain ndarray over the mapping, not an np.memmap: slicing
-    a memmap runs Python code for every slice, which per-document gathers pay for."""
+    a memmap runs Python code for every slice, which per-document gathers pay for. An object on a store is read
+    whole."""
+    if isinstance(path, ObjectPath):
+        return np.frombuffer(path.read_bytes(), dtype=dtype)
     if os.path.getsize(path) == 0:
         return np.empty(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
@@ -541,14 +598,29 @@ def iter_token_chunks(path: Path, dtype: np.dtype | str, chunk_bytes: int = READ
     """Large sequential reads of a token file, each chunk a whole number of tokens."""
     dtype = np.dtype(dtype)
     step = chunk_bytes - chunk_bytes % dtype.itemsize
-    with open(path, "rb") as f:
+    with open_read(path, fetch=step) as f:
         while data := f.read(step):
             yield np.frombuffer(data, dtype=dtype)
 
 
-def file_checksum(path: Path) -> str:
+def open_read(path: Path | ObjectPath | str, buffering: int = -1, fetch: int = READ_BLOCK_BYTES) -> BinaryIO:
+    """A file to read: a local one with `buffering`, an object on a store fetched `fetch` bytes per request."""
+    path = as_path(path)
+    return path.open("rb", buffering=fetch if isinstance(path, ObjectPath) else buffering)
+
+
+def read_array(path: Path | ObjectPath | str, dtype: np.dtype | str, offset: int = 0, count: int = -1) -> np.ndarray:
+    """`count` items (-1: all) of a file of `dtype` items from item `offset` on, local or on a store."""
+    path, dtype = as_path(path), np.dtype(dtype)
+    if isinstance(path, ObjectPath):
+        stop = None if count < 0 else (offset + count) * dtype.itemsize
+        return np.frombuffer(path.read_range(offset * dtype.itemsize, stop), dtype=dtype)
+    return np.fromfile(path, dtype=dtype, count=count, offset=offset * dtype.itemsize)
+
+
+def file_checksum(path: Path | ObjectPath) -> str:
     h = hashlib.new(CHECKSUM)
-    with open(path, "rb") as f:
+    with open_read(path, fetch=READ_CHUNK_BYTES) as f:
         while data := f.read(READ_CHUNK_BYTES):
             h.update(data)
     return h.hexdigest()

@@ -28,6 +28,7 @@ from tokmix.shards import (
     TokenFileWriter,
     file_checksum,
     fingerprints_path,
+    open_read,
     read_json,
     tokens_in_shard,
     write_bytes,
@@ -36,6 +37,7 @@ from tokmix.shards import (
     write_tokens,
 )
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, drop_cached
+from tokmix.store import ObjectPath, as_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time
@@ -56,7 +58,7 @@ class Cursor:
 class StreamUnits:
     """One stream's committed units as assemble reads them: names and cumulative documents and tokens (O(units))."""
 
-    def __init__(self, directory: Path, units: list[dict]):
+    def __init__(self, directory: Path | ObjectPath, units: list[dict]):
         self.directory = directory
         self.names = [u["name"] for u in units]
         self.doc_ends = np.cumsum([u["docs"] for u in units], dtype=np.int64)
@@ -87,10 +89,10 @@ class RecordReader:
         while n > 0:
             if self.file is None:
                 if self.unit >= len(self.units):
-                    raise TokmixError(f"{Path(self.units[-1]).parent}: the units end {n:,} documents early")
-                self.file = open(f"{self.units[self.unit]}{self.suffix}", "rb")
+                    raise TokmixError(f"{as_path(self.units[-1]).parent}: the units end {n:,} documents early")
+                self.file = open_read(f"{self.units[self.unit]}{self.suffix}", fetch=READ_BUFFER)
                 self.file.seek(self.doc * self.dtype.itemsize)
-            got = np.fromfile(self.file, dtype=self.dtype, count=n)
+            got = np.frombuffer(self.file.read(n * self.dtype.itemsize), dtype=self.dtype)
             pieces.append(got)
             n -= len(got)
             if n > 0:  # this unit is used up
@@ -123,8 +125,8 @@ class TokenReader:
         while got < len(view):
             if self.file is None:
                 if self.unit >= len(self.units):
-                    raise TokmixError(f"{Path(self.units[-1]).parent}: the units end before the shard's tokens")
-                self.file = open(f"{self.units[self.unit]}.tok", "rb", buffering=READ_BUFFER)
+                    raise TokmixError(f"{as_path(self.units[-1]).parent}: the units end before the shard's tokens")
+                self.file = open_read(f"{self.units[self.unit]}.tok", READ_BUFFER, READ_BUFFER)
                 self.file.seek(self.token * self.itemsize)
             n = self.file.readinto(view[got:])
             got += n
@@ -266,7 +268,7 @@ class ShardDocuments:
         self.task = task
         self.readers = [RecordReader(units, c.doc, ".src", UNIT_DOC_DTYPE)
                         for units, c in zip(task.units, task.cursors)]
-        self.writer = TokenFileWriter(Path(task.docs_path), DOC_DTYPE, fault="assemble:mid-write")
+        self.writer = TokenFileWriter(as_path(task.docs_path), DOC_DTYPE, fault="assemble:mid-write")
 
     def add(self, labels: np.ndarray, tokens: np.ndarray) -> None:
         out = np.empty(len(labels), DOC_DTYPE)
@@ -281,7 +283,7 @@ class ShardDocuments:
         for reader in self.readers:
             reader.close()
         checksum = self.writer.close()
-        return {"file": Path(self.task.docs_path).name, "documents": self.writer.tokens, "skip": self.task.skip,
+        return {"file": as_path(self.task.docs_path).name, "documents": self.writer.tokens, "skip": self.task.skip,
                 "checksum": checksum}
 
     def abort(self) -> None:
@@ -359,7 +361,8 @@ def write_shard(task: ShardTask) -> dict:
     """Gather the shard's documents from the unit files and commit the shard; returns its record. Every read
     goes through one GATHER_TOKENS buffer and a READ_BUFFER per open unit file."""
     drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
-    writer = TokenFileWriter(Path(task.path), np.dtype(task.dtype), fault="assemble:mid-write")
+    path = as_path(task.path)  # a local file, or an object on a store
+    writer = TokenFileWriter(path, np.dtype(task.dtype), fault="assemble:mid-write")
     marks = BlockFingerprinter(task.seq_len, writer.dtype)
     first_stream = int(task.labels.read(task.first_doc, task.first_doc + 1)[0])
     readers = [TokenReader(units, c.token + (task.skip if s == first_stream else 0), writer.dtype.itemsize)
@@ -383,7 +386,7 @@ def write_shard(task: ShardTask) -> dict:
         if pending:
             _write_gathered(gathered[:pending], writer, marks)
         if writer.tokens != task.n_tokens:
-            raise TokmixError(f"{Path(task.path).name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
+            raise TokmixError(f"{path.name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
         docs = documents.close() if documents is not None else None  # committed before the shard: see _done
     except BaseException:
         writer.abort()
@@ -394,7 +397,6 @@ def write_shard(task: ShardTask) -> dict:
         for reader in readers:
             reader.close()
     checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
-    path = Path(task.path)
     marks_path = fingerprints_path(path.parent, path.name)
     marks_path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(marks_path, marks.result().tobytes(), durable=False)  # a diagnosis aid, checked by its length
@@ -502,7 +504,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     if not todo and used is not None:
         return records, used
     t0 = time.perf_counter()
-    (layout.state / "shards").mkdir(parents=True, exist_ok=True)
+    layout.shard_record(layout.train(0).name).parent.mkdir(parents=True, exist_ok=True)
     streams = {name: StreamUnits(ctx.layout.units(name), metas[name]["units"]) for name in recipe.streams}
     held = sum(metas[name]["tokens"] for name in recipe.streams)
     if held < recipe.train_tokens:

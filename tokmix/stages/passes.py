@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from tokmix.faults import fault_point
 from tokmix.provenance import UNIT_DOC_DTYPE
-from tokmix.shards import LENGTH_DTYPE, TokenFileWriter, read_tokens, write_bytes, write_record
+from tokmix.shards import LENGTH_DTYPE, TokenFileWriter, read_array, read_tokens, write_bytes, write_record
 from tokmix.stages import cached
+from tokmix.store import as_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 
@@ -73,7 +73,7 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
     document of each unit (pass_units + 1 entries). Built once per process: every repeat unit needs it."""
 
     def build():
-        per_unit = [np.fromfile(Path(unit_dir) / f"{i:06d}.len", dtype=LENGTH_DTYPE) for i in range(pass_units)]
+        per_unit = [read_array(as_path(unit_dir) / f"{i:06d}.len", LENGTH_DTYPE) for i in range(pass_units)]
         lengths = np.concatenate(per_unit).astype(np.int64)
         unit = np.repeat(np.arange(pass_units, dtype=np.int32), [len(x) for x in per_unit])
         offset = np.concatenate([np.cumsum(x, dtype=np.int64) - x for x in per_unit])
@@ -86,13 +86,13 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
 def _pass_one_places(unit_dir: str, pass_units: int) -> np.ndarray:
     """Pass 1's documents' places and checksums (UNIT_DOC_DTYPE), in pass-1 order; built once per process."""
     return cached(("pass one places", unit_dir, pass_units), lambda: np.concatenate(
-        [np.fromfile(Path(unit_dir) / f"{i:06d}.src", dtype=UNIT_DOC_DTYPE) for i in range(pass_units)]))
+        [read_array(as_path(unit_dir) / f"{i:06d}.src", UNIT_DOC_DTYPE) for i in range(pass_units)]))
 
 
 def repeat_unit(task: RepeatTask) -> dict:
     """Copy one repeat unit's documents from the pass-1 units and commit it as a tokenized unit is
     committed (tokens, lengths, then the record); returns its record."""
-    unit, unit_dir = task.unit, Path(task.unit_dir)
+    unit, unit_dir = task.unit, as_path(task.unit_dir)
     lengths, doc_unit, offset, first = _pass_one(task.unit_dir, task.pass_units)
     docs = pass_order(task.seed, unit.stream, unit.pass_no, len(lengths))[first[unit.source] : first[unit.source + 1]]
     take = lengths[docs]

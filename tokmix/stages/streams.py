@@ -30,6 +30,7 @@ from tokmix.shards import (
     Delimiters,
     TokenFileWriter,
     file_checksum,
+    read_array,
     read_json,
     write_bytes,
     write_record,
@@ -37,6 +38,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
+from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
 
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
@@ -146,7 +148,7 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
 
 def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it; returns its record."""
-    unit, unit_dir = task.unit, Path(task.unit_dir)
+    unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
     # sha256 as the tokens are written, checked when a later stage process reads the unit
@@ -229,7 +231,7 @@ def meta_path(ctx: Context, stream: str) -> Path:
 
 
 def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
-    return np.fromfile(ctx.layout.units(stream) / f"{name}.len", dtype=LENGTH_DTYPE)
+    return read_array(ctx.layout.units(stream) / f"{name}.len", LENGTH_DTYPE)
 
 
 def load_meta(ctx: Context, stream: str) -> dict | None:
@@ -242,7 +244,7 @@ def load_meta(ctx: Context, stream: str) -> dict | None:
         return None
 
 
-def unit_damage(directory: Path, name: str) -> tuple[dict | None, str | None]:
+def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
     """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
     token or lengths file is missing or not the bytes the record's checksums were taken of (one read of each)."""
     try:
@@ -262,14 +264,14 @@ def unit_damage(directory: Path, name: str) -> tuple[dict | None, str | None]:
     return record, None
 
 
-def discard_unit(directory: Path, name: str, why: str, log: Callable[[str], None]) -> None:
+def discard_unit(directory: Path | ObjectPath, name: str, why: str, log: Callable[[str], None]) -> None:
     """Remove a damaged unit, its record first (the record is the commit): its stream tokenizes it again."""
     log(f"unit {directory / name}: damaged ({why}); remade from its source")
     for part in ("json", "tok", "len", "src"):
         (directory / f"{name}.{part}").unlink(missing_ok=True)
 
 
-def _committed(directory: Path, log: Callable[[str], None]) -> dict[int, dict]:
+def _committed(directory: Path | ObjectPath, log: Callable[[str], None]) -> dict[int, dict]:
     """The directory's committed units by index, each checked against its record; a damaged one is discarded."""
     records = {}
     for path in sorted(directory.glob("*.json")):

@@ -19,19 +19,22 @@ from tokmix.shards import (
     Layout,
     block_fingerprints,
     fingerprints_path,
+    open_read,
+    read_array,
     read_json,
     tokens_in_shard,
 )
+from tokmix.store import ObjectPath, as_path
 
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
 
 
-def _scan(path: Path, dtype: np.dtype, marker: int | None = None) -> dict:
+def _scan(path: Path | ObjectPath, dtype: np.dtype, marker: int | None = None) -> dict:
     """One sequential pass: token count, largest id, first and last token, checksum; with `marker`, where that
     id is ("marks": the documents' delimiters, checked against the provenance index)."""
     h = hashlib.new(CHECKSUM)
     n, top, first, last, marks = 0, -1, None, None, []
-    with open(path, "rb") as f:
+    with open_read(path, fetch=READ_CHUNK_BYTES) as f:
         while data := f.read(READ_CHUNK_BYTES - READ_CHUNK_BYTES % dtype.itemsize):
             h.update(data)
             chunk = np.frombuffer(data, dtype=dtype)
@@ -98,7 +101,7 @@ def _where(root: Path, name: str, dtype: np.dtype, seq_len: int) -> str:
     marks = fingerprints_path(root, name)
     if not marks.exists():
         return ""
-    want = np.fromfile(marks, dtype=np.uint32)
+    want = read_array(marks, np.uint32)
     got = block_fingerprints(root / name, dtype, seq_len)
     if len(got) != len(want):
         return ""
@@ -199,11 +202,14 @@ def share_warnings(index: dict) -> list[str]:
             for n, t in targets.items() if n in realized and abs(realized[n] - t) > SHARE_WARNING]
 
 
-def validate_dir(out_dir: str | Path, vocab_size: int | None = None) -> list[str]:
-    """Every problem found, one line each; an empty list means valid."""
-    root = Path(out_dir)
+def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None,
+                 index_path: Path | None = None) -> list[str]:
+    """Every problem found, one line each; an empty list means valid. `out_dir` may be a store's URL;
+    `index_path`: the index to check the files against, when not yet in `out_dir` (a store's run, which
+    publishes it once they are valid)."""
+    root = as_path(out_dir)
     try:
-        index = read_json(Layout(root).index) or {}
+        index = read_json(index_path or Layout(root).index) or {}
     except DamagedFile as e:
         return [f"{e.path}: not valid JSON (truncated or overwritten: run the same command again to remake it)"]
     if not index.get("shards"):

@@ -1,0 +1,156 @@
+"""Output straight to an object store: a real S3 server (moto's, on localhost, started once for this module)
+reached through s3fs, as a bucket on AWS is. Workers write units and shards to it under their final names, each
+committed by a record written after it; a run killed inside an upload resumes from the committed records, and
+the result is byte for byte what a local run writes; `tokmix validate` checks it on the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tokmix
+from tokmix.errors import TokmixError
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
+boto3 = pytest.importorskip("boto3", reason="moto[server] is not installed (the test extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUCKET = "tokmix-test"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3 API on 127.0.0.1 (moto's server in a thread of this process), one bucket; the endpoint and
+    credentials set where s3fs finds them, in this process (fsspec's config) and in the runs it starts (their
+    environment)."""
+    import logging
+
+    import fsspec
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "FSSPEC_S3_ENDPOINT_URL": endpoint}
+    saved_env, saved_conf = {k: os.environ.get(k) for k in env}, fsspec.config.conf.get("s3")
+    os.environ.update(env)
+    fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    client.create_bucket(Bucket=BUCKET)
+    try:
+        yield client
+    finally:
+        server.stop()
+        for k, v in saved_env.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        fsspec.config.conf.pop("s3", None) if saved_conf is None else fsspec.config.conf.__setitem__("s3", saved_conf)
+
+
+def objects(client, prefix: str) -> dict[str, bytes]:
+    """Every object under the prefix, by its name below it, read with boto3 (not through tokmix's s3fs)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    return {k[len(prefix) + 1:]: client.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
+
+
+def same_as_local(found: dict[str, bytes], local: Path) -> None:
+    """The store holds every token file and provenance index of the local run, byte for byte, and its index."""
+    shards = sorted(p.name for p in [*local.glob("*.bin"), *local.glob("*.docs")])
+    assert sorted(n for n in found if n.endswith((".bin", ".docs")) and "/" not in n) == shards
+    for name in shards:
+        assert found[name] == (local / name).read_bytes(), name
+    index, want = json.loads(found["index.json"]), json.loads((local / "index.json").read_text())
+    assert index["shards"] == want["shards"] and index["val"] == want["val"]
+
+
+def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "20000"}  # several units per file
+    if fault:
+        env["TOKMIX_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tokmix.cli", *args], capture_output=True, text=True, env=env,
+                          start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def whole(s3, finished_run, tmp_path_factory) -> tuple[str, Path]:
+    """A run of the session's test recipe to the store, uninterrupted: its URL and local working folder."""
+    url, work = f"s3://{BUCKET}/whole", tmp_path_factory.mktemp("whole") / "work"
+    tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=work, workers=2)
+    return url, work
+
+
+def test_a_run_to_s3_writes_what_a_local_run_writes_with_nothing_staged_locally(s3, whole, finished_run):
+    _, work = whole
+    found = objects(s3, "whole")
+    same_as_local(found, finished_run)
+    assert not [n for n in found if n.startswith("streams/")], "the units are removed once the run is valid"
+    assert not list(work.rglob("*.bin")) and not list(work.rglob("*.tok")), "no token file is kept locally"
+    assert (work / "tokmix-state" / "lock").exists(), "the run's lock is the kernel's, in the local folder"
+
+
+def test_a_run_killed_inside_uploads_resumes_from_its_records_to_the_same_bytes(s3, finished_run, tmp_path):
+    recipe, url, work = finished_run.parent / "recipe.toml", f"s3://{BUCKET}/killed", tmp_path / "work"
+    run = ("run", str(recipe), "--out", url, "--work", str(work), "--workers", "2")
+    # every token of a unit handed to its upload, which has not completed: the third unit's
+    first = cli(*run, fault="streams:unit-before-rename:3")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    units = objects(s3, "killed")
+    records = [n for n in units if n.startswith("streams/") and n.endswith(".json") and "/units/" in n]
+    assert records, "units committed before the kill are on the store"
+    for name in records:  # a record is written after the objects it commits
+        assert name[:-5] + ".tok" in units and name[:-5] + ".len" in units
+    assert not [n for n in units if n.startswith("train_")] and "index.json" not in units
+    # half of a batch of a shard's tokens written into its upload
+    second = cli(*run, fault="assemble:mid-write:2")
+    assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
+    assert "already committed" in second.stdout, "the resume lists the committed units on the store"
+    assert "index.json" not in objects(s3, "killed"), "index.json comes last"
+    # validated, every shard on the store, index.json not yet
+    third = cli(*run, fault="publish:before-index:1")
+    assert third.returncode == -signal.SIGKILL, third.stderr[-2000:]
+    shards = [n for n in objects(s3, "killed") if n.startswith("train_")]
+    assert len(shards) == len(list(finished_run.glob("train_*.bin"))) and "index.json" not in objects(s3, "killed")
+    last = cli(*run)
+    assert last.returncode == 0 and "already complete" in last.stdout, last.stdout + last.stderr[-2000:]
+    same_as_local(objects(s3, "killed"), finished_run)
+    checked = cli("validate", url)
+    assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_a_prefix_holding_objects_tokmix_did_not_write_is_refused(s3, finished_run, tmp_path):
+    s3.put_object(Bucket=BUCKET, Key="theirs/model.safetensors", Body=b"not tokmix's")
+    with pytest.raises(TokmixError, match=r"s3://tokmix-test/theirs: not empty and not a tokmix run .*model"):
+        tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), f"s3://{BUCKET}/theirs",
+                   work=tmp_path / "work", workers=1)
+    assert objects(s3, "theirs") == {"model.safetensors": b"not tokmix's"}
+
+
+def test_a_run_from_another_working_folder_or_with_another_recipe_is_refused(s3, whole, finished_run, tmp_path):
+    url, work = whole
+    recipe = tokmix.load_recipe(finished_run.parent / "recipe.toml")
+    before = objects(s3, "whole")
+    with pytest.raises(TokmixError, match=f"written by the tokmix run working in {work} .*--break-lock"):
+        tokmix.run(recipe, url, work=tmp_path / "elsewhere", workers=1)  # its lock cannot see the other's
+    with pytest.raises(TokmixError, match="started with another recipe.*blocks"):  # its own record of it is lost
+        tokmix.run(recipe, url, work=tmp_path / "elsewhere", workers=1, break_lock=True, blocks=300)
+    assert objects(s3, "whole") == before
+
+
+def test_file_urls_are_local_paths(finished_run, tmp_path):
+    tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), f"file://{tmp_path}/out", workers=1)
+    assert (tmp_path / "out" / "index.json").exists() and not list(tmp_path.glob("*/tokmix-state/run.json"))
+
+
+@pytest.mark.parametrize("url", ["memory://bucket/run", "simplecache::s3://bucket/run"])
+def test_an_output_url_that_workers_cannot_share_is_refused(finished_run, tmp_path, url):
+    with pytest.raises(TokmixError, match=f"output {url}: "):
+        tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=tmp_path, workers=1)
