@@ -281,3 +281,25 @@ def test_a_damaged_index_is_refused_by_the_export_trace_and_the_loader(mixed_run
     with pytest.raises(tokmix.TokmixError, match=re.escape(damaged)):
         TrainBlocks(out).block_starts(int(TrainBlocks(out).first_block[1]))
     assert not list(tmp_path.glob("gptu*"))
+
+
+# ---------------------------------------------------------------------------- report and inspect
+def documents_in(out: Path, index: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shard k's records and each one's first token, read here with numpy alone."""
+    records = np.fromfile(out / index["shards"][k]["provenance"]["file"], DOC_DTYPE)
+    return records, np.cumsum(records["tokens"].astype(np.int64)) - records["tokens"]
+
+
+def test_inspect_shows_a_blocks_documents_with_their_sources(mixed_run):
+    index = json.loads((mixed_run / "index.json").read_text())
+    records, starts = documents_in(mixed_run, index, 2)
+    block = int(starts[len(starts) // 2]) // 64  # a block where a document starts
+    proc = tokmix_cli("inspect", str(mixed_run), "--shard", "2", "--block", str(block), cwd=mixed_run.parent)
+    assert proc.returncode == 0, proc.stderr
+    lo, hi = block * 64, block * 64 + 65
+    for record, start in zip(records, starts):
+        if start < hi and start + int(record["tokens"]) > lo:
+            stream, _, kind, file = index["provenance"]["sources"][int(record["source"])]
+            place = int(record["place"]) + (kind == "jsonl")
+            where = f"{Path(file).relative_to(mixed_run.parent)}:{'row' if kind == 'parquet' else 'line'} {place}"
+            assert where in proc.stdout

@@ -15,6 +15,7 @@ import pytest
 from tests.test_plan import TRAINED, recipe_variant, train_demo_tokenizer
 from tokmix.demo import build_demo_corpus
 from tokmix.errors import TokmixError
+from tokmix.provenance import DOC_DTYPE
 from tokmix.recipe import load_recipe
 from tokmix.report import _unit_records, gather, scan_shards, write_report
 from tokmix.runner import run
@@ -97,6 +98,14 @@ def test_report_from_the_shards_alone(runs, tmp_path):
     path = write_report(bare, tmp_path / "sub" / "report.html")
     check_page(path)
     assert "from the shards" in path.read_text(encoding="utf-8")
+    # each shard's documents by stream, counted here from its provenance index with numpy alone
+    index, page = read_index(bare), path.read_text(encoding="utf-8")
+    streams = np.array([source[0] for source in index["provenance"]["sources"]])
+    for shard in index["shards"]:
+        of = streams[np.fromfile(bare / shard["provenance"]["file"], DOC_DTYPE)["source"]]
+        total = sum(shard["tokens_by_stream"].values())
+        for name, tokens in shard["tokens_by_stream"].items():
+            assert f"{tokens / total:.2%} ({int(np.sum(of == name)):,} docs)" in page, (shard["file"], name)
 
 
 def test_shard_scan_agrees_with_the_units_it_replaces(runs):

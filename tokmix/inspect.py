@@ -60,6 +60,7 @@ class BlockView:
     tokens: np.ndarray
     pieces: list[str | None]
     delimiters: Delimiters
+    documents: list | None = None  # a train block's documents from the provenance index (tokmix.trace)
 
     @property
     def text(self) -> str:
@@ -110,7 +111,12 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     start = block * seq_len
     first = sum(s["blocks"] for s in shards[:shard]) + block
     title = f"{entry['file']} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
-    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    view = _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    if "provenance" in index:
+        from tokmix.trace import trace_blocks
+
+        view.documents = trace_blocks(out_dir, [first])
+    return view
 
 
 def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockView:
@@ -144,4 +150,11 @@ def render_block(view: BlockView) -> Panel:
             body.append(piece)
     meet = "start(s)" if view.delimiters.prefix else "end(s)"
     subtitle = f"{len(view.tokens):,} tokens, {view.documents_started} document {meet} marked {DOC_MARKER}"
-    return Panel(body, title=view.title, title_align="left", subtitle=subtitle, subtitle_align="left")
+    panel = Panel(body, title=view.title, title_align="left", subtitle=subtitle, subtitle_align="left")
+    if not view.documents:
+        return panel
+    from tokmix.trace import render_trace
+
+    table = render_trace(view.documents)[0]
+    table.title = "its documents, in order (tokmix trace)"
+    return Group(panel, table)

@@ -23,6 +23,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.interleave import interleave_labels
+from tokmix.provenance import RunDocuments
 from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, write_bytes
 from tokmix.summary import passes
 
@@ -90,6 +91,31 @@ def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict
         "tokens": dict(zip(names, tokens.tolist())),
         "text_bytes": dict(zip(names, text_bytes.round().astype(np.int64).tolist())) if byte_len is not None else None,
     }
+
+
+def shard_composition(out_dir: Path, index: dict) -> list[dict] | None:
+    """Each shard's documents and tokens by stream and its sources (files, by pass) from its provenance index,
+    None for a run without one. A shard's first token (the previous shard's last) is counted there, as in
+    tokens_by_stream; a document cut by a shard's end is a document of both shards."""
+    if "provenance" not in index:
+        return None
+    run = RunDocuments(out_dir, index)
+    names = list(index["mix"]["streams"])
+    stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.int64)
+    out = []
+    for k, shard in enumerate(index["shards"]):
+        records = run.shard(k).records
+        streams = stream_of[records["source"]]
+        tokens = np.zeros(len(names), dtype=np.int64)
+        np.add.at(tokens, streams, records["tokens"].astype(np.int64))
+        tokens[streams[0]] -= k > 0
+        if tokens.tolist() != [shard["tokens_by_stream"][n] for n in names]:
+            raise TokmixError(f"{shard['file']}: its provenance index gives its streams {tokens.tolist()} tokens, "
+                              f"index.json {list(shard['tokens_by_stream'].values())}")
+        out.append({"tokens": dict(zip(names, tokens.tolist())),
+                    "documents": dict(zip(names, np.bincount(streams, minlength=len(names)).tolist())),
+                    "sources": len(np.unique(records["source"]))})
+    return out
 
 
 def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | None:
@@ -521,19 +547,7 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
         ),
         "<h2>Share per shard</h2>",
         _img(plot_shard_shares(plt, index), "share of each stream in each shard"),
-        _table(
-            ["shard", "blocks", "tokens", *facts, "sha256"],
-            [
-                [
-                    s["file"],
-                    f"{s['blocks']:,}",
-                    f"{s['tokens']:,}",
-                    *(f"{s['tokens_by_stream'][n] / max(sum(s['tokens_by_stream'].values()), 1):.2%}" for n in facts),
-                    s.get("checksum", "")[:16] + "…",
-                ]
-                for s in index["shards"]
-            ],
-        ),
+        *_shard_tables(out_dir, index, list(facts)),
         "<h2>Document lengths</h2>",
         f'<p class="note">Tokens per document, {_e(lengths_note)}.</p>',
         _img(plot_doc_lengths(plt, facts), "document length distribution per stream"),
@@ -585,6 +599,29 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _shard_tables(out_dir: Path, index: dict, names: list[str]) -> list[str]:
+    """The shards' table: each stream's share of its tokens and, from the provenance index, its documents and
+    the source files (by pass) they came from."""
+    composition = shard_composition(out_dir, index)
+    rows = []
+    for k, s in enumerate(index["shards"]):
+        total = max(sum(s["tokens_by_stream"].values()), 1)
+        shares = [f"{s['tokens_by_stream'][n] / total:.2%}" for n in names]
+        if composition is not None:
+            docs = composition[k]["documents"]
+            shares = [f"{share} ({docs[n]:,} docs)" for share, n in zip(shares, names)]
+            extra = [f"{sum(docs.values()):,}", f"{composition[k]['sources']:,}"]
+        else:
+            extra = []
+        rows.append([s["file"], f"{s['blocks']:,}", f"{s['tokens']:,}", *extra, *shares,
+                     s.get("checksum", "")[:16] + "…"])
+    head = ["shard", "blocks", "tokens", *(["documents", "sources"] if composition is not None else []), *names,
+            "sha256"]
+    note = ('<p class="note">Documents and sources (files, by pass) from the provenance index; a document cut by a '
+            "shard's end counts in both shards.</p>" if composition is not None else "")
+    return [_table(head, rows), note]
 
 
 def _throughput_table(index: dict, timings: Path) -> str:
