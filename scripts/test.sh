@@ -8,4 +8,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,ray]"
 .venv/bin/ruff check tokmix tests bench scripts
-.venv/bin/python -m pytest -q "$@"
+# Two pytest-xdist workers: the suite keeps both cores of a 2-core machine busy (its tests wait on processes
+# they start); tests/conftest.py gives each worker whole modules, heaviest first. `-n 0` runs in one process.
+.venv/bin/python -m pytest -q -n 2 "$@"

@@ -39,8 +39,8 @@ def ray_head() -> Iterator[str]:
     """The address of a Ray head of 1 CPU started once for the session (`ray start`, its own temp dir and
     process group; a start costs 10-25 s of the machine's two cores). Every Ray test runs on it by address, as a
     user's run on a cluster would; tests/test_ray_cluster.py adds a second node to it (1 CPU each, so a run of
-    2 workers has a task on each). Tests that use it run in one pytest-xdist worker, one at a time (their group
-    is set below): a second node added by one test must not take another test's tasks."""
+    2 workers has a task on each). Tests that use it run in one pytest-xdist worker, one at a time (SAME_WORKER
+    below): a second node added by one test must not take another test's tasks."""
     pytest.importorskip("ray", reason="the Ray executor is an extra: pip install 'tokmix[ray]'")
     head, address = RayNode.head(num_cpus=1)
     try:
@@ -67,11 +67,45 @@ def ray_local_run(ray_corpus, tmp_path_factory) -> Path:
     return out
 
 
+# Under pytest-xdist (scripts/test.sh runs `-n 2`) each test module runs whole in one worker, so its module
+# fixtures (real runs) are built once, and modules are handed out in collection order: the heaviest first
+# (measured: each takes minutes of one core), so that the short ones fill in at the end. Files listed in
+# SAME_WORKER run in the worker of the file they map to: every Ray test runs where the session's Ray head is.
+HEAVY_FIRST = ("test_ray", "test_faults", "test_integrity", "test_pipeline")
+SAME_WORKER = {"tests/test_ray_cluster.py": "tests/test_ray.py"}
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests of Ray run together in one xdist worker (`--dist loadgroup`), where the session's head lives."""
     for item in items:
-        if "ray_head" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if "ray_head" in getattr(item, "fixturenames", ()) and \
+                SAME_WORKER.get(_module(item), _module(item)) != "tests/test_ray.py":
+            raise pytest.UsageError(f"{item.nodeid} uses the session's Ray head: list its file in tests/conftest.py's "
+                                    "SAME_WORKER, so that it runs in the worker where the head is")
+
+    def rank(item: pytest.Item) -> int:
+        stem = Path(SAME_WORKER.get(_module(item), _module(item))).stem
+        return HEAVY_FIRST.index(stem) if stem in HEAVY_FIRST else len(HEAVY_FIRST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only when it runs the tests
+def pytest_xdist_make_scheduler(config, log):
+    """Each module (SAME_WORKER's files joined) is one unit of work, handed out in collection order. Not xdist's
+    `--dist loadgroup`: with pytest 9.2 its groups are silently ignored (pytest-xdist issue 1386)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return SAME_WORKER.get(module, module)
+
+    config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems gave
+    return ModuleScheduling(config, log)
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

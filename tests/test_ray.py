@@ -52,7 +52,6 @@ def test_ray_writes_the_same_bytes_as_local(ray_address, ray_corpus, ray_local_r
     assert outputs(tmp_path) == outputs(ray_local_run)
 
 
-@pytest.mark.xdist_group("ray")
 def test_without_an_address_the_stage_process_starts_its_own_ray(ray_corpus, ray_local_run, tmp_path):
     """`--executor ray` alone: a private Ray instance of --workers CPUs in the stage process, one per stage,
     within the default memory budget (the guard counts the driver; Ray's memory monitor watches the rest)."""
