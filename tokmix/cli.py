@@ -91,10 +91,10 @@ def print_summary(out: Path, index: dict) -> None:
 
     console.print(mix_table(index))
     console.print(holdout_table(index))
-    from tokmix.shards import DamagedFile, read_json
+    from tokmix.shards import DamagedFile, Layout, read_json
 
     try:
-        timings = read_json(Path(out) / "tokmix-state" / "timings.json")
+        timings = read_json(Layout(out).timings)
     except DamagedFile:
         timings = None  # a table the summary can do without
     if timings:

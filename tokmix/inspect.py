@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
-from tokmix.shards import Delimiters, block_tokens, read_index, read_tokens
+from tokmix.shards import TOKENIZER_NAME, Delimiters, block_tokens, read_index, read_tokens
 from tokmix.summary import holdout_table, mix_table
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
@@ -76,10 +76,10 @@ def run_tokenizer(out_dir: Path, index: dict):
     from tokenizers import Tokenizer
 
     recorded = Path(index["tokenizer"])
-    for path in (recorded, out_dir / "tokenizer.json", out_dir / recorded.name):
+    for path in (recorded, out_dir / TOKENIZER_NAME, out_dir / recorded.name):
         if path.is_file():
             return Tokenizer.from_file(str(path))
-    raise TokmixError(f"tokenizer {recorded} not found (nor {out_dir / 'tokenizer.json'}); it decodes the tokens")
+    raise TokmixError(f"tokenizer {recorded} not found (nor {out_dir / TOKENIZER_NAME}); it decodes the tokens")
 
 
 def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:

@@ -15,7 +15,6 @@ import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import psutil
 
@@ -28,7 +27,6 @@ from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.runner import ERROR_EXIT_CODE, RunOptions, interrupt, load_recorded_recipe, log
 from tokmix.shards import (
-    STATE_DIR,
     TOKENIZER_NAME,
     DamagedFile,
     Layout,
@@ -105,7 +103,7 @@ class Timings:
     """Seconds per stage, summed over the restarts of a run."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state / "timings.json"
+        self.path = layout.timings
         self.seconds = remakable(self.path) or {}
 
     def add(self, stage: str, seconds: float) -> None:
@@ -117,7 +115,7 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     """(shards, holdouts) when the validated run of this recipe is on disk, every file at its size and its
     checksum in index.json (one read of each); None otherwise. A damaged file is removed, with its record and
     done.json, so that the run remakes it."""
-    done = remakable(layout.state / "done.json")
+    done = remakable(layout.done)
     if done is None or done.get("fingerprint") != recipe.fingerprint():
         return None
     index = remakable(layout.index)
@@ -137,7 +135,7 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
         (layout.root / name).unlink()
         layout.shard_record(name).unlink(missing_ok=True)
     if damaged:
-        (layout.state / "done.json").unlink()
+        (layout.done).unlink()
         return None
     return len(index["shards"]), len(index.get("val", {}))
 
@@ -376,7 +374,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
                 run_pipeline(ctx, timings)
             finally:
                 ctx.progress.stop()
-        write_json(layout.state / "done.json", {"fingerprint": recipe.fingerprint()})
+        write_json(layout.done, {"fingerprint": recipe.fingerprint()})
         publish_index(layout)
         fault_point("cleanup:before")
     if not options.keep_streams:
@@ -400,14 +398,14 @@ def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
     if report_fd is not None:
         os.write(report_fd, message.encode()[:REPORT_BYTES])
     try:
-        (layout.state / "error.txt").write_text(message + "\n")
+        (layout.error).write_text(message + "\n")
     except OSError:  # the full disk that stopped the run, most likely: the pipe carried the message
         pass
 
 
 def child_main(work: str, report_fd: int | None = None) -> int:
     """`work`: the run's state folder's parent (the output directory, or a store's local working folder)."""
-    options = RunOptions(**json.loads((Path(work) / STATE_DIR / "options.json").read_text()))
+    options = RunOptions(**json.loads(Layout(work).options.read_text()))
     layout = Layout(options.store, work=work) if options.store else Layout(work)
     signal.signal(signal.SIGTERM, interrupt)
     _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",

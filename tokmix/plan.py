@@ -30,14 +30,14 @@ from rich.text import Text
 from tokmix.backends import choose_backend, make_encoder
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import Delimiters, Layout, dtype_for_vocab, tokens_in_shard
+from tokmix.shards import UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.text import clean_surrogates
-from tokmix.tokenizer import TOKENIZER_FILE, document_delimiters, load_tokenizer, tokenizer_file, vocab_size
+from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_file, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -297,7 +297,7 @@ def _split_differences(recipe: Recipe, split: Split, mirrors) -> list[str]:
 def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
     """The tokenizer to sample with (None: guess), its vocabulary size, and how the estimate is made."""
     spec = recipe.tokenizer
-    earlier = out / TOKENIZER_FILE
+    earlier = Layout(out).tokenizer
     if spec.train is not None:
         vocab = spec.train.vocab_size
         if earlier.exists():
@@ -308,7 +308,7 @@ def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
     if spec.fetched and not earlier.exists():  # the run would write it; plan writes nothing of the run's
         scratch = tempfile.mkdtemp(prefix="tokmix-plan-")
         atexit.register(shutil.rmtree, scratch, True)
-        own = Path(scratch) / TOKENIZER_FILE
+        own = Layout(scratch).tokenizer
     path = tokenizer_file(recipe, own)
     tok = load_tokenizer(path)
     document_delimiters(tok, spec.doc_prefix, spec.doc_suffix, path)  # refused now, not mid-run
@@ -336,7 +336,8 @@ def _free_space(out: Path) -> tuple[Path, int]:
 
 
 def _already_written(layout: Layout) -> int:
-    files = [*layout.root.glob("*.bin"), *layout.streams.glob("*/units/*.tok"), *layout.streams.glob("*/units/*.len")]
+    units = [p for kind in ("tok", "len") for p in layout.streams.glob(f"*/{UNITS_DIR}/*.{kind}")]
+    files = [*layout.root.glob("*.bin"), *units]
     return sum(p.stat().st_size for p in files if p.is_file())
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
-from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, write_bytes
+from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, unit_file, write_bytes
 from tokmix.summary import passes
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
@@ -121,18 +121,18 @@ def shard_composition(out_dir: Path, index: dict) -> list[dict] | None:
 def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | None:
     """The stream's committed unit records (with their commit time) and the lengths of the documents it
     gave the run, when the intermediates were kept."""
-    meta_path = layout.stream(name) / "stream.json"
+    meta_path = layout.stream_meta(name)
     if not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text())
     folder = layout.stream(name) / "units"
     records = []
     for unit in meta["units"]:
-        path = folder / f"{unit['name']}.json"
+        path = unit_file(folder, unit["name"], "json")
         record = json.loads(path.read_text())
         record["committed_at"] = path.stat().st_mtime
         records.append(record)
-    per_unit = [np.fromfile(folder / f"{u['name']}.len", dtype=LENGTH_DTYPE) for u in meta["units"]]
+    per_unit = [np.fromfile(unit_file(folder, u["name"], "len"), dtype=LENGTH_DTYPE) for u in meta["units"]]
     lengths = np.concatenate(per_unit or [np.empty(0, LENGTH_DTYPE)])
     return records, lengths[: meta["docs"]].astype(np.int64)
 
@@ -489,8 +489,8 @@ def _length_rows(facts: dict[str, StreamFacts]) -> list[list]:
 
 def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) -> str:
     layout = Layout(out_dir)
-    done = layout.state / "done.json"
-    timings = layout.state / "timings.json"
+    done = layout.done
+    timings = layout.timings
     validated = done.exists() and json.loads(done.read_text()).get("fingerprint") == index.get("recipe_fingerprint")
     bpt = bytes_per_token(index, facts)
     sources = {f.lengths_from for f in facts.values()}

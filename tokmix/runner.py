@@ -121,7 +121,7 @@ def _holder(fd: int) -> list[str]:
 
 
 def _same_recipe(layout: Layout, recipe: Recipe) -> None:
-    path = layout.state / "recipe.json"
+    path = layout.recorded_recipe
     recorded = read_json(path)  # damaged: named, with --restart as the remedy
     if recorded is not None:
         if not isinstance(recorded, dict) or not isinstance(recorded.get("output_fields"), dict):
@@ -133,7 +133,7 @@ def _same_recipe(layout: Layout, recipe: Recipe) -> None:
 
 
 def _record_recipe(layout: Layout, recipe: Recipe) -> None:
-    write_json(layout.state / "recipe.json", {"recipe": recipe.model_dump(mode="json"),
+    write_json(layout.recorded_recipe, {"recipe": recipe.model_dump(mode="json"),
                                              "base_dir": str(recipe.base_dir), "output_fields": recipe.output_fields()})
 
 
@@ -162,7 +162,7 @@ def _same_store_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: b
 
 
 def load_recorded_recipe(layout: Layout) -> Recipe:
-    data = json.loads((layout.state / "recipe.json").read_text())
+    data = json.loads((layout.recorded_recipe).read_text())
     return recipe_from_dict(data["recipe"], Path(data["base_dir"]))
 
 
@@ -229,8 +229,8 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         _record_recipe(layout, recipe)
         if layout.remote:
             write_json(layout.root / STATE_DIR / STORE_RUN_NAME, _store_run(layout, recipe))
-        write_json(layout.state / "options.json", asdict(options))
-        (layout.state / "error.txt").unlink(missing_ok=True)
+        write_json(layout.options, asdict(options))
+        (layout.error).unlink(missing_ok=True)
         fruitless = 0
         while True:
             before = _progress_marker(layout)

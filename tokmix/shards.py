@@ -30,6 +30,7 @@ INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 UNITS_DIR = "units"
+STREAM_META = "stream.json"  # in a stream's folder: the finished stream's record
 DOCS_SUFFIX = ".docs"  # beside a train shard or holdout: its provenance index (tokmix.provenance)
 INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
 STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
@@ -153,8 +154,31 @@ def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
     return [blocks_per_shard] * full + ([rest] if rest else [])
 
 
-_UNIT_FILE = re.compile(r"\d{6}\.(tok|len|src|json)")  # what a units folder holds (sources.Unit.name)
+UNIT_KINDS = ("tok", "len", "src", "json")  # a unit's tokens, tokens per document, documents' places, record
+
+
+def unit_name(index: int) -> str:
+    """A work unit's name: its index in the stream, six digits (units list in order)."""
+    return f"{index:06d}"
+
+
+def unit_file(units_dir: str | os.PathLike | ObjectPath, unit: int | str, kind: str) -> Path | ObjectPath:
+    """A unit's file of `kind` (UNIT_KINDS) in its stream's units folder (Layout.units), by index or name."""
+    return as_path(units_dir) / f"{unit_name(unit) if isinstance(unit, int) else unit}.{kind}"
+
+
+_UNIT_FILE = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units folder holds
 _TMP = re.compile(r"(.+)\.tmp-\d+")  # a file being written under its temporary name (_tmp_name)
+
+
+class _In:
+    """A Layout attribute: the path of `name` in the layout's folder `folder` ("root", "work", "state", ...)."""
+
+    def __init__(self, folder: str, name: str):
+        self.folder, self.name = folder, name
+
+    def __get__(self, layout: Layout, owner: type | None = None) -> Path:
+        return getattr(layout, self.folder) / self.name
 
 
 class Layout:
@@ -193,26 +217,23 @@ class Layout:
         beside index.json)."""
         return self.work / TOKENIZER_NAME
 
-    @property
-    def streams(self) -> Path:
-        return self.root / STREAMS_DIR
-
-    @property
-    def interleave_labels(self) -> Path:
-        return self.streams / INTERLEAVE_LABELS
-
-    @property
-    def state(self) -> Path:
-        return self.work / STATE_DIR
+    streams = _In("root", STREAMS_DIR)
+    interleave_labels = _In("streams", INTERLEAVE_LABELS)
+    state = _In("work", STATE_DIR)
+    lock = _In("state", LOCK_NAME)
+    # the state folder's files: the run's identity and options (runner), its progress and outcome (pipeline)
+    recorded_recipe = _In("state", "recipe.json")
+    options = _In("state", "options.json")
+    done = _In("state", "done.json")  # written last: the run of this fingerprint was validated
+    timings = _In("state", "timings.json")
+    error = _In("state", "error.txt")  # the one line a failed stage process ended with, for `tokmix status`
+    unit_bytes = _In("state", "unit_bytes.json")  # the unit size the streams were cut with: a resume keeps it
+    documents_used = _In("state", "documents_used.json")
 
     @property
     def record(self) -> Path:
         """What tokmix created in the output directory: beside what it names (on the store for a store)."""
         return self.root / STATE_DIR / RECORD_NAME
-
-    @property
-    def lock(self) -> Path:
-        return self.state / LOCK_NAME
 
     def train(self, k: int) -> Path:
         return self.root / train_name(k)
@@ -231,7 +252,7 @@ class Layout:
         return self.stream(stream) / UNITS_DIR
 
     def stream_meta(self, stream: str) -> Path:
-        return self.stream(stream) / "stream.json"
+        return self.stream(stream) / STREAM_META
 
     # ------------------------------------------------------------------ what the run creates, and the record
     def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool,
@@ -246,7 +267,7 @@ class Layout:
     def sample_paths(self) -> list[Path]:
         """One path of every kind tokmix may write, for asking whether a source pattern would match them."""
         stream = self.stream("s")
-        return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.state / "recipe.json",
+        return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.recorded_recipe,
                 self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
                 for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)), _tmp_name(self.train(0))]
 
@@ -332,7 +353,7 @@ class Layout:
         if folder.name == UNITS_DIR and folder.parent.parent == self.streams:
             return bool(_UNIT_FILE.fullmatch(name))
         if folder.parent == self.streams:
-            return name == "stream.json"
+            return name == STREAM_META
         if folder == self.streams:
             return name == INTERLEAVE_LABELS
         return False

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe, recipe_from_dict
-from tokmix.shards import Layout, index_dtype, read_index, tokens_in_shard
+from tokmix.shards import Layout, index_dtype, read_index, tokens_in_shard, unit_file
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Status:
 
 
 def _recorded_recipe(layout: Layout) -> Recipe:
-    path = layout.state / "recipe.json"
+    path = layout.recorded_recipe
     if not path.exists():
         raise TokmixError(f"{layout.root}: no tokmix run here ({path} not found)")
     data = json.loads(path.read_text())
@@ -110,17 +110,17 @@ def _json(path: Path) -> dict | None:
 def _stream_status(layout: Layout, recipe: Recipe, name: str, index: dict, validated: bool) -> StreamStatus:
     spec, budget = recipe.streams[name], recipe.budget(name)
     folder = layout.stream(name)
-    meta = _json(folder / "stream.json")
+    meta = _json(layout.stream_meta(name))
     if meta is not None:
         return StreamStatus(name, spec.domain, budget, meta["tokens"], meta["docs"], len(meta["units"]), True)
     if validated and not folder.exists():  # intermediates removed after validation
         meta = index.get("mix", {}).get("streams", {}).get(name, {})
         return StreamStatus(name, spec.domain, budget, meta.get("tokens", budget), meta.get("docs", 0), 0, True)
     tokens = docs = units = 0
-    for path in (folder / "units").glob("*.json"):
+    units_dir = layout.units(name)
+    for path in units_dir.glob("*.json"):
         record = _json(path)
-        stem = path.with_suffix("")
-        if record and stem.with_suffix(".tok").exists() and stem.with_suffix(".len").exists():
+        if record and all(unit_file(units_dir, path.stem, kind).exists() for kind in ("tok", "len")):
             tokens, docs, units = tokens + record["tokens"], docs + record["docs"], units + 1
     return StreamStatus(name, spec.domain, budget, tokens, docs, units, False)
 
@@ -140,7 +140,7 @@ def status(out_dir: str | os.PathLike) -> Status:
     layout = Layout(out_dir)
     recipe = _recorded_recipe(layout)
     index = read_index(layout.root) if layout.index.exists() else {}
-    done = _json(layout.state / "done.json") or {}
+    done = _json(layout.done) or {}
     validated = done.get("fingerprint") == recipe.fingerprint()
     lock, running = _lock(layout)
     val = index.get("val", {})
@@ -148,20 +148,20 @@ def status(out_dir: str | os.PathLike) -> Status:
     forced = recipe.tokenizer.dtype if recipe.tokenizer.dtype != "auto" else None
     itemsize = index_dtype(index if "dtype" in index or forced is None else {"dtype": forced}).itemsize
     plan = recipe.shard_blocks
-    error = layout.state / "error.txt"
+    error = layout.error
     return Status(
         out=layout.root,
         recipe=recipe,
         lock=lock,
         running=running,
-        tokenizer=bool(recipe.tokenizer_path) or (layout.root / "tokenizer.json").exists(),
+        tokenizer=bool(recipe.tokenizer_path) or layout.tokenizer.exists(),
         holdouts=holdouts,
         streams={n: _stream_status(layout, recipe, n, index, validated) for n in recipe.streams},
         shards_planned=plan,
         shards_written=_shards_written(layout, plan, recipe.layout.seq_len, itemsize),
         validated=validated,
         error=error.read_text().strip() if error.exists() and not running else None,
-        timings=_json(layout.state / "timings.json") or {},
+        timings=_json(layout.timings) or {},
     )
 
 

@@ -65,7 +65,7 @@ def document_delimiters(tok: Tokenizer, prefix: list[str], suffix: list[str], pa
     return Delimiters(ids(prefix, "doc_prefix"), ids(suffix, "doc_suffix"))
 
 
-TOKENIZER_FILE = "tokenizer.json"  # a Hub repository's; and a run's own (trained, copied or converted) in its output
+TOKENIZER_FILE = "tokenizer.json"  # the file a Hub repository holds its tokenizer in (a run's own: Layout.tokenizer)
 
 
 def vocab_size(tok: Tokenizer) -> int:

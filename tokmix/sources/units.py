@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokmix.errors import TokmixError
-from tokmix.shards import UNIT_BYTES
+from tokmix.shards import UNIT_BYTES, unit_name
 from tokmix.sources import jsonl, parquet
 from tokmix.sources import text as plain
 from tokmix.sources.pieces import HugeText, Piece, Places, reading
@@ -31,7 +31,7 @@ class Unit:
 
     @property
     def name(self) -> str:
-        return f"{self.index:06d}"
+        return unit_name(self.index)
 
     @property
     def size(self) -> int:

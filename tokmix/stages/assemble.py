@@ -31,6 +31,7 @@ from tokmix.shards import (
     open_read,
     read_json,
     tokens_in_shard,
+    unit_file,
     write_bytes,
     write_json,
     write_record,
@@ -234,7 +235,7 @@ def stream_origins(directory: Path, units: list[dict], first_source: int) -> Str
     lines: dict[str, int] = {}  # a JSONL file's lines in the pieces before
     passes = 1
     for unit in units:
-        record = read_json(directory / f"{unit['name']}.json", sealed=True)
+        record = read_json(unit_file(directory, unit["name"], "json"), sealed=True)
         passes = max(passes, record.get("pass", 1))
         if record.get("pass", 1) > 1:
             continue
@@ -494,7 +495,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
     layout.remove_created(sorted(layout.root.glob("train_*.docs"))[len(plan) if recipe.layout.provenance else 0:])
-    used_path, sources_path = layout.state / "documents_used.json", sources_state(ctx)
+    used_path, sources_path = layout.documents_used, sources_state(ctx)
     try:
         used = read_json(used_path)
         if recipe.layout.provenance and read_json(sources_path, sealed=True) is None:

@@ -14,7 +14,16 @@ import numpy as np
 
 from tokmix.faults import fault_point
 from tokmix.provenance import UNIT_DOC_DTYPE
-from tokmix.shards import LENGTH_DTYPE, TokenFileWriter, read_array, read_tokens, write_bytes, write_record
+from tokmix.shards import (
+    LENGTH_DTYPE,
+    TokenFileWriter,
+    read_array,
+    read_tokens,
+    unit_file,
+    unit_name,
+    write_bytes,
+    write_record,
+)
 from tokmix.stages import cached
 from tokmix.store import as_path
 
@@ -34,7 +43,7 @@ class RepeatUnit:
 
     @property
     def name(self) -> str:
-        return f"{self.index:06d}"
+        return unit_name(self.index)
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
     document of each unit (pass_units + 1 entries). Built once per process: every repeat unit needs it."""
 
     def build():
-        per_unit = [read_array(as_path(unit_dir) / f"{i:06d}.len", LENGTH_DTYPE) for i in range(pass_units)]
+        per_unit = [read_array(unit_file(unit_dir, i, "len"), LENGTH_DTYPE) for i in range(pass_units)]
         lengths = np.concatenate(per_unit).astype(np.int64)
         unit = np.repeat(np.arange(pass_units, dtype=np.int32), [len(x) for x in per_unit])
         offset = np.concatenate([np.cumsum(x, dtype=np.int64) - x for x in per_unit])
@@ -86,7 +95,7 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
 def _pass_one_places(unit_dir: str, pass_units: int) -> np.ndarray:
     """Pass 1's documents' places and checksums (UNIT_DOC_DTYPE), in pass-1 order; built once per process."""
     return cached(("pass one places", unit_dir, pass_units), lambda: np.concatenate(
-        [read_array(as_path(unit_dir) / f"{i:06d}.src", UNIT_DOC_DTYPE) for i in range(pass_units)]))
+        [read_array(unit_file(unit_dir, i, "src"), UNIT_DOC_DTYPE) for i in range(pass_units)]))
 
 
 def repeat_unit(task: RepeatTask) -> dict:
@@ -100,7 +109,7 @@ def repeat_unit(task: RepeatTask) -> dict:
         reached = np.flatnonzero(np.cumsum(take) >= task.limit)
         if len(reached):
             docs, take = docs[: reached[0] + 1], take[: reached[0] + 1]
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype),  # sha256 for its record
+    writer = TokenFileWriter(unit_file(unit_dir, unit.name, "tok"), np.dtype(task.dtype),  # sha256 for its record
                              fault="streams:unit-mid-write")  # a repeat unit is a unit to the crash tests
     sources: dict[int, np.ndarray] = {}
     chunk, pending = [], 0
@@ -108,7 +117,7 @@ def repeat_unit(task: RepeatTask) -> dict:
         for d in docs.tolist():
             u = int(doc_unit[d])
             if u not in sources:
-                sources[u] = read_tokens(unit_dir / f"{u:06d}.tok", task.dtype)
+                sources[u] = read_tokens(unit_file(unit_dir, u, "tok"), task.dtype)
             chunk.append(sources[u][offset[d] : offset[d] + lengths[d]])
             pending += int(lengths[d])
             if pending >= GATHER_TOKENS:
@@ -120,12 +129,12 @@ def repeat_unit(task: RepeatTask) -> dict:
         writer.abort()
         raise
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
-    lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", take.astype(LENGTH_DTYPE).tobytes())
+    lengths_sha256 = write_bytes(unit_file(unit_dir, unit.name, "len"), take.astype(LENGTH_DTYPE).tobytes())
     src = {}
     if task.provenance:
         places = _pass_one_places(task.unit_dir, task.pass_units)[docs]  # a copy: marking the pass keeps pass 1's
         places["pass"] = unit.pass_no
-        src = {"src_sha256": write_bytes(unit_dir / f"{unit.name}.src", places.tobytes())}
+        src = {"src_sha256": write_bytes(unit_file(unit_dir, unit.name, "src"), places.tobytes())}
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -143,5 +152,5 @@ def repeat_unit(task: RepeatTask) -> dict:
         "len_sha256": lengths_sha256,
         **src,
     }
-    write_record(unit_dir / f"{unit.name}.json", record)  # checked as a tokenized unit's is
+    write_record(unit_file(unit_dir, unit.name, "json"), record)  # checked as a tokenized unit's is
     return record

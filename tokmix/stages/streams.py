@@ -32,6 +32,7 @@ from tokmix.shards import (
     file_checksum,
     read_array,
     read_json,
+    unit_file,
     write_bytes,
     write_record,
 )
@@ -152,7 +153,8 @@ def tokenize_unit(task: UnitTask) -> dict:
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
     # sha256 as the tokens are written, checked when a later stage process reads the unit
-    writer = TokenFileWriter(unit_dir / f"{unit.name}.tok", np.dtype(task.dtype), fault="streams:unit-mid-write")
+    writer = TokenFileWriter(unit_file(unit_dir, unit.name, "tok"), np.dtype(task.dtype),
+                             fault="streams:unit-mid-write")
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
@@ -199,10 +201,10 @@ def tokenize_unit(task: UnitTask) -> dict:
         texts.close()  # the source file, also when the unit stops at its limit
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
-    lengths_sha256 = write_bytes(unit_dir / f"{unit.name}.len", lengths.tobytes())
+    lengths_sha256 = write_bytes(unit_file(unit_dir, unit.name, "len"), lengths.tobytes())
     src = {}
     if places is not None:  # sha256 as every intermediate's; `lines`: where a JSONL file's next piece starts
-        src = {"src_sha256": write_bytes(unit_dir / f"{unit.name}.src", documents.result().tobytes()),
+        src = {"src_sha256": write_bytes(unit_file(unit_dir, unit.name, "src"), documents.result().tobytes()),
                "lines": [places.lines.get(i, 0) for i in range(len(unit.pieces))]}
     fault_point("streams:unit-before-record")
     record = {
@@ -221,7 +223,7 @@ def tokenize_unit(task: UnitTask) -> dict:
         "len_sha256": lengths_sha256,
         **src,
     }
-    write_record(unit_dir / f"{unit.name}.json", record)
+    write_record(unit_file(unit_dir, unit.name, "json"), record)
     return record
 
 
@@ -231,7 +233,7 @@ def meta_path(ctx: Context, stream: str) -> Path:
 
 
 def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
-    return read_array(ctx.layout.units(stream) / f"{name}.len", LENGTH_DTYPE)
+    return read_array(unit_file(ctx.layout.units(stream), name, "len"), LENGTH_DTYPE)
 
 
 def load_meta(ctx: Context, stream: str) -> dict | None:
@@ -248,7 +250,7 @@ def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, s
     """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
     token or lengths file is missing or not the bytes the record's checksums were taken of (one read of each)."""
     try:
-        record = read_json(directory / f"{name}.json", sealed=True)
+        record = read_json(unit_file(directory, name, "json"), sealed=True)
     except DamagedFile as e:
         return None, e.why
     if record is None:
@@ -563,7 +565,7 @@ def run_streams(ctx: Context) -> dict[str, dict]:
     todo = [name for name, meta in metas.items() if meta is None]
     if todo:
         # units are numbered by how files were cut: a resume keeps the cut the run started with
-        cut = ctx.layout.state / "unit_bytes.json"
+        cut = ctx.layout.unit_bytes
         recorded = read_json(cut, sealed=True)  # sealed: a truncated number is still a number
         if recorded is not None:
             ctx.unit_bytes = recorded["unit_bytes"]
