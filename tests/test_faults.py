@@ -99,7 +99,8 @@ def assert_every_visible_file_is_whole(out: Path, clean_dir: Path, recipe: Path)
     """After a kill: every file under a final name is complete. Train and val files have the size the recipe
     gives and the clean run's bytes; every JSON file parses, and index.json and the shard records say what the
     clean run's say; a unit's token and length files agree with each other and with the clean run's unit
-    (which may have been cut at its limit, or not: one is a prefix of the other, ending at a document)."""
+    (which may have been cut at its limit, or not: one is a prefix of the other, ending at a document), and so
+    do its documents' places; a provenance index is the clean run's."""
     sizes = expected_sizes(recipe)
     for path in sorted(p for p in out.rglob("*") if p.is_file() and ".tmp-" not in p.name):
         name, twin = path.relative_to(out).as_posix(), clean_dir / path.relative_to(out)
@@ -116,8 +117,11 @@ def assert_every_visible_file_is_whole(out: Path, clean_dir: Path, recipe: Path)
                 assert record.get("shards", want["shards"]) == want["shards"]
         elif path.suffix in (".tok", ".len"):
             _assert_unit_file_whole(path, twin)
-        elif path.suffix in (".npy", ".fingerprints") or name == "tokenizer.json":
+        elif path.suffix in (".npy", ".fingerprints", ".docs") or name == "tokenizer.json":
             assert data == twin.read_bytes(), name
+        elif path.suffix == ".src":  # a unit's document places: whole records, the clean unit's or a prefix of it
+            want = twin.read_bytes()
+            assert len(data) % 16 == 0 and (want.startswith(data) or data.startswith(want)), name
 
 
 def _assert_unit_file_whole(path: Path, twin: Path) -> None:
