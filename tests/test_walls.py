@@ -1,5 +1,5 @@
 """The walls between tokmix's modules (docs/architecture.md), read from the code's own imports: an AST scan of
-every module for what it may not import, and fresh interpreters for what an import loads."""
+every module (imports inside functions included) per wall, and fresh interpreters for what an import loads."""
 
 from __future__ import annotations
 
@@ -13,35 +13,124 @@ import tokmix
 PACKAGE = Path(tokmix.__file__).parent
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every tokmix module `path` imports, at any depth of its code (lazy imports included)."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module `module` imports, at any depth of its code: `from a import b` counts as a and as a.b (b
+    may be a module). tokmix imports absolutely (a relative import fails here, so none hides)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return {name for name in found if name.split(".")[0] == "tokmix"}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module, f"{module}: a relative import"
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found
 
 
-def modules(folder: str) -> list[Path]:
-    return sorted((PACKAGE / folder).rglob("*.py")) if (PACKAGE / folder).is_dir() else [PACKAGE / f"{folder}.py"]
+def tokmix_imports(module: str) -> set[str]:
+    """The tokmix modules `module` imports (names imported from a module that are not modules themselves are
+    dropped)."""
+    return {name for name in imports_of(module) if name in MODULES and name != module}
 
 
-def breaches(folder: str, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{path.relative_to(PACKAGE.parent)} imports {name}" for path in modules(folder)
-            for name in sorted(imports_of(path)) if name.startswith(forbidden)]
+def members(prefix: str) -> list[str]:
+    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
 
 
+# ---------------------------------------------------------------------------- what each foundation may import
+# A foundation module imports only these tokmix modules: the format, the training side and reading sources
+# stand on their own, so a training job or a Ray worker loads what it needs and nothing of the pipeline.
+ONLY = {
+    "tokmix.errors": set(),
+    "tokmix.text": set(),
+    "tokmix.store": {"tokmix.errors"},
+    "tokmix.faults": set(),
+    "tokmix.shards": {"tokmix.errors", "tokmix.faults", "tokmix.store"},
+    "tokmix.provenance": {"tokmix.errors", "tokmix.shards"},
+    "tokmix.interleave": {"tokmix.shards"},
+    "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.provenance", "tokmix.store"},
+    "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
+    "tokmix.backends": {"tokmix.errors", "tokmix.text"},
+    "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards"},
+    **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", *members("tokmix.sources")}
+       for m in members("tokmix.sources")},
+}
+
+
+def test_a_foundation_imports_only_what_it_may():
+    assert {m: tokmix_imports(m) - ONLY[m] for m in ONLY if tokmix_imports(m) - ONLY[m]} == {}
+
+
+# ---------------------------------------------------------------------------- what the stages may not import
+STAGES = ("tokmix.stages.holdout", "tokmix.stages.streams", "tokmix.stages.assemble", "tokmix.stages.validate")
+ABOVE_THE_STAGES = ("tokmix.pipeline", "tokmix.runner", "tokmix.cli", "tokmix.executors", "tokmix.progress",
+                    "tokmix.summary", "tokmix.status", "tokmix.report", "tokmix.plan", "tokmix.inspect",
+                    "tokmix.trace", "tokmix.manifest", "tokmix.demo", "tokmix.export", "tokmix.tokenizer")
+
+
+def test_a_stage_imports_nothing_that_drives_or_shows_it():
+    found = {m: tokmix_imports(m) & set(ABOVE_THE_STAGES) for m in members("tokmix.stages")}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+def test_stages_talk_through_their_outputs_not_each_others_code():
+    """A stage reads what an earlier stage wrote (Layout's paths, records), never its functions; streams' repeat
+    units (stages.passes) are part of the streams stage."""
+    found = {}
+    for module in STAGES:
+        others = {m for m in members("tokmix.stages") if m not in ("tokmix.stages", module)}
+        allowed = {"tokmix.stages.passes"} if module == "tokmix.stages.streams" else set()
+        found[module] = tokmix_imports(module) & others - allowed
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+def test_the_supervisor_imports_none_of_the_pipeline():
+    """The runner starts the stage process in a fresh interpreter: a change to the pipeline cannot break the
+    lock, the recorded recipe or the restarts."""
+    pipeline = {"tokmix.pipeline", "tokmix.tokenizer", "tokmix.backends", *members("tokmix.stages"),
+                *members("tokmix.sources")}
+    assert tokmix_imports("tokmix.runner") & pipeline == set()
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = {f"{module}: {name}" for module in MODULES for name in imports_of(module)
+               if name.startswith("tokmix.") and name.rpartition(".")[2].startswith("_")
+               and not name.rpartition(".")[2].startswith("__")}
+    assert private == set()
+
+
+# ---------------------------------------------------------------------------- heavy libraries stay where they belong
+ONLY_IN = {  # a library -> the modules that may import it
+    "typer": {"tokmix.cli"},
+    "rich": {"tokmix.cli", "tokmix.progress", "tokmix.summary", "tokmix.status", "tokmix.plan", "tokmix.inspect",
+             "tokmix.trace"},
+    "ray": {"tokmix.executors"},
+    "pyarrow": {*members("tokmix.sources"), "tokmix.demo"},
+}
+
+
+def test_a_heavy_library_is_imported_only_where_it_is_used():
+    found = {library: {m for m in MODULES if any(name.split(".")[0] == library for name in imports_of(m))}
+             - ONLY_IN[library] for library in ONLY_IN}
+    assert {library: modules for library, modules in found.items() if modules} == {}
+
+
+# ---------------------------------------------------------------------------- what an import loads
 def loaded_by(statement: str) -> set[str]:
     """Top-level names of the modules a fresh interpreter holds after `statement`."""
     code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
     return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
 
 
-def test_reading_sources_knows_no_tokenizer():
-    assert breaches("sources", ("tokmix.backends", "tokmix.tokenizer", "tokmix.stages", "tokmix.pipeline")) == []
+def test_the_training_side_loads_no_pipeline_library():
+    assert {"pyarrow", "tokenizers", "rich", "typer", "ray"} & loaded_by("import tokmix.data") == set()
 
 
 def test_importing_a_stage_loads_no_display():

@@ -1,6 +1,7 @@
-"""The output format: file names in the output directory, token dtype, document delimiters, block arithmetic, atomic
-writes and index.json. Every producer and consumer of shards goes through this module, and it imports
-nothing of the pipeline, so a training job that reads shards needs numpy alone.
+"""The output format: every path in the output directory (Layout), token dtype, document delimiters, block
+arithmetic, atomic writes, commit records, and reading and writing index.json (its schema: tokmix.manifest).
+Every producer and consumer of shards goes through this module, and it imports nothing of the pipeline, so a
+training job that reads shards needs numpy alone.
 
 A shard of `blocks` blocks holds `blocks * seq_len + 1` tokens; its last token is repeated as the first
 token of the next shard, so block j of a shard is `tokens[j * seq_len : j * seq_len + seq_len + 1]`.
