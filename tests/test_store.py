@@ -1,11 +1,14 @@
 """Output straight to an object store: a real S3 server (moto's, on localhost, started once for this module)
-reached through s3fs, as a bucket on AWS is. Workers write units and shards to it under their final names, each
-committed by a record written after it; a run killed inside an upload resumes from the committed records, and
-the result is byte for byte what a local run writes; `tokmix validate` checks it on the store."""
+reached through s3fs, as a bucket on AWS is, and a GCS one (gcp-storage-emulator's) through gcsfs. Workers
+write units and shards to it under their final names, each committed by a record written after it; a run
+killed inside an upload resumes from the committed records, and the result is byte for byte what a local run
+writes; `tokmix validate` checks it on the store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,15 +27,28 @@ ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "tokmix-test"
 
 
-@pytest.fixture(scope="module")
-def s3():
-    """A real S3 API on 127.0.0.1 (moto's server in a thread of this process), one bucket; the endpoint and
-    credentials set where s3fs finds them, in this process (fsspec's config) and in the runs it starts (their
-    environment)."""
-    import logging
-
+@contextlib.contextmanager
+def configured(env: dict[str, str], protocol: str, conf: dict):
+    """A store's endpoint and credentials where fsspec finds them: in this process (fsspec's config) and in the
+    runs it starts (their environment); put back as they were afterwards."""
     import fsspec
 
+    saved_env, saved_conf = {k: os.environ.get(k) for k in env}, fsspec.config.conf.get(protocol)
+    os.environ.update(env)
+    fsspec.config.conf[protocol] = conf
+    try:
+        yield
+    finally:
+        for k, v in saved_env.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        fsspec.config.conf.pop(protocol, None)
+        if saved_conf is not None:
+            fsspec.config.conf[protocol] = saved_conf
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3 API on 127.0.0.1 (moto's server in a thread of this process) with one bucket."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -40,19 +56,14 @@ def s3():
     endpoint = f"http://{host}:{port}"
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "FSSPEC_S3_ENDPOINT_URL": endpoint}
-    saved_env, saved_conf = {k: os.environ.get(k) for k in env}, fsspec.config.conf.get("s3")
-    os.environ.update(env)
-    fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
-    client.create_bucket(Bucket=BUCKET)
     try:
-        yield client
+        with configured(env, "s3", {"endpoint_url": endpoint}):
+            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                                  aws_secret_access_key="testing")
+            client.create_bucket(Bucket=BUCKET)
+            yield client
     finally:
         server.stop()
-        for k, v in saved_env.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        fsspec.config.conf.pop("s3", None) if saved_conf is None else fsspec.config.conf.__setitem__("s3", saved_conf)
 
 
 def objects(client, prefix: str) -> dict[str, bytes]:
@@ -154,3 +165,34 @@ def test_file_urls_are_local_paths(finished_run, tmp_path):
 def test_an_output_url_that_workers_cannot_share_is_refused(finished_run, tmp_path, url):
     with pytest.raises(TokmixError, match=f"output {url}: "):
         tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=tmp_path, workers=1)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """The GCS JSON API on 127.0.0.1 (gcp-storage-emulator, in a thread of this process) with one bucket, and a
+    gcsfs client of its own. gcsfs's experimental zonal/HNS probe (gRPC) is off: the emulator speaks HTTP only."""
+    emulator = pytest.importorskip("gcp_storage_emulator.server", reason="gcp-storage-emulator is not installed "
+                                                                         "(the test extra)")
+    server = emulator.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+    env = {"STORAGE_EMULATOR_HOST": endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+           "FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GCS_PROJECT": "test"}
+    try:
+        with configured(env, "gcs", {"token": "anon", "project": "test"}):
+            gcsfs = pytest.importorskip("gcsfs", reason="gcsfs is not installed (the test extra)")
+            yield gcsfs.GCSFileSystem(token="anon", project="test", endpoint_url=endpoint, skip_instance_cache=True)
+    finally:
+        server.stop()
+
+
+def test_a_run_to_gcs_writes_what_a_local_run_writes(gcs, finished_run, tmp_path):
+    url = f"gs://{BUCKET}/run"
+    tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=tmp_path / "work", workers=2)
+    gcs.invalidate_cache()
+    found = {p.removeprefix(f"{BUCKET}/run/"): gcs.cat_file(p) for p in gcs.find(f"{BUCKET}/run")}
+    same_as_local(found, finished_run)
+    assert not [n for n in found if n.startswith("streams/")]
+    assert not list((tmp_path / "work").rglob("*.bin")), "written straight to the store, not staged locally"
+    checked = cli("validate", url)
+    assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
