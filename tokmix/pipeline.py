@@ -219,7 +219,7 @@ def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None
 
 def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors) -> str:
     """The backend, checked once per run and recorded: restarts reuse the decision."""
-    path = layout.state / "backend.json"
+    path = layout.backend_choice
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
     if (recorded := remakable(path)) is not None and recorded.get("key") == key:
         return recorded["backend"]
@@ -241,7 +241,7 @@ def _same_tokenizer(layout: Layout, path: str) -> str:
     """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes is
     refused: the holdouts and units already written hold the first tokenizer's ids. (Another path is a changed
     recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
-    checksum, record = tokenizer_checksum(path), layout.state / "tokenizer.checksum.json"
+    checksum, record = tokenizer_checksum(path), layout.tokenizer_checksum
     first = read_json(record)  # damaged: the one line naming it (what it recorded cannot be remade)
     if first is None:
         write_json(record, {"path": path, "sha256": checksum})
@@ -274,7 +274,7 @@ def _same_split(layout: Layout, path: str, split: Split) -> None:
     """The split file's content, recorded when the run first reads it: it is part of the run's identity, like
     the recipe. A resume finding another split is refused: the holdouts and units already written follow the
     first one, and a file moved from holdout to train would put holdout documents in the train shards."""
-    record = layout.state / "split.json"
+    record = layout.split_record
     if not record.exists():
         write_json(record, {"path": path, "split": split})
         return

@@ -230,6 +230,16 @@ class Layout:
     error = _In("state", "error.txt")  # the one line a failed stage process ended with, for `tokmix status`
     unit_bytes = _In("state", "unit_bytes.json")  # the unit size the streams were cut with: a resume keeps it
     documents_used = _In("state", "documents_used.json")
+    backend_choice = _In("state", "backend.json")  # the backend checked once per run: restarts reuse it
+    tokenizer_checksum = _In("state", "tokenizer.checksum.json")  # a resume with other tokenizer bytes is refused
+    split_record = _In("state", "split.json")  # a resume with another split is refused
+    provenance_sources = _In("state", "sources.json")  # the train shards' table of sources (tokmix.provenance)
+
+    def holdout_state(self, domain: str, kind: str) -> Path:
+        """What the holdout stage keeps of a domain: its documents' "hashes" and "lengths" (characters), and the
+        "record" of their checksums."""
+        suffix = {"hashes": "hashes.npy", "lengths": "lengths.npy", "record": "json"}[kind]
+        return self.state / f"holdout_{domain}.{suffix}"
 
     @property
     def record(self) -> Path:

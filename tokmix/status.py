@@ -79,7 +79,7 @@ def _recorded_recipe(layout: Layout) -> Recipe:
 def _lock(layout: Layout) -> tuple[tuple[str, int] | None, bool]:
     """The lock's owner and whether it is alive; a lock of another host counts as alive (it cannot be checked)."""
     try:
-        parts = (layout.state / "lock").read_text().split()
+        parts = layout.lock.read_text().split()
     except FileNotFoundError:
         return None, False
     if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):

@@ -454,10 +454,6 @@ def write_labels(ctx: Context, docs: list[int]) -> Labels:
     return Labels(kind, tuple(docs), seed, str(path))
 
 
-def sources_state(ctx: Context) -> Path:
-    return ctx.layout.state / "sources.json"
-
-
 def _record_path(ctx: Context, k: int) -> Path:
     return ctx.layout.shard_record(ctx.layout.train(k).name)
 
@@ -495,7 +491,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
     layout.remove_created(sorted(layout.root.glob("train_*.docs"))[len(plan) if recipe.layout.provenance else 0:])
-    used_path, sources_path = layout.documents_used, sources_state(ctx)
+    used_path, sources_path = layout.documents_used, ctx.layout.provenance_sources
     try:
         used = read_json(used_path)
         if recipe.layout.provenance and read_json(sources_path, sealed=True) is None:
@@ -542,6 +538,6 @@ def provenance_entry(ctx: Context) -> dict:
     text field each stream's documents were read from (what `tokmix trace --text` reads again)."""
     return {
         "record": [[name, DOC_DTYPE.fields[name][0].str] for name in DOC_DTYPE.names],
-        "sources": read_json(sources_state(ctx), sealed=True)["sources"],
+        "sources": read_json(ctx.layout.provenance_sources, sealed=True)["sources"],
         "text_fields": {n: s.text_field for n, s in ctx.recipe.streams.items()},
     }

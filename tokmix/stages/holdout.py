@@ -11,6 +11,7 @@ import os
 import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -36,17 +37,17 @@ from tokmix.stages import Context, shared_encoder
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
 
 
-def hashes_path(ctx: Context, domain: str):
-    return ctx.layout.state / f"holdout_{domain}.hashes.npy"
+def hashes_path(ctx: Context, domain: str) -> Path:
+    return ctx.layout.holdout_state(domain, "hashes")
 
 
-def lengths_path(ctx: Context, domain: str):
-    return ctx.layout.state / f"holdout_{domain}.lengths.npy"
+def lengths_path(ctx: Context, domain: str) -> Path:
+    return ctx.layout.holdout_state(domain, "lengths")
 
 
-def record_path(ctx: Context, domain: str):
+def record_path(ctx: Context, domain: str) -> Path:
     """The checksums of the domain's hashes and lengths files (its val file's is in index.json)."""
-    return ctx.layout.state / f"holdout_{domain}.json"
+    return ctx.layout.holdout_state(domain, "record")
 
 
 def holdout_damage(ctx: Context, domain: str, entry: dict) -> str | None:
