@@ -303,3 +303,22 @@ def test_inspect_shows_a_blocks_documents_with_their_sources(mixed_run):
             place = int(record["place"]) + (kind == "jsonl")
             where = f"{Path(file).relative_to(mixed_run.parent)}:{'row' if kind == 'parquet' else 'line'} {place}"
             assert where in proc.stdout
+
+
+def test_a_finished_runs_damaged_index_is_remade_with_its_shard_by_the_same_command(mixed_run, tmp_path):
+    """A second `tokmix run` over a finished run checks every file against index.json: a .docs file changed
+    since is remade (with its shard), and the run ends as it was."""
+    out = tmp_path / "out"
+    shutil.copytree(mixed_run, out)
+    want = {p.name: p.read_bytes() for p in [*mixed_run.glob("*.bin"), *mixed_run.glob("*.docs")]}
+    records = np.fromfile(out / "train_002.docs", DOC_DTYPE)
+    records["crc32"][0] ^= 1
+    records.tofile(out / "train_002.docs")
+    (out / "val_edu.docs").unlink()
+    proc = tokmix_cli("run", str(mixed_run.parent / "recipe.toml"), "--out", str(out), "--workers", "2",
+                      "--keep-streams")
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "train_002.docs: missing or damaged (sha256 differs from index.json); remaking it" in said
+    assert "val_edu.docs: missing or damaged" in said
+    assert {p.name: p.read_bytes() for p in [*out.glob("*.bin"), *out.glob("*.docs")]} == want

@@ -129,15 +129,27 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
                for f in files) or any(s["tokens"] != tokens_in_shard(b, recipe.layout.seq_len)
                                       for s, b in zip(index["shards"], plan)):
         return None
-    damaged = [f["file"] for f in files if file_checksum(layout.root / f["file"]) != f.get("checksum")]
-    for name in damaged:
-        log(f"{name}: damaged (sha256 differs from index.json); remaking it")
+    damaged = [(f["file"], why) for f in files if (why := _damage(layout, f)) is not None]
+    for name, why in damaged:
+        log(f"{why}; remaking it")
         (layout.root / name).unlink()
         layout.shard_record(name).unlink(missing_ok=True)
     if damaged:
         (layout.done).unlink()
         return None
     return len(index["shards"]), len(index.get("val", {}))
+
+
+def _damage(layout: Layout, entry: dict) -> str | None:
+    """Why a finished run's token file must be made again: it, or its provenance index (made with it), is not
+    what index.json's checksum says."""
+    if file_checksum(layout.root / entry["file"]) != entry.get("checksum"):
+        return f"{entry['file']}: damaged (sha256 differs from index.json)"
+    docs = entry.get("provenance")
+    if docs is not None and not ((layout.root / docs["file"]).exists()
+                                 and file_checksum(layout.root / docs["file"]) == docs["checksum"]):
+        return f"{docs['file']}: missing or damaged (sha256 differs from index.json)"
+    return None
 
 
 def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
