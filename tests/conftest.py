@@ -5,7 +5,6 @@ unless its reason is on the allow-list below."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,19 +33,36 @@ def finished_run(tmp_path_factory) -> Path:
     return root / "out"
 
 
-@pytest.fixture(scope="session")
-def ray_head() -> Iterator[str]:
-    """The address of a Ray head of 1 CPU started once for the session (`ray start`, its own temp dir and
+_ray_head: dict[str, object] = {}  # the running head: its RayNode and address
+
+
+@pytest.fixture
+def ray_head() -> str:
+    """The address of a Ray head of 1 CPU, started once for the Ray tests (`ray start`, its own temp dir and
     process group; a start costs 10-25 s of the machine's two cores). Every Ray test runs on it by address, as a
     user's run on a cluster would; tests/test_ray_cluster.py adds a second node to it (1 CPU each, so a run of
     2 workers has a task on each). Tests that use it run in one pytest-xdist worker, one at a time (SAME_WORKER
-    below): a second node added by one test must not take another test's tasks."""
+    below): a second node added by one test must not take another test's tasks. Stopped as this process
+    leaves the Ray tests' files (pytest_runtest_teardown below): its daemons cost CPU while idle."""
     pytest.importorskip("ray", reason="the Ray executor is an extra: pip install 'tokmix[ray]'")
-    head, address = RayNode.head(num_cpus=1)
-    try:
-        yield address
-    finally:
-        head.stop()
+    if not _ray_head:
+        _ray_head["node"], _ray_head["address"] = RayNode.head(num_cpus=1)
+    return _ray_head["address"]
+
+
+def _stop_ray_head() -> None:
+    if _ray_head:
+        _ray_head.pop("node").stop()
+        _ray_head.clear()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _ray_head and (nextitem is None or _unit(nextitem) != _unit(item)):
+        _stop_ray_head()
+
+
+def pytest_sessionfinish() -> None:
+    _stop_ray_head()  # an interrupted session
 
 
 @pytest.fixture(scope="session")
@@ -79,15 +95,19 @@ def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
+def _unit(item: pytest.Item) -> str:
+    """The unit of work a test belongs to: its file, or the file SAME_WORKER puts it with."""
+    return SAME_WORKER.get(_module(item), _module(item))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "ray_head" in getattr(item, "fixturenames", ()) and \
-                SAME_WORKER.get(_module(item), _module(item)) != "tests/test_ray.py":
+        if "ray_head" in getattr(item, "fixturenames", ()) and _unit(item) != "tests/test_ray.py":
             raise pytest.UsageError(f"{item.nodeid} uses the session's Ray head: list its file in tests/conftest.py's "
                                     "SAME_WORKER, so that it runs in the worker where the head is")
 
     def rank(item: pytest.Item) -> int:
-        stem = Path(SAME_WORKER.get(_module(item), _module(item))).stem
+        stem = Path(_unit(item)).stem
         return HEAVY_FIRST.index(stem) if stem in HEAVY_FIRST else len(HEAVY_FIRST)
 
     items.sort(key=rank)  # stable: each module's tests keep their order
