@@ -356,19 +356,20 @@ def test_a_jsonl_file_that_changed_length_is_refused_where_its_committed_ranges_
 
 
 def test_a_changed_file_among_grouped_small_files_is_named_with_its_unit():
-    """Small text files grouped into one unit: the message names the file whose size changed; a record from
-    before files' sizes were kept has one size for them all, and the message names the unit's first file and how
-    many more, not thousands of paths."""
+    """Small text files grouped into one unit: the message names the file whose size changed; a file added to
+    the group names the unit's first file and how many more, not thousands of paths."""
     unit = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10) for k in range(3)))
-    message = str(_changed_source("code", unit, {"pieces": unit.describe(), "size": 31}))
-    assert message.startswith("stream code: a file of unit 000004 (/data/0.txt or 2 more): changed since this run "
-                              "started (unit 000004 held 31 bytes, now 30); ")
     sized = Unit("code", 4, tuple(Piece(f"/data/{k}.txt", "text", size=10, file_bytes=10) for k in range(3)))
+    added = {"pieces": sized.describe()[:2], "size": 20, "file_bytes": [10, 10]}
+    assert str(_changed_source("code", sized, added)).startswith(
+        "stream code: a file of unit 000004 (/data/0.txt or 2 more): changed since this run started (unit 000004 "
+        "is cut differently now); ")
     assert _changed_source("code", sized, {"pieces": sized.describe(), "size": 30, "file_bytes": [10] * 3}) is None
     record = {"pieces": sized.describe(), "size": 31, "file_bytes": [10, 10, 11]}  # since files' sizes are kept
     assert str(_changed_source("code", sized, record)).startswith("stream code: file /data/2.txt: changed since "
                                                                   "this run started (11 bytes when unit 000004 was "
                                                                   "written, now 10); ")
-    moved = {"pieces": [["/data/0.txt", "text", 0, -1], ["/data/9.txt", "text", 0, -1]], "size": 30}
+    moved = {"pieces": [["/data/0.txt", "text", 0, -1], ["/data/9.txt", "text", 0, -1]], "size": 30,
+             "file_bytes": [0, 0]}
     assert str(_changed_source("code", unit, moved)).startswith("stream code: file /data/1.txt: changed since this "
                                                                  "run started (unit 000004 is cut differently now)")
