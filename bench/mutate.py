@@ -53,6 +53,7 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
 
 SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
+INTERLEAVE = "tokmix/interleave.py"
 RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources/units.py"
 
 MUTATIONS = [
@@ -88,8 +89,8 @@ MUTATIONS = [
       'if (directory / f"{record[\'name\']}.tok").exists():',
       f"{FAULT_KILL}[streams:unit-before-record:1]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
     m("a shard on disk counts as done whatever its size", "atomic commit", ASSEMBLE,
-      "path.exists() and shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize)",
-      "path.exists() and shard.exists())",
+      "    if not (shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):",
+      "    if not shard.exists():",
       "tests/test_oracles.py::test_a_shard_of_the_wrong_size_is_rewritten"),
     m("a shard's record is written before the shard", "atomic commit", ASSEMBLE,
       '            records[k] = executor.result(future)\n            fault_point("assemble:after-rename")',
@@ -137,7 +138,8 @@ MUTATIONS = [
       'if "checksum" in shard and got["checksum"] != shard["checksum"]:', "if False:",
       f"{V}::test_a_flipped_shard_byte_names_its_block"),
     m("validate: the first delimiter unchecked", "validate", VALIDATE,
-      'if k == 0 and got["first"] != EOT_ID:', "if False:", f"{V}::test_the_first_delimiter_of_the_first_shard"),
+      "        if k == 0:\n            problems += _starts_a_document(name",
+      "        if False:\n            problems += _starts_a_document(name", f"{V}::test_the_first_delimiter_of_the_first_shard"),
     m("validate: the overlap token unchecked", "validate", VALIDATE,
       'if previous_last is not None and got["first"] != previous_last:', "if False:",
       f"{V}::test_the_overlap_token_between_shards"),
@@ -159,8 +161,8 @@ MUTATIONS = [
     m("validate: the holdout checksum unchecked", "validate", VALIDATE,
       'if "checksum" in entry and got["checksum"] != entry["checksum"]:', "if False:", f"{V}::test_a_holdout_byte"),
     m("validate: the holdout delimiter unchecked", "validate", VALIDATE,
-      '        if got["first"] != EOT_ID:\n            problems.append(f"{entry', '        if False:\n'
-      '            problems.append(f"{entry', f"{V}::test_the_first_delimiter_of_a_holdout"),
+      '        problems += _starts_a_document(entry["file"], got["first"], index)\n', "        problems += []\n",
+      f"{V}::test_the_first_delimiter_of_a_holdout"),
     m("validate: total per-stream counts unchecked", "validate", VALIDATE,
       'if by_stream != total.get("tokens_by_stream", by_stream):', "if False:", f"{V}::test_the_total_per_stream_count"),
     m("validate: the block total unchecked", "validate", VALIDATE,
@@ -176,7 +178,8 @@ MUTATIONS = [
       "abs(realized[n] - t) > SHARE_WARNING]", "abs(realized[n] - t) > 1]",
       f"{V}::test_a_share_off_its_target_is_a_warning_not_a_failure"),
     m("the run ignores validate's problems", "validate", "tokmix/pipeline.py",
-      "    problems = validate_dir(ctx.layout.root)\n", "    problems = validate_dir(ctx.layout.root)[:0]\n",
+      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)\n",
+      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)[:0]\n",
       "tests/test_oracles.py::test_a_run_that_fails_validation_says_so"),
     # ------------------------------------------------------------------ decontamination
     m("the last document of each holdout batch is not hashed", "decontamination", HOLDOUT,
@@ -208,10 +211,10 @@ MUTATIONS = [
       'sum(1 for k in last["dropped_at"] if k < last_docs)', 'sum(1 for k in last["dropped_at"] if k <= last_docs)',
       "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
     # ------------------------------------------------------------------ the interleave
-    m("the interleave seed is off by one", "interleave", "tokmix/interleave.py",
+    m("the interleave seed is off by one", "interleave", INTERLEAVE,
       "np.random.default_rng(seed).shuffle(order)", "np.random.default_rng(seed + 1).shuffle(order)",
       "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
-    m("the interleave is not shuffled", "interleave", "tokmix/interleave.py",
+    m("the interleave is not shuffled", "interleave", INTERLEAVE,
       "np.random.default_rng(seed).shuffle(order)", "np.random.default_rng(seed)",
       "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
     m("the shard's first document skip is ignored", "interleave", ASSEMBLE,
@@ -255,7 +258,7 @@ MUTATIONS = [
       "keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 2",
       "tests/test_pipeline.py::test_a_unit_with_a_limit_is_the_prefix_of_the_whole_unit_up_to_the_document_that_reaches_it"),
     m("the limit given is the whole budget", "budgets", STREAMS,
-      "limit=self.budget - self.prefix_tokens if ready else None", "limit=self.budget if ready else None",
+      "limit = self.budget - self.prefix_tokens if ready else None", "limit = self.budget if ready else None",
       "tests/test_pipeline.py::test_a_limited_unit_is_the_one_that_reaches_the_budget_and_ends_there"),
     m("the committed prefix stops one unit early", "budgets", STREAMS,
       "        return self.prefix_tokens >= self.budget\n", "        return self.prefix_tokens + 1 >= self.budget\n",
@@ -265,21 +268,22 @@ MUTATIONS = [
       "        return self.layout.shard_tokens // self.layout.seq_len - 1\n",
       "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
     m("holdout shares within a domain ignored", "budgets", HOLDOUT,
-      "need * recipe.streams[name].share / total_share) for name in names}", "need / len(names)) for name in names}",
+      "need * recipe.streams[name].share / total_share for name in names}", "need / len(names) for name in names}",
       "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
     m("the holdout shuffle seed ignored", "budgets", HOLDOUT,
-      "    random.Random(recipe.seed).shuffle(docs)\n", "    random.Random(0).shuffle(docs)\n",
+      "    random.Random(seed).shuffle(docs)\n", "    random.Random(0).shuffle(docs)\n",
       "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
     # ------------------------------------------------------------------ EOT placement
     m("EOT after each document, not before", "EOT placement", SHARDS,
-      "    starts = np.cumsum(lengths + 1) - (lengths + 1)\n", "    starts = np.cumsum(lengths + 1) - 1\n",
+      "            out[starts + j] = token\n        for j, token in enumerate(self.suffix):",
+      "            out[starts + lengths + j] = token\n        for j, token in enumerate(self.suffix):",
       "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget", f"{V}::test_the_untouched_copy_is_valid"),
     m("EOT written as id 1", "EOT placement", SHARDS,
-      "    out[starts] = EOT_ID\n", "    out[starts] = 1\n", f"{V}::test_the_untouched_copy_is_valid"),
+      "            out[starts + j] = token\n", "            out[starts + j] = 1\n", f"{V}::test_the_untouched_copy_is_valid"),
     m("empty texts kept as lone EOTs", "EOT placement", SOURCES,
       "        if not text:\n            continue\n        if not batch and", "        if not batch and", "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),
     m("a huge document's EOT left out", "EOT placement", STREAMS,
-      "    writer.write(np.array([EOT_ID], dtype=writer.dtype))\n", "",
+      "    writer.write(np.array(delimiters.prefix, dtype=writer.dtype))\n", "",
       "tests/test_huge_documents.py"),
     # ------------------------------------------------------------------ the loader's block index
     m("locate picks the shard before", "loader", DATA,
@@ -324,7 +328,7 @@ MUTATIONS = [
       '    cut = record["pieces"] == unit.describe()\n', "    cut = True\n",
       "tests/test_faults.py::test_a_changed_file_among_grouped_small_files_is_named_with_its_unit"),
     m("a resume re-cuts units with today's unit size", "resume identity", STREAMS,
-      "            ctx.unit_bytes = json.loads(cut.read_text())\n", "            pass\n",
+      '            ctx.unit_bytes = recorded["unit_bytes"]\n', "            pass\n",
       "tests/test_oracles.py::test_a_resume_keeps_the_unit_size_the_run_started_with"),
 ]
 
