@@ -1,6 +1,6 @@
 """Shared fixtures: one real finished run per session, which tests copy before changing anything, and one Ray
-head per session, which every Ray test runs on. And no silent gaps: under CI=true a skipped test fails the run
-unless its reason is on the allow-list below."""
+head, which every Ray test runs on. How pytest-xdist's workers share the tests out. And no silent gaps: under
+CI=true a skipped test fails the run unless its reason is on the allow-list below."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def _stop_ray_head() -> None:
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The Ray head goes when the next test is in another unit of work than this one (see SAME_WORKER)."""
     if _ray_head and (nextitem is None or _unit(nextitem) != _unit(item)):
         _stop_ray_head()
 
@@ -85,8 +86,8 @@ def ray_local_run(ray_corpus, tmp_path_factory) -> Path:
 
 # Under pytest-xdist (scripts/test.sh runs `-n 2`) each test module runs whole in one worker, so its module
 # fixtures (real runs) are built once, and modules are handed out in collection order: the heaviest first, so
-# that the short ones fill in at the end. Files listed in
-# SAME_WORKER run in the worker of the file they map to: every Ray test runs where the Ray head is.
+# that the short ones fill in at the end. Files listed in SAME_WORKER run in the worker of the file they map
+# to: every Ray test runs where the Ray head is.
 # Measured under pytest -n 2 (wall of the module in its worker, loaded machine): faults 565 s, trust 291,
 # user_errors 272, integrity 265, ray + ray_cluster 203 (first: its head starts while the other worker works),
 # epochs 179, store 170, pipeline 170; every other module under 105 s.
