@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from tests.corpus import _documents, train_test_tokenizer
 from tokmix import TokmixError
 from tokmix.plan import make_plan
 from tokmix.report import write_report
+from tokmix.stages import drop_cached
+from tokmix.stages.passes import RepeatTask, RepeatUnit, repeat_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN = 64
@@ -301,3 +304,35 @@ def test_kill_9_in_the_middle_of_a_pass_then_resume_is_byte_identical(corpus, tm
     resumed = _cli_run(recipe, out)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _outputs(out) == _outputs(clean)
+
+
+@pytest.mark.parametrize("part", ["tok", "len"])
+def test_a_repeat_unit_never_copies_from_a_damaged_pass_one_unit(repeated, tmp_path, part):
+    """A repeat unit checks the pass-1 units it copies from as the coordinator checks a unit (one helper,
+    tokmix.stages.units): a unit damaged after the coordinator's check (a worker process, hours later) is named,
+    and nothing is committed. The same task on the undamaged units remakes the run's own repeat unit."""
+    units = tmp_path / "units"
+    shutil.copytree(repeated["out"] / "streams/code/units", units)
+    records = [json.loads(p.read_text()) for p in sorted(units.glob("*.json"))]
+    first = sum(1 for r in records if r.get("pass", 1) == 1)
+    again = next(r for r in records if r.get("pass") == 2 and r["source_unit"] == 0)
+    want = (units / f"{again['name']}.tok").read_bytes()
+    for suffix in ("json", "tok", "len"):
+        (units / f"{again['name']}.{suffix}").unlink()
+    task = RepeatTask(RepeatUnit("code", again["index"], 2, 0, again["size"]), str(units), "<u2", 1234, first,
+                      again["limit"])
+    drop_cached()  # a fresh worker process
+    repeat_unit(task)
+    assert (units / f"{again['name']}.tok").read_bytes() == want
+    for suffix in ("json", "tok", "len"):
+        (units / f"{again['name']}.{suffix}").unlink()
+
+    victim = units / f"000001.{part}"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    victim.write_bytes(bytes(data))
+    drop_cached()
+    with pytest.raises(TokmixError, match=rf"units/000001: damaged \(sha256 of 000001.{part} differs from its "
+                                          r"record\); run the same command again"):
+        repeat_unit(task)
+    assert not list(units.glob(f"{again['name']}.*"))

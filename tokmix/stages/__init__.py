@@ -79,7 +79,7 @@ UNITS_IN_FLIGHT_PER_WORKER = 2
 
 
 _cache: dict[tuple, Any] = {}  # per process (the stage process, or a Ray worker): what tasks build once
-_cache_lock = threading.Lock()
+_cache_lock = threading.RLock()  # reentrant: a build may use cached() itself (passes._pass_one)
 
 
 def cached(key: tuple, build: Callable[[], Any]) -> Any:

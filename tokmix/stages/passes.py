@@ -25,6 +25,7 @@ from tokmix.shards import (
     write_record,
 )
 from tokmix.stages import cached
+from tokmix.stages.units import checked_unit
 from tokmix.store import as_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
@@ -79,9 +80,13 @@ def pass_order(seed: int, stream: str, pass_no: int, docs: int) -> np.ndarray:
 
 def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where pass 1's documents lie: each one's length, unit and first token in its unit, and the first
-    document of each unit (pass_units + 1 entries). Built once per process: every repeat unit needs it."""
+    document of each unit (pass_units + 1 entries). Built once per process: every repeat unit needs it. Every
+    pass-1 unit is checked against its record first, as the coordinator checks it (a damaged one is named,
+    never copied from)."""
 
     def build():
+        for i in range(pass_units):
+            checked_unit(as_path(unit_dir), unit_name(i))
         per_unit = [read_array(unit_file(unit_dir, i, "len"), LENGTH_DTYPE) for i in range(pass_units)]
         lengths = np.concatenate(per_unit).astype(np.int64)
         unit = np.repeat(np.arange(pass_units, dtype=np.int32), [len(x) for x in per_unit])

@@ -29,7 +29,6 @@ from tokmix.shards import (
     DamagedFile,
     Delimiters,
     TokenFileWriter,
-    file_checksum,
     read_array,
     read_json,
     unit_file,
@@ -39,6 +38,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
+from tokmix.stages.units import unit_damage
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
 
@@ -244,26 +244,6 @@ def load_meta(ctx: Context, stream: str) -> dict | None:
     except DamagedFile as e:
         ctx.log(f"stream {stream}: its record {e.path} is damaged ({e.why}); remade from its units")
         return None
-
-
-def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
-    """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
-    token or lengths file is missing or not the bytes the record's checksums were taken of (one read of each)."""
-    try:
-        record = read_json(unit_file(directory, name, "json"), sealed=True)
-    except DamagedFile as e:
-        return None, e.why
-    if record is None:
-        return None, "its record is missing"
-    for part in ("tok", "len", "src"):
-        path = directory / f"{name}.{part}"
-        if part == "src" and "src_sha256" not in record:
-            continue  # a unit of a run without provenance
-        if not path.exists():
-            return None, f"{path.name} is missing"
-        if file_checksum(path) != record.get(f"{part}_sha256"):
-            return None, f"sha256 of {path.name} differs from its record"
-    return record, None
 
 
 def discard_unit(directory: Path | ObjectPath, name: str, why: str, log: Callable[[str], None]) -> None:
