@@ -3,8 +3,11 @@ tables and decoded blocks against the tokenizer's own decoding of the shard slic
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +149,24 @@ def test_out_of_range_blocks_are_clear_errors(demo):
         read_block(out, 3, 625)
     with pytest.raises(TokmixError, match="holdout 'web'"):
         read_window(out, "web", 0)
+
+
+def test_status_judges_the_lock_by_the_kernel_not_by_the_pids_it_names(finished_run, tmp_path):
+    """The lock file names a live process that holds no lock (a pid reused after a kill -9): not running. A
+    process holds the kernel's lock while the file names one that is gone: running, naming the holder."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    lock, host = out / "tokmix-state/lock", socket.gethostname()
+    lock.write_text(f"{host} {os.getpid()}\n")
+    st = status(out)
+    assert not st.running and st.lock == (host, os.getpid())
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    lock.write_text(f"{host} {gone.pid}\n")
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        st = status(out)
+        assert st.running and st.lock == (host, os.getpid())
+    finally:
+        os.close(fd)

@@ -235,21 +235,63 @@ def test_a_damaged_shard_of_the_right_size_is_rewritten(finished_run, inputs, tm
     assert (out / "train_001.bin").read_bytes() == want
 
 
-def test_a_run_that_fails_validation_says_so(finished_run, inputs, tmp_path):
-    """A shard and its record changed together (the record's seal and checksum made anew) pass assemble's
-    check; validate still sees the id past the vocabulary, and the run ends with its line."""
+def test_a_shard_changed_with_its_record_is_rewritten_from_the_units(finished_run, inputs, tmp_path):
+    """A shard and its record changed together (the record's seal and checksum made anew) pass assemble's check;
+    the validate stage derives every shard's sha256 from the committed units and the seed, finds this one is not
+    what they make, and has it written again: the run ends identical to the clean one."""
     out = tmp_path / "out"
     shutil.copytree(finished_run, out)
     index = json.loads((out / "index.json").read_text())
     shard = out / "train_001.bin"
     tokens = np.fromfile(shard, dtype=index["dtype"])
-    tokens[100] = index["vocab_size"]
+    tokens[100] = (tokens[100] + 1) % index["vocab_size"]
     tokens.tofile(shard)
     record_path = out / "tokmix-state/shards" / (shard.name + ".json")
     record = read_json(record_path, sealed=True)
     write_record(record_path, {**record, "checksum": file_checksum(shard)})
     (out / "tokmix-state/done.json").unlink()
-    with pytest.raises(TokmixError, match=f"validation failed: train_001.bin: token id {index['vocab_size']} "
+    tokmix.run(inputs["recipe"], out, workers=1, keep_streams=True)
+    assert shard.read_bytes() == (finished_run / shard.name).read_bytes()
+
+
+def test_a_finished_run_run_again_remakes_a_shard_edited_with_its_record_and_index(finished_run, inputs, tmp_path,
+                                                                                  capfd):
+    """The same edit after the run finished, index.json's checksum made anew too: a second run compares index.json
+    with the digests derived from the units before they were removed, remakes the shard and ends identical (it
+    used to say the run was complete)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    shard = out / "train_002.bin"
+    tokens = np.fromfile(shard, dtype=inputs["index"]["dtype"])
+    tokens[[7, 8]] = tokens[[8, 7]] if tokens[7] != tokens[8] else (tokens[7] + 1, tokens[8])
+    tokens.tofile(shard)
+    digest = file_checksum(shard)
+    record_path = out / "tokmix-state/shards" / (shard.name + ".json")
+    write_record(record_path, {**read_json(record_path, sealed=True), "checksum": digest})
+    index = json.loads((out / "index.json").read_text())
+    index["shards"][2]["checksum"] = digest
+    (out / "index.json").write_text(json.dumps(index, indent=2))
+    tokmix.run(inputs["recipe"], out, workers=1, keep_streams=True)
+    assert "train_002.bin: not what the committed units and the seed produce (expected.json); remaking it" \
+        in capfd.readouterr().out
+    assert shard.read_bytes() == (finished_run / shard.name).read_bytes()
+
+
+def test_a_run_that_fails_validation_says_so(finished_run, inputs, tmp_path):
+    """A unit changed with its record (its checksums and seal made anew) holds an id past the vocabulary: the
+    shards are remade from it, and validate sees the id; the run ends with its line."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    index = json.loads((out / "index.json").read_text())
+    units = out / "streams/edu/units"
+    tok = np.fromfile(units / "000000.tok", dtype=index["dtype"])
+    tok[100] = index["vocab_size"]
+    tok.tofile(units / "000000.tok")
+    record = read_json(units / "000000.json", sealed=True)
+    write_record(units / "000000.json", {**record, "tok_sha256": file_checksum(units / "000000.tok")})
+    for path in [*out.glob("train_*.bin"), *out.glob("tokmix-state/shards/*.json"), out / "tokmix-state/done.json"]:
+        path.unlink()
+    with pytest.raises(TokmixError, match=rf"validation failed: train_\d+.bin: token id {index['vocab_size']} "
                                           "out of range"):
         tokmix.run(inputs["recipe"], out, workers=1, keep_streams=True)
 

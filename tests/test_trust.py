@@ -19,6 +19,9 @@ import psutil
 import pytest
 
 from tests.corpus import make_inputs
+from tokmix import TokmixError
+from tokmix.lock import RunLock, RunWriter, writing
+from tokmix.shards import Layout
 
 TOKMIX = Path(sys.executable).with_name("tokmix")  # the console script: the supervisor never has cwd on its path
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tokmix as installed, nothing else
@@ -345,3 +348,55 @@ def test_a_lock_taken_on_another_host_is_broken_only_when_the_user_says_so(corpu
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert outputs(out) == clean
     assert (out / "tokmix-state" / "lock").read_text() == "", "a finished run leaves the lock naming no holder"
+
+
+def test_a_worker_process_left_writing_by_a_killed_stage_process_keeps_a_new_run_out(corpus, clean, tmp_path):
+    """`--executor processes`: the workers are spawned, so they do not inherit the run's lock. Every task that
+    writes holds a shared lock on tokmix-state/writers, which a new run must get exclusively: the stage process
+    killed alone while its worker stands paused in the middle of a unit, a run started at once is refused,
+    naming the worker (it used to take the directory while the worker wrote); once the worker is gone, the run
+    resumes and ends identical."""
+    out, fifo, workers = tmp_path / "out", tmp_path / "paused", []
+    os.mkfifo(fifo)
+    first = subprocess.Popen([str(TOKMIX), "run", str(corpus), "--out", str(out), "--workers", "1", "--executor",
+                              "processes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**ENV, **_pause_env(fifo, "streams:unit-mid-write:1")}, start_new_session=True)
+    try:
+        with open(fifo) as f:
+            assert f.read() == "paused"
+        stage = psutil.Process(int((out / "tokmix-state/lock").read_text().split()[2]))
+        workers += [p.pid for p in stage.children()]
+        stage.kill()  # the stage process alone: its worker stays, paused with half a unit written
+        assert first.wait() == 2
+        second = run(corpus, out)
+        assert second.returncode == 2
+        refused = re.fullmatch(rf"error: {re.escape(str(out))}: a process of an earlier run \(pid (\d+)\) is still "
+                               r"writing this directory \(a worker whose stage process was stopped\): wait for it to "
+                               r"end, or stop it, then run again", second.stderr.strip())
+        assert refused and int(refused[1]) in workers, second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the first run's group: its worker
+        psutil.wait_procs([p for p in map(_process, workers) if p], timeout=60)
+    assert run(corpus, out).returncode == 0
+    assert outputs(out) == clean
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_a_task_whose_run_lost_the_directory_writes_nothing(tmp_path):
+    """A worker that had not begun its task when a new run took the directory (the new run's token is in the lock
+    file) writes nothing: the window the writers lock alone would leave."""
+    layout = Layout(tmp_path / "out")
+    layout.state.mkdir(parents=True)
+    with RunLock(layout):
+        writer = RunWriter.of(layout)
+        with writing(writer):
+            pass  # its own run holds the directory
+    with RunLock(layout), pytest.raises(TokmixError, match="this run no longer holds the directory"):
+        with writing(writer):
+            pass

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from tokmix.cli import app
 from tokmix.provenance import read_docs
+from tokmix.shards import file_checksum, read_json, write_record
 
 
 @pytest.fixture
@@ -41,8 +42,9 @@ def edit_index(out: Path, change) -> None:
 
 
 def set_tokens(out: Path, name: str, edits: dict[int, int], checksum: bool = True) -> None:
-    """Tokens of file `name` set at positions (negative from the end); its checksum in the index follows them
-    when `checksum`, so only the check under test sees the change."""
+    """Tokens of file `name` set at positions (negative from the end); its checksum in the index (and a shard's
+    digest derived from the units, in tokmix-state/expected.json) follows them when `checksum`, so only the check
+    under test sees the change."""
     path = out / name
     tokens = np.fromfile(path, dtype=index_of(out)["dtype"])
     for position, value in edits.items():
@@ -52,6 +54,10 @@ def set_tokens(out: Path, name: str, edits: dict[int, int], checksum: bool = Tru
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         edit_index(out, lambda index: [e.update(checksum=digest) for e in [*index["shards"], *index["val"].values()]
                                        if e["file"] == name])
+        expected = read_json(out / "tokmix-state/expected.json", sealed=True)
+        if name in expected["shards"]:  # and the digest derived from the units, resealed
+            write_record(out / "tokmix-state/expected.json", {**expected, "shards": {**expected["shards"],
+                                                                                     name: digest}})
 
 
 def test_the_untouched_copy_is_valid(run):
@@ -281,3 +287,41 @@ def test_a_source_past_the_table_in_a_provenance_index(run):
     edit_documents(run, "train_000.docs", retarget)
     assert validate(run) == (1, [f"train_000.docs: document 2 names source {sources}, the table has {sources}"])
 
+
+def test_a_shard_edited_with_its_record_and_index_is_not_what_the_units_make(run):
+    """Two tokens of a shard swapped, and its checksum made anew in index.json and in its record: every check of
+    the files against each other passes, but the shard is not what the committed units and the seed produce
+    (the sha256 the run derived from them while they existed, kept in tokmix-state/expected.json)."""
+    tokens = np.fromfile(run / "train_001.bin", dtype=np.uint16)
+    at = next(p for p in range(10 * 64, 11 * 64 - 1) if tokens[p] != tokens[p + 1])
+    set_tokens(run, "train_001.bin", {at: int(tokens[at + 1]), at + 1: int(tokens[at])}, checksum=False)
+    digest = file_checksum(run / "train_001.bin")
+    edit_index(run, lambda index: index["shards"][1].update(checksum=digest))
+    record = run / "tokmix-state/shards/train_001.bin.json"
+    write_record(record, {**read_json(record, sealed=True), "checksum": digest})
+    assert validate(run) == (1, ["train_001.bin: not what the committed units and the seed produce (sha256 differs "
+                                 "from the one derived from them, tokmix-state/expected.json): block 10 (tokens "
+                                 "640-704)"])
+
+
+@pytest.mark.parametrize("damage", ["another seed", "its seal broken"])
+def test_the_kept_digests_are_themselves_checked(run, damage):
+    path = run / "tokmix-state/expected.json"
+    expected = read_json(path, sealed=True)
+    if damage == "another seed":
+        write_record(path, {**expected, "seed": expected["seed"] + 1})
+        want = [f"index.json: seed {expected['seed']} and 4 shard(s), but the shards were derived with seed "
+                f"{expected['seed'] + 1} and 4 shard(s) (tokmix-state/expected.json)"]
+    else:
+        path.write_text(path.read_text().replace('"seed": ', '"seed": 1'))
+        want = [f"{path}: damaged (its record was changed): the shards cannot be checked against the units they "
+                "were made of"]
+    assert validate(run) == (1, want)
+
+
+def test_a_run_without_kept_digests_says_what_was_not_checked(run):
+    (run / "tokmix-state/expected.json").unlink()
+    result = CliRunner().invoke(app, ["validate", str(run)])
+    assert result.exit_code == 0
+    assert "note: no tokmix-state/expected.json: the shards were checked against index.json, not against what the " \
+           "committed units and the seed produce" in result.stdout

@@ -159,7 +159,7 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
              debug: bool = typer.Option(False, "--debug")) -> None:
     """Check an output directory: sizes, ids, overlaps, checksums, holdouts, shares."""
     from tokmix.shards import read_index
-    from tokmix.stages.validate import share_warnings, validate_dir
+    from tokmix.stages.validate import derivation_note, share_warnings, validate_dir
 
     try:
         problems = validate_dir(out)
@@ -172,6 +172,8 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
     index = read_index(out)
     for warning in share_warnings(index):
         console.print(f"warning: {warning}")
+    if (note := derivation_note(out)) is not None:
+        console.print(note)
     console.print(f"{out}: valid ({len(index['shards'])} shard(s), {index['blocks']:,} blocks, "
                   f"{len(index.get('val', {}))} holdout(s))")
 

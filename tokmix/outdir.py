@@ -14,7 +14,7 @@ from fsspec.utils import glob_translate
 
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import LOCK_NAME, Layout
+from tokmix.shards import LOCK_NAME, WRITERS_NAME, Layout
 
 MAGIC = "*?["
 
@@ -84,15 +84,15 @@ def _check_input(out: str, layout: Layout, what: str, pattern: str) -> None:
 
 
 def _check_ours(layout: Layout) -> None:
-    """A directory tokmix may write: new, empty (but for the lock of a run killed before its first record),
+    """A directory tokmix may write: new, empty (but for the locks of a run killed before its first record),
     or a tokmix run."""
     root = layout.root
     if not root.is_dir() or layout.is_run():
         return
     state = layout.state
     # a run that took the lock and is writing its first record right now, or was killed doing so
-    leftover = state.is_dir() and not state.is_symlink() and all(p.name == LOCK_NAME or ".tmp-" in p.name
-                                                                  for p in state.iterdir())
+    leftover = state.is_dir() and not state.is_symlink() and all(
+        p.name in (LOCK_NAME, WRITERS_NAME) or ".tmp-" in p.name for p in state.iterdir())
     foreign = sorted(p.name for p in root.iterdir() if not (p == state and leftover))
     if foreign:
         what = f"{state.name} without tokmix's record of what it created" if foreign == [state.name] else foreign[0]

@@ -22,6 +22,7 @@ from tokmix.backends import can_cut_documents, choose_backend, installed_backend
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
+from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
@@ -40,6 +41,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import provenance_entry, run_assemble
+from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
@@ -129,9 +131,13 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
                for f in files) or any(s["tokens"] != tokens_in_shard(b, recipe.layout.seq_len)
                                       for s, b in zip(index["shards"], plan)):
         return None
-    damaged = [(f["file"], why) for f in files if (why := _damage(layout, f)) is not None]
-    for name, why in damaged:
-        log(f"{why}; remaking it")
+    damaged = []
+    for entry in files:
+        if (why := _damage(layout, entry)) is not None:
+            log(f"{why}; remaking it")
+            damaged.append(entry["file"])
+    damaged += _not_derived(layout, index, damaged)
+    for name in damaged:
         (layout.root / name).unlink()
         layout.shard_record(name).unlink(missing_ok=True)
     if damaged:
@@ -150,6 +156,25 @@ def _damage(layout: Layout, entry: dict) -> str | None:
                                  and file_checksum(layout.root / docs["file"]) == docs["checksum"]):
         return f"{docs['file']}: missing or damaged (sha256 differs from index.json)"
     return None
+
+
+def _not_derived(layout: Layout, index: dict, damaged: list[str]) -> list[str]:
+    """The shards whose sha256 in index.json is not the one derived from the committed units and the seed before
+    they were removed (tokmix.stages.expected): a shard edited together with its record and index.json. A run
+    that kept no such record is verified against index.json alone, and the log says so."""
+    try:
+        expected = read_json(layout.expected, sealed=True)
+    except DamagedFile as e:
+        log(f"{e.path}: damaged ({e.why}); the shards are verified against index.json only")
+        return []
+    if expected is None:
+        log(f"no {layout.expected}: the shards are verified against index.json only")
+        return []
+    wrong = [s["file"] for s in index["shards"]
+             if s["file"] not in damaged and s.get("checksum") != expected["shards"].get(s["file"])]
+    for name in wrong:
+        log(f"{name}: not what the committed units and the seed produce ({layout.expected.name}); remaking it")
+    return wrong
 
 
 def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
@@ -317,7 +342,8 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
-                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok), delimiters=delimiters)
+                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok), delimiters=delimiters,
+                   writer=RunWriter.of(layout))
 
 
 def run_pipeline(ctx: Context, timings: Timings) -> dict:
@@ -342,6 +368,16 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     timings.add("assemble", time.perf_counter() - t0)
     fault_point("validate:before")
     t0 = time.perf_counter()
+    expected = record_expected(ctx, metas)  # while the units exist: what validate checks the shards against
+    wrong = [s["file"] for s in shards if s["checksum"] != expected[s["file"]]]
+    if wrong:  # committed with a record that matches them, yet not what the units make: made again
+        for name in wrong:
+            log(f"{name}: not what the committed units and the seed produce; rewritten")
+            (ctx.layout.root / name).unlink()
+            ctx.layout.shard_record(name).unlink(missing_ok=True)
+        shards, used = run_assemble(ctx, metas)
+        index = build_index(ctx, val, metas, shards, used, provenance)
+        ctx.layout.write_index(index)
     problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)
     timings.add("validate", time.perf_counter() - t0)
     if problems:

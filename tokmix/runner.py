@@ -6,7 +6,6 @@ while the stage process works."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -18,11 +17,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import psutil
-
 from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
+from tokmix.lock import RunLock
 from tokmix.outdir import check_output_dir
 from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
 from tokmix.shards import STATE_DIR, UNIT_BYTES, DamagedFile, Layout, read_json, write_json
@@ -58,68 +56,6 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------- lock and recorded recipe
-class RunLock:
-    """One writer per output directory. The lock is the kernel's (flock) on `tokmix-state/lock`: taking it is
-    atomic (of runs started together, one gets it), it is released when the last process holding it ends (a
-    killed run leaves nothing to break), and the stage process inherits it, so a run whose supervisor alone was
-    killed still holds it while its stage process writes. The file also names the run that took it (host and
-    pid): one taken on another host, over a shared filesystem that may not carry the kernel's locks between
-    hosts, is not broken unless the user says so (`break_lock`, the CLI's --break-lock)."""
-
-    def __init__(self, layout: Layout, break_lock: bool = False):
-        self.layout, self.break_lock = layout, break_lock
-        self.fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            holder = self._take(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
-        os.fsync(fd)
-        if holder:
-            log(f"took over the lock of {'the run on ' + holder[0] if holder[0] != socket.gethostname() else 'a run'}"
-                f" (pid {holder[1]}) that ended without releasing it")
-        self.fd = fd
-        return self
-
-    def _take(self, fd: int) -> list[str]:
-        """Lock `fd`; returns the holder the file still names (a run killed before releasing it), if any."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pids = _holder(fd)[1:]
-            # the supervisor's pid, or its stage process's when the supervisor alone was killed
-            pid = next((p for p in pids if psutil.pid_exists(int(p))), pids[0] if pids else None)
-            who = f" (pid {pid})" if pid else ""
-            raise TokmixError(f"{self.layout.root}: another tokmix run{who} is writing this directory") from None
-        holder = _holder(fd)[:2]  # as it is now that it is ours
-        if len(holder) == 2 and holder[0] != socket.gethostname() and not self.break_lock:
-            raise TokmixError(f"{self.layout.root}: locked by a tokmix run on host {holder[0]} (pid {holder[1]}), "
-                              "which cannot be checked from here: if no run is writing this directory there, run "
-                              "again with --break-lock")
-        return holder if len(holder) == 2 else []
-
-    def name_stage_process(self, pid: int) -> None:
-        """Name the stage process beside the supervisor: it holds the lock too (it inherits it), and may outlive
-        a killed supervisor."""
-        os.pwrite(self.fd, f"{socket.gethostname()} {os.getpid()} {pid}\n".encode(), 0)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)  # released: the file names no holder
-            os.close(self.fd)
-            self.fd = None
-
-
-def _holder(fd: int) -> list[str]:
-    """What the lock file names: host, the supervisor's pid and, once started, the stage process's."""
-    return os.pread(fd, 256, 0).decode(errors="replace").split()[:3]
-
-
 def _same_recipe(layout: Layout, recipe: Recipe) -> None:
     path = layout.recorded_recipe
     recorded = read_json(path)  # damaged: named, with --restart as the remedy
@@ -221,6 +157,8 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     if not os.access(layout.work, os.W_OK):
         raise TokmixError(f"output directory {layout.work}: not writable")
     with RunLock(layout, break_lock) as lock:
+        if lock.took_over:
+            log(f"took over the lock of {lock.took_over} that ended without releasing it")
         if not restart:
             _same_recipe(layout, recipe)
         if layout.remote:

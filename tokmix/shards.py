@@ -38,6 +38,8 @@ STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, 
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 LOCK_NAME = "lock"
+WRITERS_NAME = "writers"  # in STATE_DIR: every task that writes holds a shared flock on it (tokmix.lock)
+EXPECTED_NAME = "expected.json"  # in STATE_DIR: the shards' sha256 derived from the units and the seed
 CHECKSUM = "sha256"
 LENGTH_DTYPE = np.dtype("<u4")  # a unit's .len file: tokens per document, its delimiters included
 UNIT_BYTES = 16 << 20  # intermediates: source bytes per work unit, the grain of parallelism and of resume
@@ -246,6 +248,15 @@ class Layout:
         """What tokmix created in the output directory: beside what it names (on the store for a store)."""
         return self.root / STATE_DIR / RECORD_NAME
 
+    @property
+    def writers(self) -> Path:
+        return self.state / WRITERS_NAME
+
+    @property
+    def expected(self) -> Path:
+        """Every shard's sha256 as derived from the committed units and the seed (tokmix.stages.expected)."""
+        return self.state / EXPECTED_NAME
+
     def train(self, k: int) -> Path:
         return self.root / train_name(k)
 
@@ -370,13 +381,13 @@ class Layout:
         return False
 
     def _empty_state(self, keep: tuple[Path, ...]) -> list[Path]:
-        """The state folder's content, but the lock, the record and `keep`: all of it is tokmix's."""
+        """The state folder's content, but the locks, the record and `keep`: all of it is tokmix's."""
         left = []
         if self.remote:  # the store's share of the state: the shards' records and fingerprints
             for path in (self.root / STATE_DIR).glob("*/*"):
                 path.unlink(missing_ok=True)
         for path in sorted(self.state.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if path in (self.lock, self.record, *keep) or path.parent in keep:
+            if path in (self.lock, self.writers, self.record, *keep) or path.parent in keep:
                 continue
             if path.is_symlink() or path.is_file():
                 path.unlink()

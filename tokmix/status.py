@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
+from tokmix.lock import flock_holders, read_holder
 from tokmix.recipe import Recipe, recipe_from_dict
 from tokmix.shards import Layout, index_dtype, read_index, tokens_in_shard, unit_file
 
@@ -36,8 +37,8 @@ class StreamStatus:
 class Status:
     out: Path
     recipe: Recipe
-    lock: tuple[str, int] | None  # (host, pid) of the process holding the lock file, if there is one
-    running: bool  # the lock's process is alive (on this host)
+    lock: tuple[str, int] | None  # (host, pid) the lock file names, if any
+    running: bool  # a process holds the kernel's lock (or the file names another host)
     tokenizer: bool
     holdouts: dict[str, int | None]  # domain -> tokens written, None when not yet
     streams: dict[str, StreamStatus]
@@ -77,18 +78,24 @@ def _recorded_recipe(layout: Layout) -> Recipe:
 
 
 def _lock(layout: Layout) -> tuple[tuple[str, int] | None, bool]:
-    """The lock's owner and whether it is alive; a lock of another host counts as alive (it cannot be checked)."""
-    try:
-        parts = layout.lock.read_text().split()
-    except FileNotFoundError:
-        return None, False
-    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
-        return None, False  # released, being written right now, or not tokmix's
-    host, pids = parts[0], [int(p) for p in parts[1:]]  # the supervisor's, then its stage process's
-    if host != socket.gethostname():
-        return (host, pids[0]), True
-    pid = next((p for p in pids if _alive(p)), None)
-    return (host, pid if pid is not None else pids[0]), pid is not None
+    """Who the lock file names, and whether a run holds the directory: judged by the kernel's lock itself (the
+    flocks /proc/locks lists on the lock file, or on the writers file for a worker of a run whose stage process
+    was killed), never by probing it with flock, which would make a run starting at that moment refuse. Where the
+    kernel does not say, by the pids the file names; a lock of another host counts as held (it cannot be
+    checked from here)."""
+    holder = read_holder(layout.lock)[0]
+    host = holder[0] if holder else socket.gethostname()
+    pids = [int(p) for p in holder[1:] if p.isdigit()]  # the supervisor's, then its stage process's
+    if holder and host != socket.gethostname():
+        return (host, pids[0] if pids else 0), True
+    held = flock_holders(layout.lock)
+    if held is None:
+        pid = next((p for p in pids if _alive(p)), None)
+        return ((host, pid if pid is not None else pids[0]) if pids else None), pid is not None
+    held += flock_holders(layout.writers) or []
+    if held:  # the taker's pid may be a supervisor that is gone while its stage process holds the lock
+        return (host, next((p for p in pids if _alive(p)), held[0])), True
+    return ((host, pids[0]) if pids else None), False
 
 
 def _alive(pid: int) -> bool:
@@ -178,7 +185,7 @@ def render_status(st: Status) -> Group:
     elif st.lock:
         head = Text.assemble(
             ("not running", "bold"),
-            f" (stale lock of pid {st.lock[1]} on {st.lock[0]}: that process is gone; the next run takes it over)",
+            f" (stale lock of pid {st.lock[1]} on {st.lock[0]}: no process holds it; the next run takes it over)",
         )
     else:
         head = Text.assemble(("not running", "bold"))

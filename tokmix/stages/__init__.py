@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokmix.backends import Encoder, make_encoder
+from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
 from tokmix.shards import REFERENCE_DELIMITERS, UNIT_BYTES, Delimiters, Layout
 from tokmix.sources import Split
@@ -66,6 +67,7 @@ class Context:
     # taken from the tokenizer build_context loads anyway (loading it again cost the holdout stage ~0.07 s)
     token_bytes: np.ndarray | None = None
     delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
+    writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

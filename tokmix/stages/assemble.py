@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.interleave import Labels, interleave_order
+from tokmix.lock import RunWriter, writing
 from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
     LENGTH_DTYPE,
@@ -315,6 +316,7 @@ class ShardTask:
     cursors: tuple[Cursor, ...]  # per stream, at the first document's start (unit relative to `units`)
     docs_path: str | None = None  # the shard's provenance index, with `origins` (None: provenance off)
     origins: tuple[StreamOrigins, ...] | None = None
+    writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
 
 
 def shard_documents(task: ShardTask):
@@ -359,8 +361,14 @@ def shard_runs(task: ShardTask):
 
 
 def write_shard(task: ShardTask) -> dict:
-    """Gather the shard's documents from the unit files and commit the shard; returns its record. Every read
-    goes through one GATHER_TOKENS buffer and a READ_BUFFER per open unit file."""
+    """Gather the shard's documents from the unit files and commit the shard, while its run holds the directory;
+    returns its record."""
+    with writing(task.writer):
+        return _write_shard(task)
+
+
+def _write_shard(task: ShardTask) -> dict:
+    """Every read goes through one GATHER_TOKENS buffer and a READ_BUFFER per open unit file."""
     drop_cached()  # a Ray worker that tokenized before: its encoder is not needed any more
     path = as_path(task.path)  # a local file, or an object on a store
     writer = TokenFileWriter(path, np.dtype(task.dtype), fault="assemble:mid-write")
@@ -514,7 +522,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     write_json(used_path, used)
     if origins is not None:  # the index's table of sources, for tokmix.manifest.build_index
         write_record(sources_path, {"sources": [entry for o in origins for entry in o.sources()]})
-    tasks = {k: tasks[k] for k in todo}
+    tasks = {k: replace(tasks[k], writer=ctx.writer) for k in todo}
     executor, queue, pending = ctx.pool, iter(tasks.items()), {}
     window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
     while True:

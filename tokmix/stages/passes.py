@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokmix.faults import fault_point
+from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE
 from tokmix.shards import (
     LENGTH_DTYPE,
@@ -56,6 +57,7 @@ class RepeatTask:
     pass_units: int  # units of pass 1: indices 0 .. pass_units - 1
     limit: int | None = None  # as UnitTask.limit: stop after the document that reaches it
     provenance: bool = False  # copy the documents' places too (NNNNNN.src), marked with this pass
+    writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
 
 
 def passes_needed(budget: int, pass_tokens: int) -> int:
@@ -105,7 +107,12 @@ def _pass_one_places(unit_dir: str, pass_units: int) -> np.ndarray:
 
 def repeat_unit(task: RepeatTask) -> dict:
     """Copy one repeat unit's documents from the pass-1 units and commit it as a tokenized unit is
-    committed (tokens, lengths, then the record); returns its record."""
+    committed (tokens, lengths, then the record), while its run holds the directory; returns its record."""
+    with writing(task.writer):
+        return _repeat_unit(task)
+
+
+def _repeat_unit(task: RepeatTask) -> dict:
     unit, unit_dir = task.unit, as_path(task.unit_dir)
     lengths, doc_unit, offset, first = _pass_one(task.unit_dir, task.pass_units)
     docs = pass_order(task.seed, unit.stream, unit.pass_no, len(lengths))[first[unit.source] : first[unit.source + 1]]

@@ -22,6 +22,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.shards import (
     LENGTH_DTYPE,
@@ -62,6 +63,7 @@ class UnitTask:
     lengths_path: str | None = None  # the holdout documents' lengths, when recorded: only texts of those are hashed
     delimiters: Delimiters = REFERENCE_DELIMITERS
     provenance: bool = False  # write the unit's documents' places and text checksums (NNNNNN.src)
+    writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -148,7 +150,12 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
 
 
 def tokenize_unit(task: UnitTask) -> dict:
-    """Tokenize one unit and commit it; returns its record."""
+    """Tokenize one unit and commit it, while its run holds the directory; returns its record."""
+    with writing(task.writer):
+        return _tokenize_unit(task)
+
+
+def _tokenize_unit(task: UnitTask) -> dict:
     unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
@@ -461,12 +468,12 @@ class StreamRun:
         limit = self.budget - self.prefix_tokens if ready else None
         if isinstance(unit, RepeatUnit):
             return RepeatTask(unit, str(self.directory), self.ctx.dtype.str, self.ctx.recipe.seed,
-                              self.pass_units, limit, self.ctx.recipe.layout.provenance)
+                              self.pass_units, limit, self.ctx.recipe.layout.provenance, self.ctx.writer)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters,
-                        provenance=self.ctx.recipe.layout.provenance)
+                        provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer)
 
     def committed(self, unit: Unit, record: dict) -> None:
         self._add(record)

@@ -1,6 +1,7 @@
-"""Stage 4: check an output directory from its files and index.json alone: sizes, token ids, the overlap
-tokens between shards, checksums, holdouts, and the shares. Reads every file once, sequentially, in
-chunks, so it needs little memory whatever the shard size."""
+"""Stage 4: check an output directory from its files, index.json and the state the run kept: sizes, token ids,
+the overlap tokens between shards, checksums, holdouts, the shares, and that each shard is what the committed
+units and the seed produce (its bytes against the sha256 derived from them, tokmix.stages.expected). Reads
+every file once, sequentially, in chunks, so it needs little memory whatever the shard size."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tokmix.provenance import DOC_DTYPE
 from tokmix.shards import (
     CHECKSUM,
     EOT_TOKEN,
+    EXPECTED_NAME,
     READ_CHUNK_BYTES,
+    STATE_DIR,
     DamagedFile,
     Delimiters,
     Layout,
@@ -59,7 +62,8 @@ def _starts_a_document(name: str, first: int | None, index: dict) -> list[str]:
     return []
 
 
-def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -> list[str]:
+def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None,
+                  expected: dict[str, str] | None) -> list[str]:
     problems, previous_last = [], None
     seq_len = index["seq_len"]
     for k, shard in enumerate(index.get("shards", [])):
@@ -80,6 +84,12 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -
             problems.append(f"{name}: token id {got['max']} out of range (vocabulary {vocab:,})")
         if "checksum" in shard and got["checksum"] != shard["checksum"]:
             problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)"
+                            + _where(root, name, dtype, seq_len))
+        # the bytes against index.json just above; index.json's checksum (the bytes' without one) against the
+        # digest derived from the units: a shard edited together with its record and index.json shows here
+        if expected is not None and shard.get("checksum", got["checksum"]) != expected.get(name):
+            problems.append(f"{name}: not what the committed units and the seed produce ({CHECKSUM} differs from "
+                            f"the one derived from them, {STATE_DIR}/{EXPECTED_NAME})"
                             + _where(root, name, dtype, seq_len))
         if k == 0:
             problems += _starts_a_document(name, got["first"], index)
@@ -216,5 +226,33 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
         return [f"{root}: no index.json with shards (the run has not finished assembling)"]
     dtype = np.dtype(index["dtype"])
     vocab = vocab_size or index.get("vocab_size")
-    return (_check_shards(root, index, dtype, vocab) + _check_holdouts(root, index, dtype, vocab)
+    expected, problems = _expected(root, index)
+    return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
             + _check_shares(index))
+
+
+def _expected(root: Path, index: dict) -> tuple[dict[str, str] | None, list[str]]:
+    """The shards' sha256 as the run's validate stage derived them from the units and the seed (None for a run
+    that kept none: one before tokmix kept them), and what is wrong with that record itself."""
+    path = Layout(root).expected
+    try:
+        kept = read_json(path, sealed=True)
+    except DamagedFile as e:
+        return None, [f"{path}: damaged ({e.why}): the shards cannot be checked against the units they were made of"]
+    if kept is None:
+        return None, []
+    if kept["seed"] != index.get("seed") or len(kept["shards"]) != len(index["shards"]):
+        return kept["shards"], [f"index.json: seed {index.get('seed')} and {len(index['shards'])} shard(s), but the "
+                                f"shards were derived with seed {kept['seed']} and {len(kept['shards'])} shard(s) "
+                                f"({STATE_DIR}/{EXPECTED_NAME})"]
+    return kept["shards"], []
+
+
+def derivation_note(out_dir: str | Path) -> str | None:
+    """What `tokmix validate` says when the run kept no derived digests: that it could not check the shards
+    against the units and the seed."""
+    path = Layout(out_dir).expected
+    if path.exists():
+        return None
+    return (f"note: no {STATE_DIR}/{EXPECTED_NAME}: the shards were checked against index.json, not against what "
+            "the committed units and the seed produce (a run made before tokmix kept that record)")
