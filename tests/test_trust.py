@@ -400,3 +400,22 @@ def test_a_task_whose_run_lost_the_directory_writes_nothing(tmp_path):
     with RunLock(layout), pytest.raises(TokmixError, match="this run no longer holds the directory"):
         with writing(writer):
             pass
+
+
+def test_a_file_put_under_a_name_the_run_recorded_but_had_not_written_is_never_overwritten(corpus, clean, tmp_path):
+    """The record names every path before the run creates it; a file the user puts under such a name before the
+    run writes it (a shard the run has not reached) is kept: the run stops with one line naming it (it used to
+    be overwritten by the rename). Moved away, the run ends identical."""
+    out, name = tmp_path / "out", "train_001.bin"
+    killed = run(corpus, out, env={"TOKMIX_FAULT": "streams:after-unit:2", "TOKMIX_UNIT_BYTES": "20000"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / name).exists() and f"\n{name}\n" in (out / "tokmix-state/created").read_text()
+    (out / name).write_text("the user's own file\n")
+    refused = run(corpus, out, env={"TOKMIX_UNIT_BYTES": "20000"})
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"error: {out / name}: exists but tokmix did not create it (put there after the " \
+                                     "run named it, before it wrote it); move it away and run the same command again"
+    assert (out / name).read_text() == "the user's own file\n"
+    (out / name).unlink()
+    assert run(corpus, out, env={"TOKMIX_UNIT_BYTES": "20000"}).returncode == 0
+    assert outputs(out) == clean

@@ -10,6 +10,7 @@ token of the next shard, so block j of a shard is `tokens[j * seq_len : j * seq_
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import io
 import json
@@ -39,6 +40,7 @@ RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokm
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 LOCK_NAME = "lock"
 WRITERS_NAME = "writers"  # in STATE_DIR: every task that writes holds a shared flock on it (tokmix.lock)
+PUBLISHED_DIR = "published"  # in STATE_DIR: a mark per top-level name tokmix has written a file under (publish)
 EXPECTED_NAME = "expected.json"  # in STATE_DIR: the shards' sha256 derived from the units and the seed
 CHECKSUM = "sha256"
 LENGTH_DTYPE = np.dtype("<u4")  # a unit's .len file: tokens per document, its delimiters included
@@ -330,6 +332,18 @@ class Layout:
         finally:
             os.close(fd)
 
+    def adopt_published(self) -> None:
+        """Once per output directory: mark the recorded top-level files already there as published (a run begun
+        before tokmix marked its names: they are its own), so that only names marked, or written by tokmix
+        from now on, are ever replaced (publish)."""
+        folder = self.state / PUBLISHED_DIR
+        if folder.is_dir():
+            return
+        folder.mkdir()
+        for path in self.recorded():
+            if path.parent == self.root and path.is_file() and not path.is_symlink():
+                _mark_published(folder / path.name)
+
     def remove_created(self, paths: list[Path] | None = None, keep: tuple[Path, ...] = ()) -> list[Path]:
         """Remove the recorded paths among `paths` (default: all recorded, and the state folder's content but
         the lock, the record and `keep`), deepest first; returns what was left because tokmix did not make it:
@@ -493,7 +507,52 @@ def commit(tmp: Path, path: Path, durable: bool = True) -> None:
     if durable:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-    os.replace(tmp, path)
+    publish(tmp, path)
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Move `tmp` to its final name `path`. In an output directory's top level (what consumers read: shards,
+    holdouts, index.json, tokenizer.json) never over a file tokmix did not put there: a name tokmix recorded
+    (Layout.record) but has not created yet may meanwhile hold a file of the user's. So a name is marked as
+    published (tokmix-state/published/NAME) before its first file appears, that first file is linked in (which
+    fails if anything is there), and only a name already marked is replaced. Elsewhere (the state folder, the
+    intermediates' folders, whose names are tokmix's) a plain rename."""
+    state = path.parent / STATE_DIR
+    if not state.is_dir():
+        os.replace(tmp, path)
+        return
+    mark = state / PUBLISHED_DIR / path.name
+    if mark.exists():  # tokmix's name: what it wrote there before is replaced (a damaged or older version)
+        os.replace(tmp, path)
+        return
+    _mark_published(mark)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        tmp.unlink(missing_ok=True)
+        raise TokmixError(f"{path}: exists but tokmix did not create it (put there after the run named it, before "
+                          "it wrote it); move it away and run the same command again") from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        if path.exists() or path.is_symlink():  # no hard links on this filesystem: check, then rename
+            tmp.unlink(missing_ok=True)
+            raise TokmixError(f"{path}: exists but tokmix did not create it; move it away and run the same "
+                              "command again") from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def _mark_published(mark: Path) -> None:
+    """The mark, on disk before the name's first file appears (the folder fsynced: its entry too)."""
+    mark.parent.mkdir(exist_ok=True)
+    os.close(os.open(mark, os.O_WRONLY | os.O_CREAT, 0o644))
+    fd = os.open(mark.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_in_halves(f: BinaryIO, data: bytes | memoryview, fault: str = "write:middle") -> None:
@@ -615,7 +674,7 @@ class TokenFileWriter:
         self.f.close()
         if before_commit:
             before_commit()
-        os.replace(self.tmp, self.path)
+        publish(self.tmp, self.path)
         return self.hash.hexdigest() if self.hash is not None else None
 
     def abort(self) -> None:

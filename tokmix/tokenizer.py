@@ -160,7 +160,7 @@ def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
         except FileNotFoundError:
             raise TokmixError(f"tokenizer {recipe.tokenizer_path}: file not found") from None
     own.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(own, text.encode("utf-8"))
+    write_bytes(own, text.encode("utf-8"))  # never over a file of the user's put there meanwhile
     return str(own)
 
 
