@@ -2,7 +2,8 @@
 to assemble writing the same shards from the same units: both run here, one process each, on synthetic units
 (three streams at 45/35/20, documents of lognormal lengths around 600 tokens, random uint16 ids) cut into
 `--shards` shards, alternately, `--repeat` times. Every derived digest is checked against the shard assemble
-wrote: the two code paths agree at this size too.
+wrote: the two code paths agree at this size too. Last, the derivation's peak of allocated memory (tracemalloc,
+which numpy's arrays report to) in one more run.
 
     .venv/bin/python bench/expected.py [--tokens 100e6] [--shards 8] [--repeat 3] [--work bench/work/expected]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,8 @@ def make_units(root: Path, tokens: int, rng: np.random.Generator) -> tuple[dict[
 
 
 def assemble(root: Path, units: dict[str, list[dict]], docs: list[int], blocks: list[int]) -> list[str]:
+    for shard in root.glob("train_*.bin"):
+        shard.unlink()
     labels_path = root / "streams" / "interleave.labels"
     interleave_order(docs, SEED).tofile(labels_path)
     labels = Labels("global", tuple(docs), SEED, str(labels_path))
@@ -85,6 +89,10 @@ def main() -> None:
         assert derived == written == [file_checksum(args.work / train_name(k)) for k in range(len(blocks))]
         print(f"run {rep + 1}: assemble {t1 - t0:6.2f} s, derive {t2 - t1:6.2f} s, derive/assemble "
               f"{(t2 - t1) / (t1 - t0):.2f}")
+    tracemalloc.start()
+    derive(args.work, units, docs, blocks)
+    print(f"derive's peak allocation: {tracemalloc.get_traced_memory()[1] / 2**20:,.1f} MiB")
+    tracemalloc.stop()
     shutil.rmtree(args.work)
 
 

@@ -419,3 +419,30 @@ def test_a_file_put_under_a_name_the_run_recorded_but_had_not_written_is_never_o
     (out / name).unlink()
     assert run(corpus, out, env={"TOKMIX_UNIT_BYTES": "20000"}).returncode == 0
     assert outputs(out) == clean
+
+
+def test_a_link_in_place_of_the_lock_file_is_never_written_through(corpus, tmp_path):
+    """The run writes its name into tokmix-state/lock and truncates it when done: a link there (a copied run, a
+    hostile folder) would have it truncate the file the link names. Refused in one line, the file kept."""
+    out, theirs = tmp_path / "out", tmp_path / "notes.txt"
+    theirs.write_text("the user's notes\n")
+    assert run(corpus, out, env={"TOKMIX_FAULT": "streams:after-unit:1"}).returncode == -signal.SIGKILL
+    lock = out / "tokmix-state/lock"
+    lock.unlink()
+    lock.symlink_to(theirs)
+    refused = run(corpus, out)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"error: {lock}: is a link, not tokmix's lock file; remove the link (tokmix " \
+                                     "makes the file itself)"
+    assert theirs.read_text() == "the user's notes\n"
+
+
+def test_a_lock_file_that_names_no_run_is_taken_over(corpus, clean, tmp_path):
+    """A lock file whose content is not tokmix's (edited, garbage) and that no process holds names no run on
+    another host: taken over (it used to be read as a run on host "garbage" and refused without --break-lock)."""
+    out = tmp_path / "out"
+    assert run(corpus, out, env={"TOKMIX_FAULT": "streams:after-unit:1"}).returncode == -signal.SIGKILL
+    (out / "tokmix-state/lock").write_text("garbage here\n")
+    resumed = run(corpus, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert outputs(out) == clean

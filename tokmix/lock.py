@@ -7,6 +7,7 @@ process makes it refuse; one that had not started writing finds another token an
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
@@ -44,6 +45,18 @@ def flock_holders(path: Path) -> list[int] | None:
     return pids
 
 
+def _open(path: Path) -> int:
+    """A lock file of tokmix's own, never followed through a link: the run writes its name into the lock file,
+    and a link there would have it truncate whatever file the link names."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise TokmixError(f"{path}: is a link, not tokmix's lock file; remove the link (tokmix makes the file "
+                          "itself)") from None
+
+
 def read_holder(path: Path) -> tuple[list[str], str | None]:
     """What the lock file names: host, the supervisor's pid and, once started, the stage process's; and the run's
     token."""
@@ -71,7 +84,7 @@ class RunLock:
         self.took_over: str | None = None  # whose lock this run took over, for the log
 
     def __enter__(self) -> RunLock:
-        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(self.layout.lock)
         try:
             holder = self._take(fd)
             self.fd = fd
@@ -97,11 +110,11 @@ class RunLock:
             who = f" (pid {pid})" if pid else ""
             raise TokmixError(f"{self.layout.root}: another tokmix run{who} is writing this directory") from None
         holder = read_holder(self.layout.lock)[0][:2]  # as it is now that it is ours
-        if len(holder) == 2 and holder[0] != socket.gethostname() and not self.break_lock:
+        if len(holder) == 2 and holder[1].isdigit() and holder[0] != socket.gethostname() and not self.break_lock:
             raise TokmixError(f"{self.layout.root}: locked by a tokmix run on host {holder[0]} (pid {holder[1]}), "
                               "which cannot be checked from here: if no run is writing this directory there, run "
                               "again with --break-lock")
-        return holder if len(holder) == 2 else []
+        return holder if len(holder) == 2 and holder[1].isdigit() else []
 
     def _write(self, *pids: int) -> None:
         os.ftruncate(self.fd, 0)
@@ -123,7 +136,7 @@ class RunLock:
 def _no_writers_left(layout: Layout) -> None:
     """Refuse while a process of an earlier run still writes (a worker whose stage process was killed): taken
     once, exclusively, after this run's token is in the lock file, so a worker that starts a task later sees it."""
-    fd = os.open(layout.writers, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open(layout.writers)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -161,7 +174,7 @@ def writing(writer: RunWriter | None) -> Iterator[None]:
         yield
         return
     state = Path(writer.state)
-    fd = os.open(state / WRITERS_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open(state / WRITERS_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only for a starting run's moment of checking
         if read_holder(state / LOCK_NAME)[1] != writer.token:

@@ -516,12 +516,12 @@ def publish(tmp: Path, path: Path) -> None:
     (Layout.record) but has not created yet may meanwhile hold a file of the user's. So a name is marked as
     published (tokmix-state/published/NAME) before its first file appears, that first file is linked in (which
     fails if anything is there), and only a name already marked is replaced. Elsewhere (the state folder, the
-    intermediates' folders, whose names are tokmix's) a plain rename."""
-    state = path.parent / STATE_DIR
-    if not state.is_dir():
+    intermediates' folders, whose names are tokmix's; a folder that is no run) a plain rename."""
+    marks = path.parent / STATE_DIR / PUBLISHED_DIR  # made by every run as it starts (Layout.adopt_published)
+    if not marks.is_dir():
         os.replace(tmp, path)
         return
-    mark = state / PUBLISHED_DIR / path.name
+    mark = marks / path.name
     if mark.exists():  # tokmix's name: what it wrote there before is replaced (a damaged or older version)
         os.replace(tmp, path)
         return
