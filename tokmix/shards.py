@@ -40,7 +40,7 @@ RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokm
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 LOCK_NAME = "lock"
 WRITERS_NAME = "writers"  # in STATE_DIR: every task that writes holds a shared flock on it (tokmix.lock)
-PUBLISHED_DIR = "published"  # in STATE_DIR: a mark per top-level name tokmix has written a file under (publish)
+PUBLISHED_DIR = "published"  # in STATE_DIR: NAME.mark per top-level name tokmix has written a file under (publish)
 EXPECTED_NAME = "expected.json"  # in STATE_DIR: the shards' sha256 derived from the units and the seed
 CHECKSUM = "sha256"
 LENGTH_DTYPE = np.dtype("<u4")  # a unit's .len file: tokens per document, its delimiters included
@@ -342,7 +342,7 @@ class Layout:
         folder.mkdir()
         for path in self.recorded():
             if path.parent == self.root and path.is_file() and not path.is_symlink():
-                _mark_published(folder / path.name)
+                _mark_published(_mark_of(folder, path.name))
 
     def remove_created(self, paths: list[Path] | None = None, keep: tuple[Path, ...] = ()) -> list[Path]:
         """Remove the recorded paths among `paths` (default: all recorded, and the state folder's content but
@@ -521,7 +521,7 @@ def publish(tmp: Path, path: Path) -> None:
     if not marks.is_dir():
         os.replace(tmp, path)
         return
-    mark = marks / path.name
+    mark = _mark_of(marks, path.name)
     if mark.exists():  # tokmix's name: what it wrote there before is replaced (a damaged or older version)
         os.replace(tmp, path)
         return
@@ -542,6 +542,11 @@ def publish(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
         return
     os.unlink(tmp)
+
+
+def _mark_of(marks: Path, name: str) -> Path:
+    # an empty file, named apart from the file it marks (a reader of every *.json under a run parses JSON)
+    return marks / f"{name}.mark"
 
 
 def _mark_published(mark: Path) -> None:
