@@ -317,15 +317,15 @@ def test_a_repeat_unit_never_copies_from_a_damaged_pass_one_unit(repeated, tmp_p
     first = sum(1 for r in records if r.get("pass", 1) == 1)
     again = next(r for r in records if r.get("pass") == 2 and r["source_unit"] == 0)
     want = (units / f"{again['name']}.tok").read_bytes()
-    for suffix in ("json", "tok", "len"):
-        (units / f"{again['name']}.{suffix}").unlink()
     task = RepeatTask(RepeatUnit("code", again["index"], 2, 0, again["size"]), str(units), "<u2", 1234, first,
-                      again["limit"])
+                      again["limit"], provenance=(units / f"{again['name']}.src").exists())
+    for path in units.glob(f"{again['name']}.*"):
+        path.unlink()
     drop_cached()  # a fresh worker process
     repeat_unit(task)
     assert (units / f"{again['name']}.tok").read_bytes() == want
-    for suffix in ("json", "tok", "len"):
-        (units / f"{again['name']}.{suffix}").unlink()
+    for path in units.glob(f"{again['name']}.*"):
+        path.unlink()
 
     victim = units / f"000001.{part}"
     data = bytearray(victim.read_bytes())

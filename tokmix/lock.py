@@ -117,8 +117,10 @@ class RunLock:
         return holder if len(holder) == 2 and holder[1].isdigit() else []
 
     def _write(self, *pids: int) -> None:
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{socket.gethostname()} {' '.join(map(str, pids))}\nrun {self.token}\n".encode(), 0)
+        # written over, then cut to length: a run refused at this moment reads a holder, never an empty file
+        data = f"{socket.gethostname()} {' '.join(map(str, pids))}\nrun {self.token}\n".encode()
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
         os.fsync(self.fd)
 
     def name_stage_process(self, pid: int) -> None:
