@@ -118,8 +118,8 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
         left = layout.remove_created()
         if left:
             log(f"--restart left {len(left)} path(s) that tokmix did not make: {', '.join(map(str, left[:5]))}")
-    layout.adopt_published()
     layout.record_created(paths)
+    layout.adopt_published()  # after the record: a folder killed before it holds only the locks
 
 
 # ---------------------------------------------------------------------------- supervisor
