@@ -378,7 +378,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
         shards, used = run_assemble(ctx, metas)
         index = build_index(ctx, val, metas, shards, used, provenance)
         ctx.layout.write_index(index)
-    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)
+    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)
     timings.add("validate", time.perf_counter() - t0)
     if problems:
         raise TokmixError(f"validation failed: {problems[0]}" + (f" (and {len(problems) - 1} more)"

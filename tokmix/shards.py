@@ -337,7 +337,7 @@ class Layout:
         before tokmix marked its names: they are its own), so that only names marked, or written by tokmix
         from now on, are ever replaced (publish)."""
         folder = self.state / PUBLISHED_DIR
-        if folder.is_dir():
+        if self.remote or folder.is_dir():  # a store's objects are uploaded whole, never renamed over
             return
         folder.mkdir()
         for path in self.recorded():

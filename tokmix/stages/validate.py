@@ -213,10 +213,11 @@ def share_warnings(index: dict) -> list[str]:
 
 
 def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None,
-                 index_path: Path | None = None) -> list[str]:
+                 index_path: Path | None = None, expected_path: Path | None = None) -> list[str]:
     """Every problem found, one line each; an empty list means valid. `out_dir` may be a store's URL;
     `index_path`: the index to check the files against, when not yet in `out_dir` (a store's run, which
-    publishes it once they are valid)."""
+    publishes it once they are valid); `expected_path` likewise for the digests derived from the units (a
+    store's run keeps them in its local state folder)."""
     root = as_path(out_dir)
     try:
         index = read_json(index_path or Layout(root).index) or {}
@@ -226,15 +227,14 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
         return [f"{root}: no index.json with shards (the run has not finished assembling)"]
     dtype = np.dtype(index["dtype"])
     vocab = vocab_size or index.get("vocab_size")
-    expected, problems = _expected(root, index)
+    expected, problems = _expected(expected_path or Layout(root).expected, index)
     return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
             + _check_shares(index))
 
 
-def _expected(root: Path, index: dict) -> tuple[dict[str, str] | None, list[str]]:
+def _expected(path: Path | ObjectPath, index: dict) -> tuple[dict[str, str] | None, list[str]]:
     """The shards' sha256 as the run's validate stage derived them from the units and the seed (None for a run
     that kept none: one before tokmix kept them), and what is wrong with that record itself."""
-    path = Layout(root).expected
     try:
         kept = read_json(path, sealed=True)
     except DamagedFile as e:
