@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix.interleave import Labels, interleave_order
 from tokmix.shards import LENGTH_DTYPE, file_checksum, shard_blocks, train_name, write_bytes
-from tokmix.stages.assemble import Labels, StreamUnits, interleave_order, plan_tasks, write_shard
+from tokmix.stages.assemble import StreamUnits, plan_tasks, write_shard
 from tokmix.stages.expected import expected_digests
 
 SEQ_LEN = 1024

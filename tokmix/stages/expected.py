@@ -16,10 +16,10 @@ from collections.abc import Callable
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.shards import CHECKSUM, read_json, shard_blocks, shard_tokens, train_name, write_record
+from tokmix.interleave import chunked_order, interleave_order
+from tokmix.shards import CHECKSUM, read_json, shard_blocks, tokens_in_shard, train_name, unit_file, write_record
 from tokmix.stages import Context
-from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader, chunked_order, interleave_order
-from tokmix.stages.streams import units_dir
+from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader
 
 GATHER_TOKENS = 8 << 20  # tokens read before they are hashed
 
@@ -100,20 +100,20 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     from) and return it, by shard file."""
     recipe, names = ctx.recipe, list(ctx.recipe.streams)
     blocks = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
-    units = [tuple(str(units_dir(ctx, n) / u["name"]) for u in metas[n]["units"]) for n in names]
+    units = [tuple(str(ctx.layout.units(n) / u["name"]) for u in metas[n]["units"]) for n in names]
     digests = expected_digests(units, [metas[n]["docs"] for n in names], recipe.seed, recipe.layout.interleave,
                                ctx.dtype, recipe.layout.seq_len, blocks)
     from_units = {}
     for n in names:  # what the digests were derived from (the units were checked as the stage process started)
         h = hashlib.new(CHECKSUM)
         for u in metas[n]["units"]:
-            h.update(read_json(units_dir(ctx, n) / f"{u['name']}.json", sealed=True)["tok_sha256"].encode())
+            h.update(read_json(unit_file(ctx.layout.units(n), u["name"], "json"), sealed=True)["tok_sha256"].encode())
         from_units[n] = h.hexdigest()
     shards = {train_name(k): d for k, d in enumerate(digests)}
     write_record(ctx.layout.expected, {
         "seed": recipe.seed,
         "interleave": recipe.layout.interleave,
-        "tokens": [shard_tokens(b, recipe.layout.seq_len) for b in blocks],
+        "tokens": [tokens_in_shard(b, recipe.layout.seq_len) for b in blocks],
         "units_tok_sha256": from_units,  # sha256 over each stream's units' tok_sha256, in order
         "shards": shards,
     })
