@@ -309,8 +309,9 @@ def test_kill_9_in_the_middle_of_a_pass_then_resume_is_byte_identical(corpus, tm
 @pytest.mark.parametrize("part", ["tok", "len"])
 def test_a_repeat_unit_never_copies_from_a_damaged_pass_one_unit(repeated, tmp_path, part):
     """A repeat unit checks the pass-1 units it copies from as the coordinator checks a unit (one helper,
-    tokmix.stages.units): a unit damaged after the coordinator's check (a worker process, hours later) is named,
-    and nothing is committed. The same task on the undamaged units remakes the run's own repeat unit."""
+    tokmix.stages.passes.unit_damage): a unit damaged after the coordinator's check (a worker process, hours
+    later) is named, and nothing is committed. The same task on the undamaged units remakes the run's own repeat
+    unit."""
     units = tmp_path / "units"
     shutil.copytree(repeated["out"] / "streams/code/units", units)
     records = [json.loads(p.read_text()) for p in sorted(units.glob("*.json"))]

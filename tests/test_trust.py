@@ -293,18 +293,21 @@ def test_of_many_runs_started_together_over_a_stale_lock_one_writes(corpus, clea
     (out / "tokmix-state" / "lock").write_text(f"{socket.gethostname()} {dead.pid}\n")
     os.mkfifo(fifo)
     procs = [_start(corpus, out, _pause_env(fifo)) for _ in range(8)]
-    with open(fifo) as f:  # blocks until a run stands at the pause point, holding the lock
-        assert f.read() == "paused"
-    holder = int((out / "tokmix-state" / "lock").read_text().split()[1])
-    others = [p for p in procs if p.pid != holder]
-    assert len(others) == 7
-    for proc in others:  # a second holder would stand paused too, and never exit
-        _, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 2, stderr
-        assert stderr.strip() == f"error: {out}: another tokmix run (pid {holder}) is writing this directory"
-    winner = next(p for p in procs if p.pid == holder)
-    os.killpg(winner.pid, signal.SIGKILL)
-    winner.wait()
+    try:
+        with open(fifo) as f:  # blocks until a run stands at the pause point, holding the lock
+            assert f.read() == "paused"
+        holder = int((out / "tokmix-state" / "lock").read_text().split()[1])
+        others = [p for p in procs if p.pid != holder]
+        assert len(others) == 7
+        for proc in others:  # a second holder would stand paused too, and never exit
+            _, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 2, stderr
+            assert stderr.strip() == f"error: {out}: another tokmix run (pid {holder}) is writing this directory"
+    finally:  # every run started, whatever failed: none is left paused
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert run(corpus, out).returncode == 0
     assert outputs(out) == clean
 

@@ -7,8 +7,10 @@ passes. Decontamination happened in pass 1: a dropped holdout copy is in no pass
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -17,8 +19,11 @@ from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE
 from tokmix.shards import (
     LENGTH_DTYPE,
+    DamagedFile,
     TokenFileWriter,
+    file_checksum,
     read_array,
+    read_json,
     read_tokens,
     unit_file,
     unit_name,
@@ -26,10 +31,63 @@ from tokmix.shards import (
     write_record,
 )
 from tokmix.stages import cached
-from tokmix.stages.units import checked_unit
-from tokmix.store import as_path
+from tokmix.store import ObjectPath, as_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
+
+
+# ---------------------------------------------------------------------------- a committed unit, checked
+# As every reader checks one before using it: its record (sealed) and the sha256 of its token, lengths and (with
+# provenance) places files against that record. The streams coordinator checks each unit before counting it (and
+# remakes a damaged one); a repeat unit checks each pass-1 unit it copies from (and stops, naming it).
+REMAKE_UNIT = "run the same command again: a damaged unit is remade from its source as the streams stage starts"
+
+
+def _stamp(path: Path) -> tuple:
+    """What changes when a file is replaced or written in place: a changed stamp means a new check."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
+    """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
+    token, lengths or places file is missing or not the bytes the record's checksums were taken of. One read of
+    each local file per process while they are unchanged (a repeat unit's check after the coordinator's costs
+    nothing); a unit on an object store is read each time."""
+    if isinstance(directory, ObjectPath):
+        return _check(directory, name)
+    stamps = tuple(_stamp(unit_file(directory, name, part)) for part in ("json", "tok", "len", "src"))
+    return cached(("unit check", str(directory), name, stamps), lambda: _check(directory, name))
+
+
+def _check(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
+    try:
+        record = read_json(unit_file(directory, name, "json"), sealed=True)
+    except DamagedFile as e:
+        return None, e.why
+    if record is None:
+        return None, "its record is missing"
+    for part in ("tok", "len", "src"):
+        path = unit_file(directory, name, part)
+        if part == "src" and "src_sha256" not in record:
+            continue  # a unit of a run without provenance
+        if not path.exists():
+            return None, f"{path.name} is missing"
+        if file_checksum(path) != record.get(f"{part}_sha256"):
+            return None, f"sha256 of {path.name} differs from its record"
+    return record, None
+
+
+def checked_unit(directory: Path | ObjectPath, name: str) -> dict:
+    """The unit's record when its files are whole; DamagedFile naming the unit otherwise (a worker cannot
+    remake it: the next stage process does)."""
+    record, why = unit_damage(directory, name)
+    if why is not None:
+        raise DamagedFile(directory / name, why, REMAKE_UNIT)
+    return record
 
 
 @dataclass(frozen=True)

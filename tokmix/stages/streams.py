@@ -38,8 +38,7 @@ from tokmix.shards import (
 )
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
-from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit
-from tokmix.stages.units import unit_damage
+from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
 
