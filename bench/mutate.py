@@ -53,16 +53,18 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
 
 SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
-INTERLEAVE = "tokmix/interleave.py"
+INTERLEAVE, LOCK = "tokmix/interleave.py", "tokmix/lock.py"
 RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources/units.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ atomic commit
     m("write_bytes writes the final name directly", "atomic commit", SHARDS,
-      "    tmp = _tmp_name(path)\n    with open(tmp", "    tmp = path\n    with open(tmp",
+      '        with open(tmp, "wb") as f:\n            _write_in_halves(f, data)\n        commit(tmp, path, durable)',
+      '        with open(path, "wb") as f:\n            _write_in_halves(f, data)\n        pass',
       f"{FAULT_KILL}[write:middle:1]", f"{FAULT_KILL}[write:middle:5]", f"{FAULT_KILL}[write:middle:13]"),
     m("token files written under their final name", "atomic commit", SHARDS,
-      "        self.tmp = _tmp_name(path)\n", "        self.tmp = path\n",
+      "        self.tmp = None if self.remote else _tmp_name(path)\n",
+      '        self.tmp = None if self.remote else (path if path.suffix in (".tok", ".len") else _tmp_name(path))\n',
       f"{FAULT_KILL}[streams:unit-mid-write:1]", f"{FAULT_KILL}[assemble:mid-write:1]"),
     m("a token file is renamed before its last bytes", "atomic commit", SHARDS,
       "        self.f.flush()\n        os.fsync(self.f.fileno())\n        self.f.close()\n        if before_commit:\n"
@@ -73,8 +75,8 @@ MUTATIONS = [
       equivalent="every byte is written (and flushed after each write) before the rename either way: only a power "
                  "loss, not a kill, can see the order"),
     m("temporary files are not swept on resume", "atomic commit", SHARDS,
-      '        for p in directory.rglob("*.tmp-*"):\n            p.unlink(missing_ok=True)',
-      '        for p in directory.rglob("*.tmp-*"):\n            pass',
+      "                        and tmp.is_file() and not tmp.is_symlink():\n                    tmp.unlink()",
+      "                        and tmp.is_file() and not tmp.is_symlink():\n                    pass",
       f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[write:middle:5]"),
     m("a unit's record is written before its token file", "atomic commit", STREAMS,
       '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
@@ -84,9 +86,9 @@ MUTATIONS = [
       '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
       f"{FAULT_KILL}[streams:unit-before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:4]",
       equivalent="a record counts only with its .tok and .len beside it (streams._committed, itself mutated above)"),
-    m("a unit counts as committed without its .len", "atomic commit", STREAMS,
-      'if (directory / f"{record[\'name\']}.tok").exists() and (directory / f"{record[\'name\']}.len").exists():',
-      'if (directory / f"{record[\'name\']}.tok").exists():',
+    m("a unit counts as committed without its .len", "atomic commit", "tokmix/stages/passes.py",
+      '    for part in ("tok", "len", "src"):\n        path = unit_file(directory, name, part)',
+      '    for part in ("tok", "src"):\n        path = unit_file(directory, name, part)',
       f"{FAULT_KILL}[streams:unit-before-record:1]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
     m("a shard on disk counts as done whatever its size", "atomic commit", ASSEMBLE,
       "    if not (shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):",
@@ -178,8 +180,8 @@ MUTATIONS = [
       "abs(realized[n] - t) > SHARE_WARNING]", "abs(realized[n] - t) > 1]",
       f"{V}::test_a_share_off_its_target_is_a_warning_not_a_failure"),
     m("the run ignores validate's problems", "validate", "tokmix/pipeline.py",
-      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)\n",
-      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index)[:0]\n",
+      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)\n",
+      "    problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)[:0]\n",
       "tests/test_oracles.py::test_a_run_that_fails_validation_says_so"),
     # ------------------------------------------------------------------ decontamination
     m("the last document of each holdout batch is not hashed", "decontamination", HOLDOUT,
@@ -303,19 +305,25 @@ MUTATIONS = [
       "            batch = self.batch(self.step)\n            self.step += 1\n            yield batch",
       "            batch = self.batch(self.step)\n            yield batch\n            self.step += 1", "tests/test_data.py"),
     # ------------------------------------------------------------------ the lock
-    m("a live lock is taken over", "lock", RUNNER,
-      "psutil.pid_exists(int(owner[1])):", "psutil.pid_exists(int(owner[1])) and False:",
+    m("another host's lock is taken over unasked", "lock", LOCK,
+      "holder[0] != socket.gethostname() and not self.break_lock:", "holder[0] != socket.gethostname() and False:",
+      "tests/test_trust.py::test_a_lock_taken_on_another_host_is_broken_only_when_the_user_says_so"),
+    m("a stale lock is never taken over", "lock", LOCK,
+      "        return holder if len(holder) == 2 and holder[1].isdigit() else []\n",
+      "        if len(holder) == 2:\n            raise TokmixError('locked')\n        return []\n",
       "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
-    m("a stale lock is never taken over", "lock", RUNNER,
-      "                self.path.unlink(missing_ok=True)  # stale: its owner was killed\n",
-      "                raise TokmixError('locked')\n",
-      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
-    m("the lock is not exclusive", "lock", RUNNER,
-      "os.O_CREAT | os.O_EXCL | os.O_WRONLY", "os.O_CREAT | os.O_WRONLY",
-      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over"),
+    m("the lock is not exclusive", "lock", LOCK,
+      "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        except BlockingIOError:\n            pids = read_holder",
+      "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n        except BlockingIOError:\n            pids = read_holder",
+      "tests/test_faults.py::test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over",
+      "tests/test_trust.py::test_of_many_runs_started_together_over_a_stale_lock_one_writes"),
+    m("an earlier run's live worker is not waited for", "lock", LOCK,
+      "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n        pids = flock_holders",
+      "        pass\n    except BlockingIOError:\n        pids = flock_holders",
+      "tests/test_trust.py::test_a_worker_process_left_writing_by_a_killed_stage_process_keeps_a_new_run_out"),
     # ------------------------------------------------------------------ resume identity
     m("a changed recipe resumes", "resume identity", RUNNER,
-      "        changes = recipe_diff(old, new[\"output_fields\"])\n", "        changes = []\n",
+      '        changes = recipe_diff(recorded["output_fields"], recipe.output_fields())\n', "        changes = []\n",
       "tests/test_pipeline.py::test_resuming_with_a_changed_recipe_is_refused_with_a_diff"),
     m("the seed left out of the run's identity", "resume identity", RECIPE,
       "        data[\"layout\"][\"blocks\"] = self.blocks\n",
