@@ -263,12 +263,13 @@ def test_a_text_equal_to_an_internal_marker_is_that_text(corpus, tmp_path):
 # ---------------------------------------------------------------------------- a really full file system
 @pytest.fixture
 def small_filesystem(tmp_path):
-    """A 96 KiB tmpfs: the holdouts fit, the streams stage does not. Mounting needs root."""
+    """A 128 KiB tmpfs: the holdouts (and their provenance indexes: a tmpfs page each) fit, the streams stage
+    does not. Mounting needs root."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (this test runs as a user that is not)")
     mount = tmp_path / "small"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount)], check=True)
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 
