@@ -22,6 +22,7 @@ import tokmix
 from tests.corpus import make_corpus, write_recipe, write_split
 from tests.test_export import read_megatron
 from tests.vocab import gpt2_tiktoken, mistral_tokenizer_json
+from tokmix.data import TrainBlocks
 from tokmix.export import export_megatron
 from tokmix.inspect import DOC_MARKER, read_block
 from tokmix.shards import Delimiters, read_tokens
@@ -172,3 +173,14 @@ def test_megatron_export_cuts_documents_at_the_delimiters(layout_run, tmp_path):
     assert code == 8 if index["vocab_size"] < 65_500 else 4
     want = documents(train_stream(out, index), Delimiters(tuple(prefix), tuple(suffix)))
     assert [d.tolist() for d in docs] == [d.tolist() for d in want]
+
+
+def test_document_segments_from_the_index_are_where_the_delimiters_say(layout_run):
+    """Segments come from the provenance index, whatever the delimiters: prefix, suffix or both."""
+    name, out, tok, prefix, suffix = layout_run
+    loader = TrainBlocks(out)
+    delimiters = Delimiters(tuple(prefix), tuple(suffix))
+    for step in range(0, loader.physical_steps, 3):
+        x, _ = loader.batch(step)
+        for row, starts in zip(x, loader.segments(step).starts):
+            assert starts.tolist() == sorted({0, *delimiters.starts(row, None).tolist()}), (name, step)
