@@ -145,6 +145,12 @@ def test_a_prefix_holding_objects_tokmix_did_not_write_is_refused(s3, finished_r
     assert objects(s3, "theirs") == {"model.safetensors": b"not tokmix's"}
 
 
+def test_a_missing_bucket_is_one_line_naming_the_output(s3, finished_run, tmp_path):
+    with pytest.raises(TokmixError, match=r"^output s3://no-such-bucket/run: bucket s3://no-such-bucket does not "):
+        tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), "s3://no-such-bucket/run",
+                   work=tmp_path / "work", workers=1)
+
+
 def test_a_run_from_another_working_folder_or_with_another_recipe_is_refused(s3, whole, finished_run, tmp_path):
     url, work = whole
     recipe = tokmix.load_recipe(finished_run.parent / "recipe.toml")

@@ -103,6 +103,14 @@ def _check_ours(layout: Layout) -> None:
 def _check_store_ours(layout: Layout) -> None:
     """A prefix on a store tokmix may write: one that holds nothing yet, or a tokmix run's (its record of what it
     created is there). The lock is not: it is in the run's local working folder (tokmix.store)."""
+    bucket = layout.root.parents[-1] if layout.root.parents else layout.root
+    try:
+        there = bucket.exists()
+    except OSError as e:  # no credentials, or none that may read it
+        raise TokmixError(f"output {layout.root}: cannot reach bucket {bucket} ({e})") from None
+    if not there:
+        raise TokmixError(f"output {layout.root}: bucket {bucket} does not exist (tokmix writes into a bucket, it "
+                          "does not create one)")
     found = layout.root.iterdir()
     if found and not layout.is_run():
         raise TokmixError(f"output {layout.root}: not empty and not a tokmix run (it holds {found[0].name}); "
