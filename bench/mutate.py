@@ -358,9 +358,10 @@ def scratch_tree(dest: Path) -> Path:
     return tree
 
 
-def run_tests(tree: Path, selection: tuple[str, ...], timeout: float) -> tuple[str, float]:
-    """'passed', 'failed', 'timeout' or 'error: ...' (no test ran: a selection that names nothing). One pytest
-    process for the whole selection, so module fixtures (a corpus, a clean run) are built once."""
+def run_tests(tree: Path, selection: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+    """'passed', 'failed', 'timeout' or 'error: ...' (no test ran: a selection that names nothing), the seconds
+    and the end of pytest's output. One pytest process for the whole selection, so module fixtures (a corpus, a
+    clean run) are built once."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("CI", None)
     t0 = time.perf_counter()
@@ -369,12 +370,12 @@ def run_tests(tree: Path, selection: tuple[str, ...], timeout: float) -> tuple[s
         proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout,
                               start_new_session=True)
     except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - t0
+        return "timeout", time.perf_counter() - t0, ""
     seconds = time.perf_counter() - t0
     if proc.returncode in (0, 1, 2):  # 2: a collection error, e.g. the mutated module does not import
-        return ("passed", "failed", "failed")[proc.returncode], seconds
+        return ("passed", "failed", "failed")[proc.returncode], seconds, proc.stdout[-3000:]
     # 4: a selected test does not exist (renamed?), 5: nothing collected
-    return f"error (pytest exit {proc.returncode}: {proc.stdout.strip()[-200:]})", seconds
+    return f"error (pytest exit {proc.returncode}: {proc.stdout.strip()[-200:]})", seconds, proc.stdout[-3000:]
 
 
 def main() -> None:
@@ -391,9 +392,10 @@ def main() -> None:
         tree = scratch_tree(scratch)
         if not args.list and not args.no_baseline:  # a test failing without any mutation would catch them all
             selected = sorted({t for mu in chosen for t in mu.tests})
-            outcome, seconds = run_tests(tree, tuple(selected), args.timeout * 3)
+            outcome, seconds, tail = run_tests(tree, tuple(selected), args.timeout * 3)
             print(f"baseline: the {len(selected)} selections unmutated: {outcome} in {seconds:.0f}s", flush=True)
             if outcome != "passed":
+                print(tail)
                 sys.exit("the tests fail without a mutation: fix them first")
         rows = []
         for n, mu in enumerate(chosen, 1):
@@ -409,7 +411,7 @@ def main() -> None:
             else:
                 path.write_text(original.replace(mu.old, mu.new))
                 try:
-                    outcome, seconds = run_tests(tree, mu.tests, args.timeout)
+                    outcome, seconds, _ = run_tests(tree, mu.tests, args.timeout)
                 finally:
                     path.write_text(original)
                 result = {"failed": "caught", "timeout": "caught (tests hung)", "passed": "SURVIVED"}.get(outcome,
