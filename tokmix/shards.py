@@ -238,6 +238,9 @@ class Layout:
     tokenizer_checksum = _In("state", "tokenizer.checksum.json")  # a resume with other tokenizer bytes is refused
     split_record = _In("state", "split.json")  # a resume with another split is refused
     provenance_sources = _In("state", "sources.json")  # the train shards' table of sources (tokmix.provenance)
+    writers = _In("state", WRITERS_NAME)  # every writing task holds it shared (tokmix.lock)
+    # every shard's sha256 as derived from the committed units and the seed (tokmix.stages.expected)
+    expected = _In("state", EXPECTED_NAME)
 
     def holdout_state(self, domain: str, kind: str) -> Path:
         """What the holdout stage keeps of a domain: its documents' "hashes" and "lengths" (characters), and the
@@ -250,14 +253,6 @@ class Layout:
         """What tokmix created in the output directory: beside what it names (on the store for a store)."""
         return self.root / STATE_DIR / RECORD_NAME
 
-    @property
-    def writers(self) -> Path:
-        return self.state / WRITERS_NAME
-
-    @property
-    def expected(self) -> Path:
-        """Every shard's sha256 as derived from the committed units and the seed (tokmix.stages.expected)."""
-        return self.state / EXPECTED_NAME
 
     def train(self, k: int) -> Path:
         return self.root / train_name(k)
