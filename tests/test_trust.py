@@ -24,7 +24,9 @@ from tokmix.lock import RunLock, RunWriter, writing
 from tokmix.shards import Layout
 
 TOKMIX = Path(sys.executable).with_name("tokmix")  # the console script: the supervisor never has cwd on its path
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tokmix as installed, nothing else
+# tokmix as this session imports it: installed, or from the tree PYTHONPATH names (bench/mutate.py runs the tests
+# on a mutated copy that way); never from the working directory, whatever it holds
+ENV = dict(os.environ)
 
 
 def tokmix(*args: str | Path, cwd: Path | None = None, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
