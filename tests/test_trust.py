@@ -138,6 +138,25 @@ def test_sources_under_the_output_directory_are_refused_and_kept(corpus, tmp_pat
     assert tree(root) == before
 
 
+def test_a_run_of_a_tokmix_without_the_created_record_is_named_as_such_and_left_as_it_is(corpus, tmp_path):
+    """A run directory left by an earlier tokmix (its state folder has done.json and recipe.json, but no record
+    of what it created, which tokmix now removes by): refused with --restart too, saying what it is, untouched."""
+    out = tmp_path / "old"
+    (out / "tokmix-state").mkdir(parents=True)
+    for name in ("tokmix-state/done.json", "tokmix-state/recipe.json", "index.json"):
+        (out / name).write_text("{}")
+    (out / "train_000.bin").write_bytes(bytes(64))
+    before = tree(out)
+    for more in ((), ("--restart",)):
+        proc = run(corpus, out, *more)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == (
+            f"error: output directory {out}: a run of an earlier tokmix version, which kept no record of what it "
+            "created, so tokmix cannot tell its files from others: remove it yourself or choose a new or empty "
+            "directory")
+        assert tree(out) == before
+
+
 def test_restart_over_a_folder_of_the_users_own_files_is_refused_and_deletes_nothing(corpus, tmp_path):
     """The issue's second case: an output directory holding the user's train_*.jsonl and tokenizer.json, then
     `--restart`: both used to be deleted before the run failed."""

@@ -94,6 +94,10 @@ def _check_ours(layout: Layout) -> None:
     leftover = state.is_dir() and not state.is_symlink() and all(
         p.name in (LOCK_NAME, WRITERS_NAME) or ".tmp-" in p.name for p in state.iterdir())
     foreign = sorted(p.name for p in root.iterdir() if not (p == state and leftover))
+    if foreign and not state.is_symlink() and layout.done.is_file():  # a finished run, of a tokmix before the record
+        raise TokmixError(f"output directory {root}: a run of an earlier tokmix version, which kept no record of "
+                          "what it created, so tokmix cannot tell its files from others: remove it yourself or "
+                          "choose a new or empty directory")
     if foreign:
         what = f"{state.name} without tokmix's record of what it created" if foreign == [state.name] else foreign[0]
         raise TokmixError(f"output directory {root}: not empty and not a tokmix run (it holds {what}); choose a "
