@@ -38,6 +38,12 @@ def run(recipe: Path, out: Path, *more: str, **kw) -> subprocess.CompletedProces
     return tokmix("run", recipe, "--out", out, "--workers", "2", *more, **kw)
 
 
+def assert_refused(proc: subprocess.CompletedProcess, message: str) -> None:
+    """The run was refused (exit 2) with exactly this one line."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == message
+
+
 def outputs(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
 
@@ -98,10 +104,9 @@ def test_an_edited_split_file_is_refused_naming_the_files_it_moved(corpus, clean
     split["code"]["train"].append(moved)
     split_path.write_text(json.dumps(split, indent=2))
     refused = run(recipe, out)
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == (
+    assert_refused(refused, (
         f"error: split file {split_path}: changed since this run started (code: {moved} moved holdout -> train); "
-        "what is already written follows the first split: restore it, or use --restart to start over")
+        "what is already written follows the first split: restore it, or use --restart to start over"))
     assert not list(out.glob("train_*.bin"))
     split_path.write_text(first)  # restored: the run resumes to the clean run's bytes
     assert run(recipe, out).returncode == 0
@@ -131,10 +136,9 @@ def test_sources_under_the_output_directory_are_refused_and_kept(corpus, tmp_pat
     _move_stream(root, "dclm", "out/streams/dclm")
     before = tree(root)
     proc = run(root / "recipe.toml", root / "out")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: output directory {root / 'out'}: it holds stream dclm's source "
-                                   f"{root / 'out/streams/dclm/part-0.parquet'}; tokmix writes and removes files "
-                                   "there: choose another --out")
+    assert_refused(proc, (f"error: output directory {root / 'out'}: it holds stream dclm's source "
+                          f"{root / 'out/streams/dclm/part-0.parquet'}; tokmix writes and removes files "
+                          "there: choose another --out"))
     assert tree(root) == before
 
 
@@ -149,11 +153,10 @@ def test_a_run_of_a_tokmix_without_the_created_record_is_named_as_such_and_left_
     before = tree(out)
     for more in ((), ("--restart",)):
         proc = run(corpus, out, *more)
-        assert proc.returncode == 2
-        assert proc.stderr.strip() == (
+        assert_refused(proc, (
             f"error: output directory {out}: a run of an earlier tokmix version, which kept no record of what it "
             "created, so tokmix cannot tell its files from others: remove it yourself or choose a new or empty "
-            "directory")
+            "directory"))
         assert tree(out) == before
 
 
@@ -167,18 +170,16 @@ def test_restart_over_a_folder_of_the_users_own_files_is_refused_and_deletes_not
     shutil.copy(corpus.parent / "tokenizer/tokenizer.json", out / "tokenizer.json")
     before = tree(out)
     proc = run(corpus, out, "--restart")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: output directory {out}: not empty and not a tokmix run (it holds "
-                                   "tokenizer.json); choose a new or empty directory")
+    assert_refused(proc, (f"error: output directory {out}: not empty and not a tokmix run (it holds "
+                          "tokenizer.json); choose a new or empty directory"))
     assert tree(out) == before
     # the same folder named by the recipe as its sources and tokenizer: refused for that, first
     root = _copy(corpus, tmp_path)
     recipe = root / "recipe.toml"
     recipe.write_text(recipe.read_text().replace('path = "tokenizer/tokenizer.json"', f'path = "{out}/tokenizer.json"'))
     proc = run(recipe, out, "--restart")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: output directory {out}: it holds the tokenizer {out}/tokenizer.json; "
-                                   "tokmix writes and removes files there: choose another --out")
+    assert_refused(proc, (f"error: output directory {out}: it holds the tokenizer {out}/tokenizer.json; "
+                          "tokmix writes and removes files there: choose another --out"))
     assert tree(out) == before
 
 
@@ -243,10 +244,9 @@ def test_a_tokmix_state_folder_of_another_tool_is_not_a_tokmix_run(corpus, tmp_p
         (out / "tokmix-state").symlink_to(tmp_path / "other" / "tokmix-state")
     before = tree(tmp_path)
     proc = run(corpus, out, "--restart")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: output directory {out}: not empty and not a tokmix run (it holds "
-                                   "tokmix-state without tokmix's record of what it created); choose a new or "
-                                   "empty directory")
+    assert_refused(proc, (f"error: output directory {out}: not empty and not a tokmix run (it holds "
+                          "tokmix-state without tokmix's record of what it created); choose a new or "
+                          "empty directory"))
     assert tree(tmp_path) == before
 
 
@@ -276,9 +276,8 @@ def test_a_folder_of_the_users_where_the_run_writes_is_refused(corpus, clean, tm
     (out / "streams" / "notes.txt").write_text("mine")
     before = tree(out)
     proc = run(corpus, out, "--restart")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: {out / 'streams'}: exists but tokmix did not create it (the run would "
-                                   "write there); move it away or choose another --out")
+    assert_refused(proc, (f"error: {out / 'streams'}: exists but tokmix did not create it (the run would "
+                          "write there); move it away or choose another --out"))
     assert tree(out) == before
 
 
@@ -348,9 +347,8 @@ def test_killing_the_supervisor_alone_leaves_the_directory_locked_while_its_stag
     committed = {name: data for name, data in tree(out).items() if ".tmp-" not in name}
     for more in ([], ["--restart"]):  # a restart too: it removes nothing while another run holds the lock
         second = run(corpus, out, *more)
-        assert second.returncode == 2
-        assert second.stderr.strip() == f"error: {out}: another tokmix run (pid {stage[0].pid}) is writing this " \
-                                        "directory"
+        assert_refused(second, f"error: {out}: another tokmix run (pid {stage[0].pid}) is writing this "
+                               "directory")
     assert tree(out).items() >= committed.items()  # its workers may have committed more units meanwhile
     os.killpg(first.pid, signal.SIGKILL)  # the stage process's group: it and its workers
     psutil.wait_procs(stage, timeout=60)
@@ -363,10 +361,9 @@ def test_a_lock_taken_on_another_host_is_broken_only_when_the_user_says_so(corpu
     (out / "tokmix-state").mkdir(parents=True)
     (out / "tokmix-state" / "lock").write_text("node-b.cluster 4242\n")
     refused = run(corpus, out)
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == (
+    assert_refused(refused, (
         f"error: {out}: locked by a tokmix run on host node-b.cluster (pid 4242), which cannot be checked from "
-        "here: if no run is writing this directory there, run again with --break-lock")
+        "here: if no run is writing this directory there, run again with --break-lock"))
     assert sorted(p.name for p in out.rglob("*")) == ["lock", "tokmix-state"], "nothing written"
     taken = run(corpus, out, "--break-lock")
     assert taken.returncode == 0, taken.stderr[-2000:]
@@ -436,9 +433,8 @@ def test_a_file_put_under_a_name_the_run_recorded_but_had_not_written_is_never_o
     assert not (out / name).exists() and f"\n{name}\n" in (out / "tokmix-state/created").read_text()
     (out / name).write_text("the user's own file\n")
     refused = run(corpus, out, env={"TOKMIX_UNIT_BYTES": "20000"})
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == f"error: {out / name}: exists but tokmix did not create it (put there after the " \
-                                     "run named it, before it wrote it); move it away and run the same command again"
+    assert_refused(refused, f"error: {out / name}: exists but tokmix did not create it (put there after the "
+                            "run named it, before it wrote it); move it away and run the same command again")
     assert (out / name).read_text() == "the user's own file\n"
     (out / name).unlink()
     assert run(corpus, out, env={"TOKMIX_UNIT_BYTES": "20000"}).returncode == 0
@@ -455,9 +451,8 @@ def test_a_link_in_place_of_the_lock_file_is_never_written_through(corpus, tmp_p
     lock.unlink()
     lock.symlink_to(theirs)
     refused = run(corpus, out)
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == f"error: {lock}: is a link, not tokmix's lock file; remove the link (tokmix " \
-                                     "makes the file itself)"
+    assert_refused(refused, f"error: {lock}: is a link, not tokmix's lock file; remove the link (tokmix "
+                            "makes the file itself)")
     assert theirs.read_text() == "the user's notes\n"
 
 
