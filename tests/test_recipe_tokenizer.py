@@ -58,7 +58,14 @@ def test_derived_numbers(tmp_path):
     ("share = 0.4", "share = -0.4", r"streams.code.share: share must be a positive number"),
     ("share = 0.4", "share = 0", r"streams.code.share: share must be a positive number"),
     ("steps = 10", "", r"layout.steps: Field required"),
-    ("seq_len = 128", "seq_len = 128\nsequence = 3", r"layout.sequence: Extra inputs are not permitted"),
+    ("seq_len = 128", "seq_len = 128\nsequence = 3", r"layout.sequence: unknown key; did you mean 'seq_len'\? "
+                                                      r"\(layout takes seq_len, steps, "),
+    ("seq_len = 128", "seq_len = 128\nstpes = 3", r"layout.stpes: unknown key; did you mean 'steps'\?"),
+    ("seed = ", "sede = 1\nseed = ", r"sede: unknown key; did you mean 'seed'\? \(the recipe's top level takes seed, "),
+    ('domain = "web"', 'domain = "web"\ntxt_field = "body"', r"streams.web.txt_field: unknown key; did you mean "
+                                                          r"'text_field'\?"),
+    ('path = "tok.json"', 'path = "tok.json"\nbakend = "hf"', r"tokenizer.bakend: unknown key; did you mean 'backend'"),
+    ("eval_windows", "zzz = 1\neval_windows", r"holdout.zzz: unknown key \(holdout takes tokens, eval_windows, "),
     ('path = "tok.json"', "", r"give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken and "
                               r"\[tokenizer.train\]"),
     ('path = "tok.json"', 'path = "tok.json"\nhf = "org/name"', r"give exactly one of tokenizer.path, tokenizer.hf"),

@@ -86,7 +86,8 @@ def bad(tmp_path: Path, name: str, data: bytes) -> str:
 
 @pytest.mark.parametrize("case, message", [
     ("json", r"stream s: file .*bad\.jsonl: line 3: invalid JSON"),
-    ("field", r"stream s: file .*bad\.jsonl: line 2: no field 'text'"),
+    ("field", r"stream s: file .*bad\.jsonl: line 2: no field 'text' \(fields: \['id', 'body'\]\)$"),
+    ("array", r"stream s: file .*bad\.jsonl: line 2: no field 'text': the line is a JSON list, not an object$"),
     ("null", r"stream s: file .*bad\.jsonl: line 2: 'text' is null"),
     ("number", r"stream s: file .*bad\.jsonl: line 2: 'text' is a int, not a string"),
     ("gz", r"stream s: file .*bad\.jsonl\.gz: line \d+: truncated or corrupt file"),
@@ -99,7 +100,8 @@ def bad(tmp_path: Path, name: str, data: bytes) -> str:
 ])
 def test_bad_input_names_stream_file_and_row(tmp_path, case, message):
     good = b'{"text": "a"}\n'
-    lines = {"json": good * 2 + b"{oops\n", "field": good + b'{"body": "x"}\n', "null": good + b'{"text": null}\n',
+    lines = {"json": good * 2 + b"{oops\n", "field": good + b'{"id": 7, "body": "x"}\n',
+             "array": good + b'["x"]\n', "null": good + b'{"text": null}\n',
              "number": good + b'{"text": 5}\n'}
     if case in lines:
         path = bad(tmp_path, "bad.jsonl", lines[case])

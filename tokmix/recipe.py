@@ -3,12 +3,13 @@ and fingerprint what determines the output so a resume with a changed recipe can
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -278,10 +279,47 @@ class Recipe(_Strict):
         return self.model_copy(update={"tokenizer": spec})
 
 
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The recipe's table (a model) that holds the key at `loc`, e.g. ("streams", "web", "txt_field") ->
+    StreamSpec; None where `loc` is not inside a table."""
+    model, parts = Recipe, list(loc[:-1])
+    while parts:
+        info = model.model_fields.get(str(parts.pop(0)))
+        if info is None:
+            return None
+        annotation, keyed = info.annotation, False
+        if get_origin(annotation) is dict:  # [streams.NAME]: the next part is the user's name
+            annotation, keyed = get_args(annotation)[1], True
+        tables = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not tables:
+            return None
+        model = tables[0]
+        if keyed and parts:
+            parts.pop(0)
+    return model
+
+
+def unknown_key(loc: tuple) -> str:
+    """'unknown key' with the nearest key the table takes (or all of them when none is near)."""
+    model = _model_at(loc)
+    if model is None:
+        return "unknown key"
+    keys = [k for k, f in model.model_fields.items() if not f.exclude]
+    near = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.5)
+    table = ".".join(str(p) for p in loc[:-1]) or "the recipe's top level"
+    if near:
+        return f"unknown key; did you mean {near[0]!r}? ({table} takes {', '.join(keys)})"
+    return f"unknown key ({table} takes {', '.join(keys)})"
+
+
 def _describe(error: ValidationError, source: str) -> str:
-    first = error.errors()[0]
+    errors = error.errors()
+    # an unknown key first: a misspelt key is also reported as its real name missing, which the spelling explains
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where = ".".join(str(p) for p in first["loc"]) or "recipe"
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = unknown_key(first["loc"])
     if first["type"].endswith("_type") or first["type"].endswith("_parsing"):  # strict types: show what was given
         message += f", got {json.dumps(first['input'], default=str)}"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""

@@ -65,8 +65,11 @@ def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
     except RecursionError:  # orjson stops at 1024 levels, json at Python's recursion limit
         raise bad(stream, path, where(), "JSON nested too deeply to read (over 1,024 levels of arrays or "
                    "objects)") from None
-    if not isinstance(record, dict) or field not in record:
-        raise bad(stream, path, where(), f"no field {field!r}")
+    if not isinstance(record, dict):
+        kind = "null" if record is None else f"a JSON {type(record).__name__}"
+        raise bad(stream, path, where(), f"no field {field!r}: the line is {kind}, not an object")
+    if field not in record:
+        raise bad(stream, path, where(), f"no field {field!r} (fields: {list(record)[:20]})")
     text = record[field]
     if not isinstance(text, str):
         kind = "null" if text is None else f"a {type(text).__name__}, not a string"
