@@ -57,7 +57,9 @@ def chunked_order(docs: tuple[int, ...], seed: int, start: int, stop: int) -> np
 @dataclass(frozen=True)
 class Labels:
     """The stream of each document in train order, read a range at a time. "global" is the reference's
-    shuffle, written once to `path` by the driver (one byte per document); "chunked" is computed per range."""
+    shuffle, written once to `path` by the driver (one byte per document); "balanced" is written to `path` in
+    one streaming pass over the streams' document lengths (its `docs`: the documents of each stream it
+    labels, up to the run's end); "chunked" is computed per range."""
 
     kind: str
     docs: tuple[int, ...]  # documents of each stream
@@ -74,7 +76,8 @@ class Labels:
             return np.empty(0, dtype=np.uint8)
         if self.kind == "chunked":
             return chunked_order(self.docs, self.seed, start, stop)
-        return read_array(self.path, np.uint8, start, stop - start)  # a local file or an object on a store
+        # "global" and "balanced": a local file or an object on a store
+        return read_array(self.path, np.uint8, start, stop - start)
 
 
 def interleave_labels(docs: list[int], seed: int, kind: str) -> np.ndarray:
@@ -82,3 +85,181 @@ def interleave_labels(docs: list[int], seed: int, kind: str) -> np.ndarray:
     if kind == "chunked":
         return chunked_order(tuple(docs), seed, 0, sum(docs))
     return interleave_order(docs, seed)
+
+
+# ---------------------------------------------------------------------------- the balanced interleave
+@dataclass(frozen=True)
+class Mix:
+    """Every stream's target tokens along the run: piecewise linear in the run's token position, one share per
+    stream per piece. Fixed shares are one piece; a schedule is one piece per phase's constant stretch and one
+    per step of a ramp. The last piece goes on past the run's end."""
+
+    starts: tuple[int, ...]  # the token position where each piece starts (the first: 0)
+    shares: tuple[tuple[float, ...], ...]  # per piece, every stream's share (summing to 1)
+
+    @classmethod
+    def fixed(cls, shares: list[float]) -> Mix:
+        return cls((0,), (tuple(float(s) for s in shares),))
+
+    @property
+    def streams(self) -> int:
+        return len(self.shares[0])
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        starts = np.array(self.starts, dtype=np.float64)
+        shares = np.array(self.shares, dtype=np.float64)
+        cum = np.zeros((len(starts), shares.shape[1]))  # each stream's target where each piece starts
+        cum[1:] = np.cumsum(shares[:-1] * np.diff(starts)[:, None], axis=0)
+        return starts, shares, cum
+
+    def target(self, positions: np.ndarray) -> np.ndarray:
+        """Every stream's target tokens at the token `positions` (float64, [positions, streams])."""
+        starts, shares, cum = self._tables()
+        piece = np.maximum(np.searchsorted(starts, positions, side="right") - 1, 0)
+        return cum[piece] + shares[piece] * (np.asarray(positions, dtype=np.float64) - starts[piece])[:, None]
+
+    def reach(self, s: int, amounts: np.ndarray) -> np.ndarray:
+        """The first token position at which stream s's target reaches each of `amounts` (inf: never)."""
+        starts, shares, cum = self._tables()
+        ends = cum[1:, s]  # the target at each finite piece's end
+        piece = np.searchsorted(ends, amounts, side="left")
+        share, base = shares[piece, s], cum[piece, s]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            at = starts[piece] + (amounts - base) / share
+        return np.where(share > 0, at, np.where(amounts <= base, starts[piece], np.inf))
+
+
+BALANCED_WINDOW = 1 << 14  # documents of each stream read ahead by the balanced order
+
+
+class _Head:
+    """One stream's next documents for the balanced order: their lengths and the positions at which the
+    stream's target reaches their start and their end (the fluid schedule's start and finish), read ahead."""
+
+    def __init__(self, s: int, take, docs: int, mix: Mix):
+        self.s, self.take, self.left, self.mix = s, take, docs, mix
+        self.tokens = 0  # the stream's tokens in the order so far
+        self.lengths: list[int] = []
+        self.start: list[float] = []
+        self.finish: list[float] = []
+        self.i = 0
+
+    def refill(self) -> bool:
+        """Read the next window; False when the stream has no documents left."""
+        n = min(BALANCED_WINDOW, self.left)
+        if n <= 0:
+            return False
+        lengths = np.asarray(self.take(n), dtype=np.int64)
+        ends = self.tokens + np.cumsum(lengths)
+        ends_f = ends.astype(np.float64)
+        self.lengths = lengths.tolist()
+        self.start = self.mix.reach(self.s, ends_f - lengths).tolist()
+        self.finish = self.mix.reach(self.s, ends_f).tolist()
+        self.i, self.left = 0, self.left - n
+        return True
+
+
+def balanced_chunks(takes: list, docs: list[int], mix: Mix, seed: int, tokens: int,
+                    chunk: int = 1 << 20):
+    """The balanced interleave, in train order, `chunk` documents at a time: (labels uint8, lengths int64) until
+    the documents cover `tokens` tokens, then (no labels, the lengths of every stream's next document: the
+    bound's longest document counts them). `takes[s](n)` gives stream s's next n document lengths (it has
+    `docs[s]`).
+
+    The rule (worst-case fair queueing): at each document boundary P, a stream is eligible when its tokens so
+    far are at most its target at P; of the eligible ones, the one whose next document would be finished first
+    by the fluid mix (the position where its target reaches its tokens plus that document) is taken, ties to
+    the stream first in a seeded order. docs/format.md proves |tokens_s(P) - target_s(P)| <= the longest
+    document at every boundary. Memory: BALANCED_WINDOW lengths per stream and one chunk of labels."""
+    n = len(takes)
+    rank = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,))).permutation(n).tolist()
+    heads = [_Head(s, takes[s], docs[s], mix) for s in range(n)]
+    alive = [h.refill() for h in heads]
+    start = [h.start[0] if a else np.inf for h, a in zip(heads, alive)]
+    finish = [h.finish[0] if a else np.inf for h, a in zip(heads, alive)]
+    length = [h.lengths[0] if a else 0 for h, a in zip(heads, alive)]
+    inf = float("inf")
+    P = 0
+    labels = np.empty(chunk, dtype=np.uint8)
+    took = np.empty(chunk, dtype=np.int64)
+    k = 0
+    streams = range(n)
+    while P < tokens:
+        best, best_f, best_r = -1, inf, n
+        for s in streams:
+            if start[s] <= P:
+                f = finish[s]
+                if f < best_f or (f == best_f and rank[s] < best_r):
+                    best, best_f, best_r = s, f, rank[s]
+        if best < 0:  # nothing eligible: only when a stream ran out of documents (the bound no longer holds)
+            live = [s for s in streams if alive[s]]
+            if not live:
+                break
+            best = min(live, key=lambda s: (finish[s], rank[s]))
+        labels[k], took[k] = best, length[best]
+        P += length[best]
+        k += 1
+        h = heads[best]
+        h.tokens += length[best]
+        h.i += 1
+        if h.i == len(h.lengths) and not h.refill():
+            alive[best] = False
+            start[best], finish[best], length[best] = inf, inf, 0
+        else:
+            start[best], finish[best], length[best] = h.start[h.i], h.finish[h.i], h.lengths[h.i]
+        if k == chunk:
+            yield labels.copy(), took.copy()
+            k = 0
+    if k:
+        yield labels[:k].copy(), took[:k].copy()
+    pending = [length[s] for s in streams if alive[s]]  # every stream's next document: the bound counts them
+    if pending:
+        yield np.empty(0, dtype=np.uint8), np.array(pending, dtype=np.int64)
+
+
+class Deviation:
+    """Every stream's deviation from its target, tokens_s(P) - target_s(P), at every document boundary P of an
+    order fed chunk by chunk, up to the run's `end`: the worst above (more than its target) and below, and the
+    longest document; and every stream's tokens before each of the token positions `marks` (the phases' ends:
+    a document cut by one counts its tokens on both sides)."""
+
+    def __init__(self, mix: Mix, end: int, marks: tuple[int, ...] = ()):
+        self.mix, self.end, self.marks = mix, end, tuple(marks)
+        n = mix.streams
+        self.tokens = np.zeros(n, dtype=np.int64)
+        self.position = 0
+        self.over = np.zeros(n)
+        self.under = np.zeros(n)
+        self.longest = 0
+        self.at_marks: list[list[int]] = []
+
+    def feed(self, labels: np.ndarray, lengths: np.ndarray) -> None:
+        if not len(labels):  # the streams' next documents after the order's end
+            self.longest = max(self.longest, int(lengths.max(initial=0)))
+            return
+        n = self.mix.streams
+        ends = self.position + np.cumsum(lengths)
+        per = np.zeros((len(labels), n), dtype=np.int64)
+        per[np.arange(len(labels)), labels] = lengths
+        cum = self.tokens + np.cumsum(per, axis=0)
+        keep = ends <= self.end  # boundaries inside the run (the last document may run past its end)
+        dev = cum[keep] - self.mix.target(ends[keep])
+        if len(dev):
+            self.over = np.maximum(self.over, dev.max(axis=0))
+            self.under = np.maximum(self.under, -dev.min(axis=0))
+        self.longest = max(self.longest, int(lengths.max()))
+        while len(self.at_marks) < len(self.marks) and self.marks[len(self.at_marks)] <= ends[-1]:
+            m = self.marks[len(self.at_marks)]
+            d = int(np.searchsorted(ends, m, side="left"))  # the document holding token m - 1, or ending at m
+            before = cum[d] - per[d]
+            before[labels[d]] += m - (int(ends[d]) - int(lengths[d]))
+            self.at_marks.append(before.tolist())
+        self.tokens, self.position = cum[-1], int(ends[-1])
+
+    def to_index(self, names: list[str]) -> dict:
+        return {
+            "bound_tokens": self.longest,
+            "over_by_stream": {n: round(float(v), 1) for n, v in zip(names, self.over)},
+            "under_by_stream": {n: round(float(v), 1) for n, v in zip(names, self.under)},
+            "tokens_at_marks": self.at_marks,
+        }

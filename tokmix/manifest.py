@@ -10,7 +10,7 @@ from tokmix.stages.passes import passes_used
 
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int],
-                provenance: dict | None = None) -> dict:
+                provenance: dict | None = None, balance: dict | None = None) -> dict:
     """index.json as the reference writes it, plus what tokmix adds (the tokenizer's checksum, tokmix's version,
     vocab size, shard checksums, decontamination, provenance): from the holdout stage's `val` entries, the
     streams stage's records (`metas`), the assemble stage's shard records and documents `used` of each stream."""
@@ -36,7 +36,9 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         "recipe_fingerprint": recipe.fingerprint(),
         "mix": {
             "method": "each stream tokenized to its token budget, documents interleaved in a seeded random order "
-            "(per-document sampling at fixed proportions)",
+            "(per-document sampling at fixed proportions)" if recipe.layout.interleave != "balanced" else
+            "each stream tokenized to its token budget, documents interleaved so that every stream stays within "
+            "one document of its target share at every document boundary (seeded ties)",
             "target_share_by_stream": {n: s.share for n, s in recipe.streams.items()},
             "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
             "streams": summary,
@@ -44,6 +46,8 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             # epochs of each stream's train documents in the shards: its tokens there over one pass's tokens
             "passes_by_stream": {n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
             "interleave": recipe.layout.interleave,
+            # the balanced order's realized deviation from each stream's target (docs/format.md)
+            **({"balance": balance_summary(balance)} if balance is not None else {}),
         },
         "blocks": recipe.blocks,
         "train_steps": recipe.layout.steps,
@@ -70,3 +74,10 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         "val": val,
         **({"provenance": provenance} if provenance is not None else {}),
     }
+
+
+def balance_summary(balance: dict) -> dict:
+    """mix.balance: the proven bound (the longest document) and each stream's worst deviation from its target
+    at a document boundary, above it (more tokens than its target) and below."""
+    return {"bound_tokens": balance["bound_tokens"], "over_by_stream": balance["over_by_stream"],
+            "under_by_stream": balance["under_by_stream"]}

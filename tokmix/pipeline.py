@@ -40,7 +40,7 @@ from tokmix.shards import (
 )
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
-from tokmix.stages.assemble import provenance_entry, run_assemble
+from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
 from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
@@ -362,7 +362,8 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
     t0 = time.perf_counter()
     shards, used = run_assemble(ctx, metas)
     provenance = provenance_entry(ctx) if ctx.recipe.layout.provenance else None
-    index = build_index(ctx, val, metas, shards, used, provenance)
+    balance = balance_entry(ctx, metas)
+    index = build_index(ctx, val, metas, shards, used, provenance, balance)
     fault_point("assemble:before-index")
     ctx.layout.write_index(index)
     timings.add("assemble", time.perf_counter() - t0)
@@ -376,7 +377,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> dict:
             (ctx.layout.root / name).unlink()
             ctx.layout.shard_record(name).unlink(missing_ok=True)
         shards, used = run_assemble(ctx, metas)
-        index = build_index(ctx, val, metas, shards, used, provenance)
+        index = build_index(ctx, val, metas, shards, used, provenance, balance)
         ctx.layout.write_index(index)
     problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)
     timings.add("validate", time.perf_counter() - t0)

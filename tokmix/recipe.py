@@ -104,8 +104,9 @@ class LayoutSpec(_Strict):
     stream_slack: float = Field(default=1.002, ge=1.0)
     blocks: int | None = Field(default=None, gt=0)
     # how documents are interleaved: "global" is the reference's one shuffle of a label per document (1 byte per
-    # document in one process); "chunked" shuffles chunks of ~1M documents, each with every stream's share
-    interleave: Literal["global", "chunked"] = "global"
+    # document in one process); "chunked" shuffles chunks of ~1M documents, each with every stream's share;
+    # "balanced" keeps every stream within one document of its target at every document boundary
+    interleave: Literal["global", "chunked", "balanced"] = "global"
     # a provenance index beside every train shard and holdout (tokmix.provenance): each document's source, place
     # and text checksum; off, the units skip hashing their texts and no .docs file is written
     provenance: bool = True
@@ -204,6 +205,17 @@ class Recipe(_Strict):
     def budget(self, stream: str) -> int:
         """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short."""
         return int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack) + 1
+
+    @property
+    def mix_pieces(self) -> tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]:
+        """Every stream's target share along the run, as pieces (start token, shares in recipe order): the
+        balanced interleave's targets (tokmix.interleave.Mix)."""
+        return (0,), (tuple(s.share for s in self.streams.values()),)
+
+    @property
+    def phase_positions(self) -> tuple[int, ...]:
+        """The token position where each phase of the schedule ends (none without a schedule)."""
+        return ()
 
     @property
     def domains(self) -> list[str]:

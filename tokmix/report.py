@@ -45,17 +45,37 @@ class StreamFacts:
     tokens_in_shards: int | None = None  # those tokens
 
 
-def interleave_order(index: dict) -> np.ndarray:
+def interleave_order(out_dir: Path, index: dict) -> np.ndarray:
     """The stream (its position in the recipe) of every document in the shards, in shard order: the
-    assemble stage's seeded shuffle of one label per document of each stream."""
+    assemble stage's seeded shuffle of one label per document of each stream, or for the balanced interleave
+    (which depends on the documents' lengths) the streams the provenance index names."""
+    kind = index["mix"].get("interleave", "global")
+    if kind == "balanced":
+        return recorded_order(out_dir, index)
     docs = [meta["docs"] for meta in index["mix"]["streams"].values()]
-    return interleave_labels(docs, index["seed"], index["mix"].get("interleave", "global"))
+    return interleave_labels(docs, index["seed"], kind)
+
+
+def recorded_order(out_dir: Path, index: dict) -> np.ndarray:
+    """The stream of every document in the shards, from their provenance index (a document cut by a shard's
+    start, `skip` > 0, is the previous shard's last)."""
+    if "provenance" not in index:
+        raise TokmixError(f"{out_dir}: a balanced run's streams per document come from its provenance index, and "
+                          "this run has none ([layout] provenance = false)")
+    run = RunDocuments(out_dir, index)
+    names = list(index["mix"]["streams"])
+    stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.uint8)
+    pieces = []
+    for k in range(len(index["shards"])):
+        docs = run.shard(k)
+        pieces.append(stream_of[docs.records["source"][1 if docs.skip else 0 :]])
+    return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
 
 
 def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict:
     """One sequential pass over the train shards: per stream, the lengths of its whole documents, its tokens,
     and (given each id's UTF-8 bytes) its text bytes. The last document, cut by the end of the run, is left out."""
-    order = interleave_order(index)
+    order = interleave_order(out_dir, index)
     n_streams = len(index["mix"]["streams"])
     dtype = np.dtype(index["dtype"])
     tokens = np.zeros(n_streams, dtype=np.int64)

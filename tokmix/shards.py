@@ -234,6 +234,7 @@ class Layout:
     error = _In("state", "error.txt")  # the one line a failed stage process ended with, for `tokmix status`
     unit_bytes = _In("state", "unit_bytes.json")  # the unit size the streams were cut with: a resume keeps it
     documents_used = _In("state", "documents_used.json")
+    balance = _In("state", "balance.json")  # the balanced interleave's deviation from its targets (index.json)
     backend_choice = _In("state", "backend.json")  # the backend checked once per run: restarts reuse it
     tokenizer_checksum = _In("state", "tokenizer.checksum.json")  # a resume with other tokenizer bytes is refused
     split_record = _In("state", "split.json")  # a resume with another split is refused

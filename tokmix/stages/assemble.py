@@ -19,7 +19,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
-from tokmix.interleave import Labels, interleave_order
+from tokmix.interleave import Deviation, Labels, Mix, balanced_chunks, interleave_order
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
@@ -450,16 +450,55 @@ def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: 
     return tasks, dict(zip(streams, used))
 
 
-def write_labels(ctx: Context, docs: list[int]) -> Labels:
+def write_labels(ctx: Context, docs: list[int], streams: dict[str, StreamUnits]) -> Labels:
     """The recipe's interleave over these documents. The reference's global shuffle needs every label in one
     process (1 byte per document): it is written once per assemble to streams/interleave.labels, which the
-    shard tasks read a range at a time, and freed."""
+    shard tasks read a range at a time, and freed. The balanced order is written there in one streaming pass
+    over the units' .len files (its deviation from the targets kept in the state folder for index.json)."""
     kind, seed = ctx.recipe.layout.interleave, ctx.recipe.seed
     if kind == "chunked":
         return Labels(kind, tuple(docs), seed)
     path = ctx.layout.interleave_labels
+    if kind == "balanced":
+        counts, deviation = balanced_order(ctx.recipe, docs, list(streams.values()), path)
+        write_record(ctx.layout.balance, deviation)
+        return Labels(kind, tuple(counts), seed, str(path))
     write_tokens(path, interleave_order(docs, seed))
     return Labels(kind, tuple(docs), seed, str(path))
+
+
+def recipe_mix(recipe) -> Mix:
+    starts, shares = recipe.mix_pieces
+    return Mix(starts, shares)
+
+
+def balanced_order(recipe, docs: list[int], units: list[StreamUnits], path: Path | ObjectPath | None
+                   ) -> tuple[list[int], dict]:
+    """The balanced interleave of the recipe over the streams' committed units, written to `path` (None: not
+    written): the documents of each stream it labels and its deviation from the targets (index.json's
+    mix.balance). One pass over the .len files; memory O(chunk + streams)."""
+    mix = recipe_mix(recipe)
+    readers = [LengthReader(u.paths(0, len(u.names) - 1), 0) for u in units]
+    writer = TokenFileWriter(as_path(path), np.uint8, checksum=False) if path is not None else None
+    deviation = Deviation(mix, recipe.train_tokens, recipe.phase_positions)
+    counts = np.zeros(len(units), dtype=np.int64)
+    try:
+        for labels, lengths in balanced_chunks([r.take for r in readers], docs, mix, recipe.seed,
+                                               recipe.train_tokens, INTERLEAVE_CHUNK):
+            if writer is not None and len(labels):
+                writer.write(labels)
+            deviation.feed(labels, lengths)
+            counts += np.bincount(labels, minlength=len(units))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        for reader in readers:
+            reader.close()
+    if writer is not None:
+        writer.close()
+    return counts.tolist(), deviation.to_index(list(recipe.streams))
 
 
 def _record_path(ctx: Context, k: int) -> Path:
@@ -515,7 +554,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     if held < recipe.train_tokens:
         raise TokmixError(f"streams hold {held:,} tokens, fewer than the {recipe.train_tokens:,} "
                           "the blocks need (stream_slack too small?)")
-    labels = write_labels(ctx, [metas[name]["docs"] for name in recipe.streams])
+    labels = write_labels(ctx, [metas[name]["docs"] for name in recipe.streams], streams)
     origins = run_origins(ctx, metas) if recipe.layout.provenance else None
     paths = [layout.train(k) for k in range(len(plan))]
     tasks, used = plan_tasks(paths, ctx.dtype, seq_len, plan, streams, labels, origins, list(map(layout.docs, paths)))
@@ -539,6 +578,22 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
             ctx.log(f"shard {records[k]['file']}: {plan[k]:,} blocks, {records[k]['tokens']:,} tokens")
     ctx.log(f"assembled {len(todo)} shard(s) in {time.perf_counter() - t0:.1f}s")
     return records, used
+
+
+def balance_entry(ctx: Context, metas: dict[str, dict]) -> dict | None:
+    """index.json's `mix.balance` for a balanced run: its deviation from the targets, as assemble recorded it
+    (computed again from the units, without writing labels, when that record is missing or damaged)."""
+    if ctx.recipe.layout.interleave != "balanced":
+        return None
+    try:
+        record = read_json(ctx.layout.balance, sealed=True)
+    except DamagedFile:
+        record = None
+    if record is None:
+        units = [StreamUnits(ctx.layout.units(n), metas[n]["units"]) for n in ctx.recipe.streams]
+        record = balanced_order(ctx.recipe, [metas[n]["docs"] for n in ctx.recipe.streams], units, None)[1]
+        write_record(ctx.layout.balance, record)
+    return record
 
 
 def provenance_entry(ctx: Context) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.interleave import chunked_order, interleave_order
+from tokmix.interleave import Mix, balanced_chunks, chunked_order, interleave_order
 from tokmix.shards import CHECKSUM, read_json, shard_blocks, tokens_in_shard, train_name, unit_file, write_record
 from tokmix.stages import Context
 from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader
@@ -44,9 +44,23 @@ class _Cutter:
                 self.hash.update(tokens[i - 1 : i])
 
 
-def _label_reader(docs: list[int], seed: int, kind: str) -> Callable[[int, int], np.ndarray]:
-    """Documents [start, stop) of the interleave, computed here from the counts and the seed (never read from
-    the labels file assemble wrote)."""
+def _balanced(units: list[tuple[str, ...]], docs: list[int], mix: Mix, seed: int, tokens: int):
+    readers = [LengthReader(paths, 0) for paths in units]
+    try:
+        yield from balanced_chunks([r.take for r in readers], docs, mix, seed, tokens, INTERLEAVE_CHUNK)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _label_reader(docs: list[int], seed: int, kind: str, units: list[tuple[str, ...]], mix: Mix | None,
+                  tokens: int) -> Callable[[int, int], np.ndarray]:
+    """Documents [start, stop) of the interleave, computed here from the counts and the seed (the balanced one
+    from the units' .len files, read in order: one chunk at a time), never read from the labels file assemble
+    wrote."""
+    if kind == "balanced":
+        chunks = _balanced(units, docs, mix, seed, tokens)
+        return lambda start, stop: next((c for c, _ in chunks if len(c)), np.empty(0, np.uint8))
     if kind == "chunked":
         return lambda start, stop: chunked_order(tuple(docs), seed, start, min(stop, sum(docs)))
     order = interleave_order(docs, seed)
@@ -54,11 +68,11 @@ def _label_reader(docs: list[int], seed: int, kind: str) -> Callable[[int, int],
 
 
 def expected_digests(units: list[tuple[str, ...]], docs: list[int], seed: int, kind: str, dtype: np.dtype,
-                     seq_len: int, blocks: list[int]) -> list[str]:
+                     seq_len: int, blocks: list[int], mix: Mix | None = None) -> list[str]:
     """The sha256 of each shard of `blocks` blocks, from each stream's units (paths without suffix, in order),
-    its documents in the run and the seed."""
+    its documents in the run and the seed (and for the balanced interleave, its targets' `mix`)."""
     ends = (np.cumsum(blocks, dtype=np.int64) * seq_len + 1).tolist()
-    labels = _label_reader(docs, seed, kind)
+    labels = _label_reader(docs, seed, kind, units, mix, ends[-1])
     lengths = [LengthReader(paths, 0) for paths in units]
     tokens = [TokenReader(paths, 0, dtype.itemsize) for paths in units]
     cutter, gathered, pending, at_doc, needed = _Cutter(ends), np.empty(GATHER_TOKENS, dtype=dtype), 0, 0, ends[-1]
@@ -101,8 +115,9 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     recipe, names = ctx.recipe, list(ctx.recipe.streams)
     blocks = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
     units = [tuple(str(ctx.layout.units(n) / u["name"]) for u in metas[n]["units"]) for n in names]
+    starts, shares = recipe.mix_pieces
     digests = expected_digests(units, [metas[n]["docs"] for n in names], recipe.seed, recipe.layout.interleave,
-                               ctx.dtype, recipe.layout.seq_len, blocks)
+                               ctx.dtype, recipe.layout.seq_len, blocks, Mix(starts, shares))
     from_units = {}
     for n in names:  # what the digests were derived from (the units were checked as the stage process started)
         h = hashlib.new(CHECKSUM)
