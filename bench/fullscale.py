@@ -99,8 +99,11 @@ def build_corpus(base: Path, recipe: dict) -> dict[str, dict[str, list[str]]]:
     return split
 
 
-def write_recipe(recipe: dict) -> Path:
-    lay, hold = recipe["layout"], recipe["holdout"]
+def write_recipe(recipe: dict, interleave: str = "global") -> Path:
+    lay, hold = dict(recipe["layout"]), recipe["holdout"]
+    if interleave != "global":
+        lay["interleave"] = f'"{interleave}"'
+
     lines = [f"# {RECIPE.name}'s numbers over bench/work/fullscale/corpus; written by bench/fullscale.py",
              f"seed = {recipe['seed']}", "", "[tokenizer]", 'path = "tokenizer/tokenizer.json"', "", "[layout]"]
     lines += [f"{k} = {v}" for k, v in lay.items()]
@@ -109,7 +112,7 @@ def write_recipe(recipe: dict) -> Path:
     for name, spec in recipe["streams"].items():
         lines += ["", f"[streams.{name}]", f'domain = "{spec["domain"]}"', f"share = {spec['share']}",
                   f'files = ["{WORK / "corpus" / FOLDER[name]}/*.parquet"]']
-    path = WORK / "recipe.toml"
+    path = WORK / ("recipe.toml" if interleave == "global" else f"recipe-{interleave}.toml")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -213,6 +216,9 @@ def main() -> None:
     ap.add_argument("--skip-reference", action="store_true", help="tokmix only (no ratio)")
     ap.add_argument("--reference", type=Path, default=cr.REFERENCE,
                     help=f"the reference script (default {cr.REFERENCE})")
+    ap.add_argument("--interleave", default="global",
+                    help="comma-separated interleaves, each a whole run in turn (e.g. global,balanced: their "
+                         "assemble times as a ratio; the previous run's output is deleted first)")
     args = ap.parse_args()
     if not (args.corpus / "bench.toml").exists():
         sys.exit(f"{args.corpus}: no bench.toml; build the corpus first: python bench/corpus.py {args.corpus}")
@@ -228,6 +234,10 @@ def main() -> None:
                     for n, s in recipe["streams"].items()}
     tokenizer = cr.tokenizer_once(cr.Setup(recipe["seed"], recipe["layout"], recipe["holdout"], base_streams,
                                            _base_split(args.corpus.resolve(), split)), args.tokenizer_mb)
+    kinds = args.interleave.split(",")
+    if kinds != ["global"]:
+        compare_interleaves(recipe, kinds)
+        return
     recipe_path = write_recipe(recipe)
     mem = psutil.virtual_memory().total / GIB
     print(f"{os.cpu_count()} cores, {mem:.0f} GiB; tokmix run {recipe_path.name} --out DIR (default flags); "
@@ -273,6 +283,29 @@ def main() -> None:
     print(f"\nbenchmark wall time {time.perf_counter() - t_start:,.0f}s; figures in {WORK / 'results.json'}")
     if max(tok["peaks"].values()) > GIB:
         sys.exit(1)
+
+
+def compare_interleaves(recipe: dict, kinds: list[str]) -> None:
+    """One whole run per interleave, in turn, on the same corpus and tokenizer: each stage's seconds, the peak
+    tree RSS, and each interleave's assemble time over the first's, with the load average beside each run."""
+    results = {}
+    for kind in kinds:
+        path = write_recipe(recipe, kind)
+        before = _load()
+        run = run_tokmix(path, WORK / "runs" / "tokmix")
+        after = _load()
+        results[kind] = {"seconds": run["seconds"], "wall": run["wall"], "peak_rss": max(run["peaks"].values()),
+                         "load": [before, after], "balance": run["index"]["mix"].get("balance")}
+        print_stages(f"tokmix, interleave = {kind} ({run['index']['blocks']:,} blocks; load average before {before}, "
+                     f"after {after})", run["seconds"], cr.stage_tokens(run["index"]), run["peaks"], run["disk"],
+                     run["wall"])
+        print(f"peak tree RSS {results[kind]['peak_rss'] / MIB:,.0f} MiB", flush=True)
+        shutil.rmtree(WORK / "runs" / "tokmix", ignore_errors=True)  # ~10 GiB a run
+    first = results[kinds[0]]["seconds"]["assemble"]
+    for kind in kinds[1:]:
+        print(f"assemble {kind} / {kinds[0]}: {results[kind]['seconds']['assemble'] / first:.3f}x "
+              f"({results[kind]['seconds']['assemble']:.1f} s / {first:.1f} s)")
+    (WORK / "interleaves.json").write_text(json.dumps(results, indent=2))
 
 
 def _base_split(base: Path, split: dict) -> dict:

@@ -186,3 +186,143 @@ def test_the_bound_holds_through_a_schedule_with_ramps_and_a_stream_at_zero():
     assert max(deviation.over.max(), deviation.under.max()) <= deviation.longest
     target = mix.target(np.array([1_500_000]))[0]
     assert target.sum() == pytest.approx(1_500_000)
+
+
+SCHEDULE = """
+[[schedule]]
+name = "main"
+steps = 24
+shares = { dclm = 0.45, edu = 0.35, code_py = 0.07, code_other = 0.13 }
+
+[[schedule]]
+name = "anneal"
+steps = 10
+ramp_steps = 4
+shares = { dclm = 0.2, edu = 0.5, code_py = 0.1, code_other = 0.2 }
+
+[[schedule]]
+name = "final"
+steps = 6
+shares = { edu = 0.7, code_py = 0.1, code_other = 0.2 }
+"""
+
+
+def _scheduled(recipe: Path, tmp: Path) -> Path:
+    text = "\n".join(line for line in recipe.read_text().splitlines() if not line.startswith("share = "))
+    path = recipe.with_name("scheduled.toml")
+    path.write_text(text + "\n" + SCHEDULE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scheduled(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("scheduled-run")
+    tokmix.run(tokmix.load_recipe(_scheduled(corpus, out)), out, workers=2, keep_streams=True)
+    return out
+
+
+def _step_targets(index: dict, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token positions of every step boundary (margins included) and every stream's target there, from the
+    phases' shares: a ramp step's share is the linear ramp's at the step's middle."""
+    positions, targets, at, total, previous = [0], [np.zeros(len(names))], 0, np.zeros(len(names)), None
+    for phase in index["phases"]:
+        shares = np.array([phase["requested_share_by_stream"][n] for n in names])
+        step_tokens = phase["seqs_per_step"] * phase["seq_len"]
+        for t in range(phase["steps"][1] - phase["steps"][0] + phase["margin_steps"]):
+            share = shares if t >= phase["ramp_steps"] else previous + (shares - previous) * (t + 0.5) / phase[
+                "ramp_steps"]
+            at, total = at + step_tokens, total + share * step_tokens
+            positions.append(at)
+            targets.append(total)
+        previous = shares
+    return np.array(positions, dtype=np.float64), np.array(targets)
+
+
+def test_a_schedule_is_exact_per_phase_and_within_one_document_at_every_boundary(scheduled):
+    """Three phases (a ramp, then a phase without one stream): every stream within the longest document of the
+    integral of its share at every document boundary; each phase's realized tokens as index.json records them,
+    within its two ends' bound of its target; a stream at share 0 gives a phase nothing; each shard is one
+    phase's; validate accepts the run."""
+    index = json.loads((scheduled / "index.json").read_text())
+    names = list(index["mix"]["streams"])
+    docs = {n: _stream_documents(scheduled, n) for n in names}
+    labels = np.fromfile(scheduled / "streams" / "interleave.labels", dtype=np.uint8)
+    lengths = np.array([len(docs[names[s]][i]) for s, i in zip(labels, _occurrence(labels))], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    end = index["blocks"] * index["seq_len"] + 1
+    per = np.zeros((len(labels), len(names)), dtype=np.int64)
+    per[np.arange(len(labels)), labels] = lengths
+    cum = np.cumsum(per, axis=0)
+    positions, targets = _step_targets(index, names)
+    inside = ends <= end
+    target_at = np.stack([np.interp(ends[inside], positions, targets[:, s]) for s in range(len(names))], axis=1)
+    longest = index["mix"]["balance"]["bound_tokens"]
+    assert np.abs(cum[inside] - target_at).max() <= longest
+    before = np.zeros(len(names), dtype=np.int64)
+    for phase in index["phases"]:
+        stop = phase["tokens"][1]
+        d = int(np.searchsorted(ends, stop, side="left"))  # the document holding the phase's last token
+        at = cum[d] - per[d]
+        at[labels[d]] += stop - (ends[d] - lengths[d])
+        realized = at - before
+        assert realized.tolist() == [phase["tokens_by_stream"][n] for n in names], phase["name"]
+        for s, n in enumerate(names):
+            assert abs(realized[s] - phase["target_tokens_by_stream"][n]) <= 2 * longest
+        before = at
+        for shard in index["shards"][phase["shards"][0] : phase["shards"][1]]:
+            assert shard["phase"] == phase["name"] and shard["seq_len"] == phase["seq_len"]
+    final = index["phases"][-1]
+    assert final["tokens_by_stream"]["dclm"] == 0 and final["requested_share_by_stream"]["dclm"] == 0
+    assert [p["name"] for p in index["phases"]] == ["main", "anneal", "final"]
+    assert index["blocks"] == (40 + 3 * 4) * 8  # every phase has its own margin_steps
+    assert subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(scheduled)]).returncode == 0
+
+
+def _occurrence(labels: np.ndarray) -> np.ndarray:
+    """For each label, how many of its stream came before it."""
+    out = np.empty(len(labels), dtype=np.int64)
+    for s in np.unique(labels):
+        where = labels == s
+        out[where] = np.arange(int(where.sum()))
+    return out
+
+
+def test_the_loader_gives_each_step_its_phase_and_skips_within_it(scheduled):
+    """TrainBlocks: a step's phase and blocks; a skip takes the current phase's margin only, and the next phase
+    starts at its own first block; a resumed loader continues exactly."""
+    from tokmix.data import TrainBlocks
+
+    loader = TrainBlocks(scheduled)
+    assert loader.steps == 40
+    assert [loader.phase(s) for s in (0, 23, 24, 33, 34, 39)] == ["main", "main", "anneal", "anneal", "final", "final"]
+    assert loader.step_blocks(24) == range(224, 232)  # anneal starts after main's 24 + 4 margin steps
+    loader.step = 20
+    loader.skip(4)
+    assert loader.step_blocks(23) == range(27 * 8, 28 * 8)  # main's last margin step
+    with pytest.raises(tokmix.TokmixError, match="phase main's 4 margin steps are used"):
+        loader.skip(1)
+    assert loader.step_blocks(24) == range(224, 232)  # the skip does not reach into the next phase
+    loader.step = 30
+    loader.skip(2)
+    state = loader.state_dict()
+    again = TrainBlocks(scheduled)
+    again.load_state_dict(state)
+    assert again.step_blocks(31) == loader.step_blocks(31) == range(224 + 9 * 8, 224 + 10 * 8)
+    x, _ = again.batch(31)
+    assert x.shape == (8, 64)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.replace('interleave = "balanced"', 'interleave = "global"'),
+     'a \\[\\[schedule\\]\\] needs \\[layout\\] interleave = "balanced"'),
+    (lambda t: t.replace("steps = 6\n", "steps = 7\n"), "the schedule's phases have 41 steps, layout.steps is 40"),
+    (lambda t: t.replace("edu = 0.7", "edux = 0.7"), "phase final: 'edux' is not a stream of the recipe"),
+    (lambda t: t.replace("edu = 0.7", "edu = 0.6"), "phase final: shares sum to 0.9, not 1"),
+    (lambda t: t.replace('domain = "edu"', 'domain = "edu"\nshare = 0.3'), "stream edu has a share and the recipe"),
+    (lambda t: t.replace("steps = 24\n", "steps = 24\nramp_steps = 2\n"), "the first phase has no previous one"),
+])
+def test_schedule_mistakes_are_one_line(corpus, tmp_path, change, message):
+    path = _scheduled(corpus, tmp_path)
+    path.write_text(change(path.read_text()))
+    with pytest.raises(tokmix.TokmixError, match=message):
+        tokmix.load_recipe(path)

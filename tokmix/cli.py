@@ -314,14 +314,15 @@ def trace(
     """
     import json
 
-    from tokmix.trace import render_trace, shard_block, step_blocks, token_block, trace_blocks
+    from tokmix.trace import render_trace, shard_block, step_blocks, step_phase, token_block, trace_blocks
 
     try:
         if sum(x is not None for x in (step, shard, token)) != 1:
             raise TokmixError("name one of --step N, --shard K --block J or --token T")
-        marked = None
+        marked, phase = None, None
         if step is not None:
             blocks = step_blocks(out, step, rank, world_size, skipped)
+            phase = step_phase(out, step)
         elif token is not None:
             first, marked = token_block(out, token)
             blocks = [first]
@@ -340,6 +341,8 @@ def trace(
     if as_json:
         print(json.dumps([b.to_json() for b in traced], indent=1))
     else:
+        if phase is not None:
+            console.print(phase)
         for table in render_trace(traced):
             console.print(table)
 

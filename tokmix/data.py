@@ -120,10 +120,13 @@ class TrainBlocks:
         self.blocks = int(self.first_block[-1])
         if "blocks" in index and int(index["blocks"]) != self.blocks:
             raise TokmixError(f"{self.root}: shards hold {self.blocks:,} blocks, index says {index['blocks']:,}")
+        # a schedule's phases (index.json `phases`): each has its own steps and margin; none: the run is one
+        self.phases: list[dict[str, Any]] = list(index.get("phases") or [])
         self.rank, self.world_size = rank, world_size
         self._rank_slice(rank, world_size)  # fail now, not at the first batch
         self.step = 0  # the next logical step that iteration yields
         self.skipped = 0  # steps skipped so far: logical step s reads physical step s + skipped
+        self.skip_phase = 0  # with phases: the phase `skipped` counts in (a later phase starts with its own margin)
         self._tokens: list[np.ndarray | None] = [None] * len(self.files)
         self._documents: RunDocuments | None = None  # the provenance index, read on first use
 
@@ -176,7 +179,10 @@ class TrainBlocks:
 
     @property
     def steps(self) -> int:
-        """Logical steps iteration yields: train_steps, or fewer if a short run's shards (or skips) run out."""
+        """Logical steps iteration yields: train_steps, or fewer if a short run's shards (or skips) run out
+        (a phased run always holds all of its phases' steps)."""
+        if self.phases:
+            return self.train_steps
         return max(0, min(self.train_steps, self.physical_steps - self.skipped))
 
     def step_blocks(self, step: int, rank: int | None = None, world_size: int | None = None) -> range:
@@ -187,6 +193,8 @@ class TrainBlocks:
         offset, per_rank = self._rank_slice(rank, world_size)
         if step < 0:
             raise TokmixError(f"step {step} is negative")
+        if self.phases:
+            return self._phase_blocks(step, offset, per_rank)
         physical = step + self.skipped
         if physical >= self.physical_steps:
             raise TokmixError(
@@ -194,6 +202,27 @@ class TrainBlocks:
                 f"has {self.blocks:,} blocks, {self.physical_steps:,} steps of {self.seqs_per_step}"
             )
         first = physical * self.seqs_per_step + offset
+        return range(first, first + per_rank)
+
+    def phase_number(self, step: int) -> int:
+        """The phase (its position in index.json's `phases`) logical `step` is in; 0 for a run without phases."""
+        if not 0 <= step < max(self.train_steps, 1):
+            raise TokmixError(f"step {step} is outside the run's {self.train_steps:,} steps")
+        for i, phase in enumerate(self.phases):
+            if phase["steps"][0] <= step < phase["steps"][1]:
+                return i
+        return 0
+
+    def phase(self, step: int) -> str | None:
+        """The name of the phase logical `step` is in (None for a run without a schedule)."""
+        return self.phases[self.phase_number(step)]["name"] if self.phases else None
+
+    def _phase_blocks(self, step: int, offset: int, per_rank: int) -> range:
+        """A step of a phased run: the phase's blocks from its start, its own skips (its margin) added."""
+        i = self.phase_number(step)
+        phase = self.phases[i]
+        physical = step - phase["steps"][0] + (self.skipped if i == self.skip_phase else 0)
+        first = phase["blocks"][0] + physical * int(phase["seqs_per_step"]) + offset
         return range(first, first + per_rank)
 
     def segments(self, step: int, rank: int | None = None, world_size: int | None = None) -> Segments:
@@ -218,10 +247,21 @@ class TrainBlocks:
         return x, y
 
     def skip(self, n_steps: int) -> None:
-        """Move past n_steps of data (the NaN guard): it consumes the margin, and is refused past it."""
+        """Move past n_steps of data (the NaN guard): it consumes the margin, and is refused past it. With
+        phases, each phase has its own margin: a skip takes the current phase's spare blocks, and the next phase
+        starts at its own first block with its whole margin."""
         if n_steps < 0:
             raise TokmixError(f"cannot skip {n_steps} steps")
-        if self.skipped + n_steps > self.margin_steps:
+        if self.phases:  # the current phase's margin: a skip never reads another phase's blocks
+            i = self.phase_number(min(self.step, self.train_steps - 1))
+            if i != self.skip_phase:
+                self.skip_phase, self.skipped = i, 0
+            margin = int(self.phases[i]["margin_steps"])
+            if self.skipped + n_steps > margin:
+                raise TokmixError(
+                    f"cannot skip {n_steps} more steps: {self.skipped} of phase {self.phases[i]['name']}'s {margin} "
+                    "margin steps are used, and skipping past them would read the next phase's blocks")
+        elif self.skipped + n_steps > self.margin_steps:
             raise TokmixError(
                 f"cannot skip {n_steps} more steps: {self.skipped} of the run's {self.margin_steps} margin steps "
                 "are used, and skipping past the margin would run out of unseen blocks"
@@ -245,6 +285,7 @@ class TrainBlocks:
             "skipped": self.skipped,
             "blocks": self.blocks,
             "seqs_per_step": self.seqs_per_step,
+            **({"skip_phase": self.skip_phase} if self.phases else {}),
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -256,7 +297,10 @@ class TrainBlocks:
         skipped = int(state.get("skipped", 0))
         if not 0 <= skipped <= self.margin_steps:
             raise TokmixError(f"loader state skipped {skipped} steps; the margin is {self.margin_steps}")
-        self.step, self.skipped = int(state["step"]), skipped
+        skip_phase = int(state.get("skip_phase", 0))
+        if not 0 <= skip_phase < max(len(self.phases), 1):
+            raise TokmixError(f"loader state skips in phase {skip_phase}; the run has {len(self.phases)} phases")
+        self.step, self.skipped, self.skip_phase = int(state["step"]), skipped, skip_phase
 
     def __getstate__(self) -> dict[str, Any]:
         # a memmap pickles as its whole contents; a DataLoader worker reopens the files instead

@@ -39,7 +39,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "(per-document sampling at fixed proportions)" if recipe.layout.interleave != "balanced" else
             "each stream tokenized to its token budget, documents interleaved so that every stream stays within "
             "one document of its target share at every document boundary (seeded ties)",
-            "target_share_by_stream": {n: s.share for n, s in recipe.streams.items()},
+            "target_share_by_stream": {n: recipe.share(n) for n in recipe.streams},
             "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
             "streams": summary,
             "documents_used": used,
@@ -53,7 +53,8 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         "train_steps": recipe.layout.steps,
         "seqs_per_step": recipe.layout.seqs_per_step,
         "margin_steps": recipe.layout.margin_steps if recipe.blocks == recipe.default_blocks else 0,
-        "shards": shards,
+        "shards": with_phases(recipe, shards),
+        **({"phases": phases_entry(recipe, balance)} if recipe.schedule and balance is not None else {}),
         "total": {
             "tokens": total,
             "tokens_by_stream": by_stream,
@@ -81,3 +82,51 @@ def balance_summary(balance: dict) -> dict:
     at a document boundary, above it (more tokens than its target) and below."""
     return {"bound_tokens": balance["bound_tokens"], "over_by_stream": balance["over_by_stream"],
             "under_by_stream": balance["under_by_stream"]}
+
+
+def with_phases(recipe, shards: list[dict]) -> list[dict]:
+    """The shard records, each with its phase and seq_len when the recipe has a schedule (a shard holds one
+    phase's blocks)."""
+    if not recipe.schedule:
+        return shards
+    out, first = [], 0
+    phases = recipe.phases
+    for shard in shards:
+        phase = next(p for p in phases if p.first_block <= first < p.first_block + p.blocks)
+        out.append({**shard, "phase": phase.name, "seq_len": phase.seq_len})
+        first += shard["blocks"]
+    return out
+
+
+def phases_entry(recipe, balance: dict) -> list[dict]:
+    """index.json's `phases`: each phase's steps, blocks, tokens and shards (ranges [first, end)), its layout,
+    the shares it asks for and every stream's target and realized tokens in it (a document cut by a phase's
+    end counts its tokens on both sides; the run's last token is the last phase's)."""
+    names, phases = list(recipe.streams), recipe.phases
+    marks = [[0] * len(names), *balance["tokens_at_marks"]]
+    out, shard = [], 0
+    blocks = recipe.shard_blocks
+    for i, phase in enumerate(phases):
+        last = i == len(phases) - 1
+        target = [t + (s if last else 0) for t, s in zip(phase.integral(), phase.shares)]
+        realized = [b - a for a, b in zip(marks[i], marks[i + 1])]
+        tokens = phase.tokens + last
+        first_shard = shard
+        while shard < len(blocks) and sum(blocks[: shard + 1]) <= phase.first_block + phase.blocks:
+            shard += 1
+        out.append({
+            "name": phase.name,
+            "steps": [phase.first_step, phase.first_step + phase.steps],
+            "margin_steps": phase.margin_steps,
+            "ramp_steps": phase.ramp_steps,
+            "seq_len": phase.seq_len,
+            "seqs_per_step": phase.seqs_per_step,
+            "blocks": [phase.first_block, phase.first_block + phase.blocks],
+            "tokens": [phase.first_token, phase.first_token + tokens],
+            "shards": [first_shard, shard],
+            "requested_share_by_stream": dict(zip(names, phase.shares)),
+            "target_tokens_by_stream": {n: round(t, 1) for n, t in zip(names, target)},
+            "tokens_by_stream": dict(zip(names, realized)),
+            "share_by_stream": {n: r / tokens for n, r in zip(names, realized)},
+        })
+    return out

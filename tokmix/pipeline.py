@@ -185,7 +185,7 @@ def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
 
     def texts():
         for name, stream in recipe.streams.items():
-            left = int(spec.max_bytes * stream.share)
+            left = int(spec.max_bytes * recipe.share(name))
             files = stream_files(recipe, split, name, "train")
             for text in iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS):
                 if left <= 0:

@@ -460,11 +460,11 @@ def make_plan(
     for name, spec in recipe.streams.items():
         train = stream_files(recipe, split, name, "train")
         hold = stream_files(recipe, split, name, "holdout")
-        in_domain = sum(recipe.streams[n].share for n in recipe.streams_of(spec.domain))
+        in_domain = sum(recipe.share(n) for n in recipe.streams_of(spec.domain))
         streams[name] = StreamPlan(
             name=name,
             domain=spec.domain,
-            share=spec.share,
+            share=recipe.share(name),
             budget=recipe.budget(name),
             train_files=train,
             holdout_files=hold,
@@ -472,7 +472,7 @@ def make_plan(
                 encoder is None),
             holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
                 encoder is None),
-            holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * spec.share / in_domain)),
+            holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * recipe.share(name) / in_domain)),
             max_epochs=spec.max_epochs,
         )
     holdouts = {

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -128,7 +129,7 @@ class HoldoutSpec(_Strict):
 
 class StreamSpec(_Strict):
     domain: str = Field(min_length=1)
-    share: float
+    share: float | None = None  # None only with a [[schedule]], whose phases give the shares
     files: list[str] = Field(min_length=1)
     text_field: str = "text"
     # passes over the train documents the stream may make when they hold fewer tokens than its budget; each
@@ -151,10 +152,81 @@ class StreamSpec(_Strict):
 
     @field_validator("share")
     @classmethod
-    def _positive(cls, v: float) -> float:
-        if not (v > 0 and math.isfinite(v)):
+    def _positive(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 0 and math.isfinite(v)):
             raise ValueError(f"share must be a positive number, got {v}")
         return v
+
+
+class PhaseSpec(_Strict):
+    """One phase of a [[schedule]]: its steps (of layout.steps, in order), every stream's share in it (a stream
+    it does not name has 0), and the steps over which the shares move linearly from the previous phase's."""
+
+    name: str = Field(min_length=1)
+    steps: int = Field(gt=0)
+    shares: dict[str, float] = Field(min_length=1)
+    ramp_steps: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _valid(self) -> PhaseSpec:
+        if not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"phase name {self.name!r}: use letters, digits, '_' and '-' only")
+        for stream, share in self.shares.items():
+            if not (share >= 0 and math.isfinite(share)):
+                raise ValueError(f"phase {self.name}: share of {stream} must be a number >= 0, got {share}")
+        total = sum(self.shares.values())
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            shares = ", ".join(f"{n} {v}" for n, v in self.shares.items())
+            raise ValueError(f"phase {self.name}: shares sum to {total:.6g}, not 1 ({shares})")
+        if self.ramp_steps > self.steps:
+            raise ValueError(f"phase {self.name}: ramp_steps {self.ramp_steps} is more than its {self.steps} steps")
+        return self
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of the run as laid out in blocks: its steps then its own margin_steps (a NaN guard's skip in a
+    phase takes the phase's own spare blocks, never another phase's), every stream's share once its ramp is
+    over, and where it starts among the run's logical steps, blocks and tokens. A recipe without a schedule is
+    one phase of the streams' shares."""
+
+    name: str
+    first_step: int
+    steps: int
+    margin_steps: int
+    ramp_steps: int
+    seqs_per_step: int
+    seq_len: int
+    first_block: int
+    first_token: int
+    shares: tuple[float, ...]  # recipe order
+    previous: tuple[float, ...]  # the shares the ramp starts from (the previous phase's)
+
+    @property
+    def blocks(self) -> int:
+        return (self.steps + self.margin_steps) * self.seqs_per_step
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.seq_len
+
+    def pieces(self) -> list[tuple[int, tuple[float, ...]]]:
+        """The phase's shares along its tokens: one piece per ramp step (the share at the step's middle, so the
+        integral is the linear ramp's), then one for the rest."""
+        step_tokens = self.seqs_per_step * self.seq_len
+        out = []
+        for t in range(self.ramp_steps):
+            f = (t + 0.5) / self.ramp_steps
+            out.append((self.first_token + t * step_tokens,
+                        tuple(a + (b - a) * f for a, b in zip(self.previous, self.shares))))
+        out.append((self.first_token + self.ramp_steps * step_tokens, self.shares))
+        return out
+
+    def integral(self) -> list[float]:
+        """Every stream's target tokens over the phase's blocks."""
+        step_tokens = self.seqs_per_step * self.seq_len
+        ramp, rest = self.ramp_steps * step_tokens, self.tokens - self.ramp_steps * step_tokens
+        return [ramp * (a + b) / 2 + rest * b for a, b in zip(self.previous, self.shares)]
 
 
 class Recipe(_Strict):
@@ -163,14 +235,25 @@ class Recipe(_Strict):
     layout: LayoutSpec
     holdout: HoldoutSpec
     streams: dict[str, StreamSpec] = Field(min_length=1)
+    # phases in step order, each with its own shares, instead of the streams' share (docs/recipe.md)
+    schedule: list[PhaseSpec] = Field(default_factory=list)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
     def _shares_sum_to_one(self) -> Recipe:
+        if self.schedule:
+            self._check_schedule()
+            return self._check_names()
+        missing = [n for n, s in self.streams.items() if s.share is None]
+        if missing:
+            raise ValueError(f"stream {missing[0]} has no share (give one, or give the shares in [[schedule]])")
         total = sum(s.share for s in self.streams.values())
         if abs(total - 1.0) > SHARE_TOLERANCE:
             shares = ", ".join(f"{n} {s.share}" for n, s in self.streams.items())
             raise ValueError(f"stream shares sum to {total:.6g}, not 1 ({shares})")
+        return self._check_names()
+
+    def _check_names(self) -> Recipe:
         for name in self.streams:
             if not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"stream name {name!r}: use letters, digits, '_' and '-' only")
@@ -179,10 +262,56 @@ class Recipe(_Strict):
                 raise ValueError(f"domain name {domain!r}: use letters, digits, '_' and '-' only")
         return self
 
+    def _check_schedule(self) -> None:
+        if self.layout.interleave != "balanced":
+            raise ValueError('a [[schedule]] needs [layout] interleave = "balanced": the global and chunked '
+                             "orders draw every document from one fixed mix, and could not follow the phases")
+        given = [n for n, s in self.streams.items() if s.share is not None]
+        if given:
+            raise ValueError(f"stream {given[0]} has a share and the recipe a [[schedule]]: give the shares in "
+                             "the schedule's phases only")
+        if self.layout.blocks is not None:
+            raise ValueError("layout.blocks with a [[schedule]]: the phases' steps decide the blocks")
+        steps = sum(p.steps for p in self.schedule)
+        if steps != self.layout.steps:
+            raise ValueError(f"the schedule's phases have {steps:,} steps, layout.steps is {self.layout.steps:,}")
+        names = [p.name for p in self.schedule]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two phases are named {next(n for n in names if names.count(n) > 1)!r}")
+        if self.schedule[0].ramp_steps:
+            raise ValueError(f"phase {names[0]}: the first phase has no previous one to ramp from (ramp_steps 0)")
+        for phase in self.schedule:
+            unknown = [n for n in phase.shares if n not in self.streams]
+            if unknown:
+                raise ValueError(f"phase {phase.name}: {unknown[0]!r} is not a stream of the recipe "
+                                 f"({', '.join(self.streams)})")
+        for name in self.streams:
+            if not any(p.shares.get(name, 0) > 0 for p in self.schedule):
+                raise ValueError(f"stream {name} has share 0 in every phase of the schedule")
+
     # ------------------------------------------------------------------ derived numbers
     @property
     def default_blocks(self) -> int:
+        if self.schedule:
+            return sum(p.blocks for p in self.phases)
         return (self.layout.steps + self.layout.margin_steps) * self.layout.seqs_per_step
+
+    @property
+    def phases(self) -> list[Phase]:
+        """The run's phases in order: the schedule's, or one phase of the streams' shares."""
+        layout, names = self.layout, list(self.streams)
+        specs = self.schedule or [None]
+        out: list[Phase] = []
+        step = block = token = 0
+        for spec in specs:
+            shares = (tuple(float(spec.shares.get(n, 0.0)) for n in names) if spec is not None
+                      else tuple(s.share for s in self.streams.values()))
+            phase = Phase(spec.name if spec is not None else "main", step, spec.steps if spec else layout.steps,
+                          layout.margin_steps, spec.ramp_steps if spec else 0, layout.seqs_per_step,
+                          layout.seq_len, block, token, shares, out[-1].shares if out else shares)
+            out.append(phase)
+            step, block, token = step + phase.steps, block + phase.blocks, token + phase.tokens
+        return out
 
     @property
     def blocks(self) -> int:
@@ -199,23 +328,46 @@ class Recipe(_Strict):
 
     @property
     def shard_blocks(self) -> list[int]:
-        """Blocks of each train shard: full shards of blocks_per_shard, then the remainder."""
+        """Blocks of each train shard: full shards of blocks_per_shard, then the remainder; with a schedule,
+        phase by phase (a shard holds one phase's blocks only)."""
+        if self.schedule:
+            return [b for p in self.phases for b in shard_blocks(p.blocks, self.blocks_per_shard)]
         return shard_blocks(self.blocks, self.blocks_per_shard)
 
     def budget(self, stream: str) -> int:
-        """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short."""
+        """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short (with
+        a schedule: the integral of its share over the phases, times the slack)."""
+        if self.schedule:
+            return int(self.target_tokens()[list(self.streams).index(stream)] * self.layout.stream_slack) + 1
         return int(self.streams[stream].share * self.train_tokens * self.layout.stream_slack) + 1
+
+    def target_tokens(self) -> list[float]:
+        """Every stream's target tokens over the whole run (the run's last token at the last phase's shares)."""
+        phases = self.phases
+        totals = [sum(col) for col in zip(*(p.integral() for p in phases))]
+        return [t + s for t, s in zip(totals, phases[-1].shares)]
+
+    def share(self, stream: str) -> float:
+        """The stream's share of the whole run: its recipe share, or with a schedule its target tokens over the
+        run's."""
+        if not self.schedule:
+            return self.streams[stream].share
+        return self.target_tokens()[list(self.streams).index(stream)] / self.train_tokens
 
     @property
     def mix_pieces(self) -> tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]:
         """Every stream's target share along the run, as pieces (start token, shares in recipe order): the
         balanced interleave's targets (tokmix.interleave.Mix)."""
-        return (0,), (tuple(s.share for s in self.streams.values()),)
+        pieces = [piece for phase in self.phases for piece in phase.pieces()]
+        return tuple(p for p, _ in pieces), tuple(s for _, s in pieces)
 
     @property
     def phase_positions(self) -> tuple[int, ...]:
-        """The token position where each phase of the schedule ends (none without a schedule)."""
-        return ()
+        """The token position where each phase of the schedule ends (none without a schedule); the last phase
+        ends with the run's last token."""
+        if not self.schedule:
+            return ()
+        return (*(p.first_token + p.tokens for p in self.phases[:-1]), self.train_tokens)
 
     @property
     def domains(self) -> list[str]:
@@ -262,7 +414,11 @@ class Recipe(_Strict):
             del data["layout"]["interleave"]  # the default: fingerprints of recipes written before it stay
         if data["layout"]["provenance"]:
             del data["layout"]["provenance"]  # likewise; off, a resume that would turn it on is refused (no .src)
+        if not data["schedule"]:
+            del data["schedule"]  # absent before schedules existed: fingerprints of recipes without one stay
         for name, stream in data["streams"].items():
+            if stream["share"] is None:
+                del stream["share"]
             stream["files"] = [self.resolve(f) for f in self.streams[name].files]
             # max_epochs only allows passes, the budget and seed decide them: raising it after a run ran out
             # resumes that run instead of being refused as a change
@@ -279,6 +435,8 @@ class Recipe(_Strict):
     def with_blocks(self, blocks: int | None) -> Recipe:
         if blocks is None:
             return self
+        if self.schedule:
+            raise TokmixError("--blocks with a [[schedule]]: the phases' steps decide the blocks")
         layout = self.layout.model_copy(update={"blocks": blocks})
         return self.model_copy(update={"layout": layout})
 

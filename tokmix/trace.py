@@ -48,10 +48,23 @@ class TracedBlock:
 
 def step_blocks(out_dir: str | os.PathLike, step: int, rank: int = 0, world_size: int = 1,
                 skipped: int = 0) -> list[int]:
-    """The global blocks TrainBlocks gives `rank` of `world_size` at logical `step` after `skipped` skips."""
+    """The global blocks TrainBlocks gives `rank` of `world_size` at logical `step` after `skipped` skips (with
+    phases: skips made in the step's phase)."""
     loader = TrainBlocks(out_dir, rank, world_size)
+    loader.step = step
     loader.skip(skipped)
     return list(loader.step_blocks(step))
+
+
+def step_phase(out_dir: str | os.PathLike, step: int) -> str | None:
+    """The line naming the phase of logical `step` (None for a run without a schedule)."""
+    loader = TrainBlocks(out_dir)
+    if not loader.phases:
+        return None
+    phase = loader.phases[loader.phase_number(step)]
+    first, end = phase["steps"]
+    return (f"step {step:,} is in phase {phase['name']} (steps {first:,}-{end:,}, seq_len {phase['seq_len']:,}, "
+            f"shares {', '.join(f'{n} {v:g}' for n, v in phase['requested_share_by_stream'].items())})")
 
 
 def token_block(out_dir: str | os.PathLike, token: int) -> tuple[int, int]:

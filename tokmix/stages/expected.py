@@ -17,7 +17,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.interleave import Mix, balanced_chunks, chunked_order, interleave_order
-from tokmix.shards import CHECKSUM, read_json, shard_blocks, tokens_in_shard, train_name, unit_file, write_record
+from tokmix.shards import CHECKSUM, read_json, tokens_in_shard, train_name, unit_file, write_record
 from tokmix.stages import Context
 from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader
 
@@ -113,7 +113,7 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     tokmix-state/expected.json (with the seed, the interleave and a digest of the units' checksums it was derived
     from) and return it, by shard file."""
     recipe, names = ctx.recipe, list(ctx.recipe.streams)
-    blocks = shard_blocks(recipe.blocks, recipe.blocks_per_shard)
+    blocks = recipe.shard_blocks
     units = [tuple(str(ctx.layout.units(n) / u["name"]) for u in metas[n]["units"]) for n in names]
     starts, shares = recipe.mix_pieces
     digests = expected_digests(units, [metas[n]["docs"] for n in names], recipe.seed, recipe.layout.interleave,

@@ -144,8 +144,8 @@ def stream_reads(recipe: Recipe, domain: str) -> dict[str, float]:
     """Tokens read from each of the domain's streams: its share of the holdout within the domain (the last
     document read crosses it). The shuffle in `draw` decides what each then gives."""
     need, names = recipe.holdout.tokens + 1, recipe.streams_of(domain)
-    total_share = sum(recipe.streams[n].share for n in names)
-    return {name: need * recipe.streams[name].share / total_share for name in names}
+    total_share = sum(recipe.share(n) for n in names)
+    return {name: need * recipe.share(name) / total_share for name in names}
 
 
 def draw(docs: list[tuple[str, np.ndarray]], names: list[str], need: int,

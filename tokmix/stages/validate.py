@@ -229,7 +229,56 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
     vocab = vocab_size or index.get("vocab_size")
     expected, problems = _expected(expected_path or Layout(root).expected, index)
     return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
-            + _check_shares(index))
+            + _check_shares(index) + _check_balance(index) + _check_phases(index))
+
+
+def _check_balance(index: dict) -> list[str]:
+    """A balanced run's recorded deviations are within its bound (docs/format.md, the balanced interleave)."""
+    balance = index.get("mix", {}).get("balance")
+    if balance is None:
+        return []
+    bound = balance["bound_tokens"]
+    return [f"index.json: stream {n} was {v:,} tokens {side} its target, past the bound of {bound:,} (the longest "
+            "document)" for side, key in (("above", "over_by_stream"), ("below", "under_by_stream"))
+            for n, v in balance[key].items() if v > bound]
+
+
+def _check_phases(index: dict) -> list[str]:
+    """A schedule's phases: they follow each other over the run's steps, blocks and shards, every shard is
+    one phase's (its phase and seq_len recorded), and each phase's realized tokens per stream are within its
+    two ends' bound of its target."""
+    phases = index.get("phases")
+    if not phases:
+        return []
+    problems, shards = [], index["shards"]
+    ends = {"steps": 0, "blocks": 0, "shards": 0}
+    bound = index.get("mix", {}).get("balance", {}).get("bound_tokens", 0)
+    for phase in phases:
+        name = phase["name"]
+        for key in ends:
+            if phase[key][0] != ends[key] or phase[key][1] < phase[key][0]:
+                problems.append(f"index.json: phase {name}'s {key} start at {phase[key][0]:,}, not where the "
+                                f"previous phase's end ({ends[key]:,})")
+            ends[key] = phase[key][1]
+        first, end = phase["shards"]
+        held = sum(int(s["blocks"]) for s in shards[first:end])
+        if held != phase["blocks"][1] - phase["blocks"][0]:
+            problems.append(f"index.json: phase {name}'s shards hold {held:,} blocks, the phase "
+                            f"{phase['blocks'][1] - phase['blocks'][0]:,}")
+        for shard in shards[first:end]:
+            if shard.get("phase") != name or shard.get("seq_len") != phase["seq_len"]:
+                problems.append(f"{shard['file']}: recorded in phase {shard.get('phase')} with seq_len "
+                                f"{shard.get('seq_len')}, index.json's phases put it in {name} ({phase['seq_len']})")
+        for n, target in phase["target_tokens_by_stream"].items():
+            if abs(phase["tokens_by_stream"][n] - target) > 2 * bound:
+                problems.append(f"index.json: phase {name}: stream {n} has {phase['tokens_by_stream'][n]:,} tokens, "
+                                f"its target {target:,.0f} (more than twice the longest document apart)")
+    if ends["steps"] != index["train_steps"] or ends["blocks"] != index["blocks"] or ends["shards"] != len(shards):
+        problems.append("index.json: the phases do not cover the run's steps, blocks and shards")
+    realized = {n: sum(p["tokens_by_stream"][n] for p in phases) for n in index["total"]["tokens_by_stream"]}
+    if realized != index["total"]["tokens_by_stream"]:
+        problems.append("index.json: the phases' tokens by stream do not sum to the run's")
+    return problems
 
 
 def _expected(path: Path | ObjectPath, index: dict) -> tuple[dict[str, str] | None, list[str]]:
