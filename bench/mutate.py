@@ -51,26 +51,25 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
     return Mutation(name, guarantee, file, old, new, tests, equivalent)
 
 
-SHARDS, VALIDATE = "tokmix/shards.py", "tokmix/stages/validate.py"
+SHARDS, VALIDATE, STORE = "tokmix/shards.py", "tokmix/stages/validate.py", "tokmix/store.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
 INTERLEAVE, LOCK = "tokmix/interleave.py", "tokmix/lock.py"
-RECIPE, RUNNER, DATA, SOURCES = "tokmix/recipe.py", "tokmix/runner.py", "tokmix/data.py", "tokmix/sources/units.py"
+RECIPE, DATA, SOURCES = "tokmix/recipe.py", "tokmix/data.py", "tokmix/sources/units.py"
+IDENTITY = "tokmix/identity.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ atomic commit
-    m("write_bytes writes the final name directly", "atomic commit", SHARDS,
-      '        with open(tmp, "wb") as f:\n            _write_in_halves(f, data)\n        commit(tmp, path, durable)',
-      '        with open(path, "wb") as f:\n            _write_in_halves(f, data)\n        pass',
+    m("write_bytes writes the final name directly", "atomic commit", STORE,
+      '            with open(tmp, "wb") as f:\n                write_in_halves(f, data)\n            commit(tmp, path, durable)',
+      '            with open(path, "wb") as f:\n                write_in_halves(f, data)\n            pass',
       f"{FAULT_KILL}[write:middle:1]", f"{FAULT_KILL}[write:middle:5]", f"{FAULT_KILL}[write:middle:13]"),
-    m("token files written under their final name", "atomic commit", SHARDS,
-      "        self.tmp = None if self.remote else _tmp_name(path)\n",
-      '        self.tmp = None if self.remote else (path if path.suffix in (".tok", ".len") else _tmp_name(path))\n',
+    m("token files written under their final name", "atomic commit", STORE,
+      "        tmp = tmp_name(path)\n        return Pending(path, open(tmp, \"wb\"), tmp)\n",
+      '        tmp = path if path.suffix in (".tok", ".len") else tmp_name(path)\n        return Pending(path, open(tmp, "wb"), tmp)\n',
       f"{FAULT_KILL}[streams:unit-mid-write:1]", f"{FAULT_KILL}[assemble:mid-write:1]"),
-    m("a token file is renamed before its last bytes", "atomic commit", SHARDS,
-      "        self.f.flush()\n        os.fsync(self.f.fileno())\n        self.f.close()\n        if before_commit:\n"
-      "            before_commit()\n        os.replace(self.tmp, self.path)",
-      "        os.replace(self.tmp, self.path)\n        self.f.flush()\n        os.fsync(self.f.fileno())\n"
-      "        self.f.close()\n        if before_commit:\n            before_commit()",
+    m("a token file is renamed before its last bytes", "atomic commit", STORE,
+      "        self.f.close()\n        if before_commit:\n            before_commit()\n        publish(self.tmp, self.path)",
+      "        publish(self.tmp, self.path)\n        self.f.close()\n        if before_commit:\n            before_commit()",
       f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:1]",
       equivalent="every byte is written (and flushed after each write) before the rename either way: only a power "
                  "loss, not a kill, can see the order"),
@@ -79,11 +78,11 @@ MUTATIONS = [
       "                        and tmp.is_file() and not tmp.is_symlink():\n                    pass",
       f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[write:middle:5]"),
     m("a unit's record is written before its token file", "atomic commit", STREAMS,
-      '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
+      '    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
       '    write_json(unit_dir / f"{unit.name}.json", {"index": unit.index, "name": unit.name, "pieces": '
       'unit.describe(), "tokens": writer.tokens, "docs": kept, "chars": chars[0], "size": unit.size, '
       '"file_bytes": unit.file_bytes(), "limit": task.limit, "dropped_at": dropped_at, "encode_seconds": 0})\n'
-      '    writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
+      '    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
       f"{FAULT_KILL}[streams:unit-before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:4]",
       equivalent="a record counts only with its .tok and .len beside it (streams._committed, itself mutated above)"),
     m("a unit counts as committed without its .len", "atomic commit", "tokmix/stages/passes.py",
@@ -125,10 +124,10 @@ MUTATIONS = [
     m("validate: partial tokens accepted", "validate", VALIDATE,
       "if path.stat().st_size % dtype.itemsize:", "if False:", f"{V}::test_a_shard_that_is_not_whole_tokens"),
     m("validate: the shard token count unchecked", "validate", VALIDATE,
-      'if got["tokens"] != want or shard["tokens"] != want:', 'if shard["tokens"] != want:',
+      'if got["tokens"] != want or shard.tokens != want:', 'if shard.tokens != want:',
       f"{V}::test_a_truncated_shard_is_named_by_its_count_and_its_checksum"),
     m("validate: the index's token count unchecked", "validate", VALIDATE,
-      'if got["tokens"] != want or shard["tokens"] != want:', 'if got["tokens"] != want:',
+      'if got["tokens"] != want or shard.tokens != want:', 'if got["tokens"] != want:',
       f"{V}::test_a_shard_token_count_in_the_index"),
     m("validate: an id equal to the vocabulary accepted", "validate", VALIDATE,
       '        if vocab is not None and got["max"] >= vocab:\n            problems.append(f"{name}:',
@@ -139,7 +138,7 @@ MUTATIONS = [
       '        if vocab is not None and got["max"] >= vocab - 1:\n            problems.append(f"{name}:',
       f"{V}::test_the_largest_id_is_in_range"),
     m("validate: the shard checksum unchecked", "validate", VALIDATE,
-      'if "checksum" in shard and got["checksum"] != shard["checksum"]:', "if False:",
+      'if shard.checksum is not None and got["checksum"] != shard.checksum:', "if False:",
       f"{V}::test_a_flipped_shard_byte_names_its_block"),
     m("validate: the first delimiter unchecked", "validate", VALIDATE,
       "        if k == 0:\n            problems += _starts_a_document(name",
@@ -155,28 +154,29 @@ MUTATIONS = [
     m("validate: shard 0's first token not counted", "validate", VALIDATE,
       "if counted != want - (k > 0):", "if counted != want - 1:", f"{V}::test_the_untouched_copy_is_valid"),
     m("validate: a missing holdout not named", "validate", VALIDATE,
-      'problems.append(f"{entry[\'file\']}: missing (holdout {domain})")', "pass", f"{V}::test_a_missing_holdout"),
+      'problems.append(f"{entry.file}: missing (holdout {domain})")', "pass", f"{V}::test_a_missing_holdout"),
     m("validate: the holdout token count unchecked", "validate", VALIDATE,
-      'if got["tokens"] != entry["tokens"]:', "if False:", f"{V}::test_a_holdout_token_count"),
+      'if got["tokens"] != entry.tokens:', "if False:", f"{V}::test_a_holdout_token_count"),
     m("validate: holdout ids unchecked", "validate", VALIDATE,
       '        if vocab is not None and got["max"] >= vocab:\n            problems.append(f"{entry',
       '        if False:\n            problems.append(f"{entry',
       f"{V}::test_an_id_equal_to_the_vocabulary_size_in_a_holdout"),
     m("validate: the holdout checksum unchecked", "validate", VALIDATE,
-      'if "checksum" in entry and got["checksum"] != entry["checksum"]:', "if False:", f"{V}::test_a_holdout_byte"),
+      'if entry.checksum is not None and got["checksum"] != entry.checksum:', "if False:", f"{V}::test_a_holdout_byte"),
     m("validate: the holdout delimiter unchecked", "validate", VALIDATE,
-      '        problems += _starts_a_document(entry["file"], got["first"], index)\n', "        problems += []\n",
+      '        problems += _starts_a_document(entry.file, got["first"], index)\n', "        problems += []\n",
       f"{V}::test_the_first_delimiter_of_a_holdout"),
     m("validate: total per-stream counts unchecked", "validate", VALIDATE,
-      'if by_stream != total.get("tokens_by_stream", by_stream):', "if False:", f"{V}::test_the_total_per_stream_count"),
+      'if total is not None and total.has("tokens_by_stream") and by_stream != total.tokens_by_stream:', "if False:",
+      f"{V}::test_the_total_per_stream_count"),
     m("validate: the block total unchecked", "validate", VALIDATE,
-      'if sum(by_stream.values()) != index["blocks"] * index["seq_len"] + 1:', "if False:",
+      'if sum(by_stream.values()) != index.blocks * index.seq_len + 1:', "if False:",
       f"{V}::test_the_total_block_count"),
     m("validate: the index's vocabulary ignored", "validate", VALIDATE,
-      'vocab = vocab_size or index.get("vocab_size")', "vocab = vocab_size",
+      'vocab = vocab_size or index.vocab_size', "vocab = vocab_size",
       f"{V}::test_an_id_equal_to_the_vocabulary_size_in_a_shard"),
     m("validate: an index without shards passes", "validate", VALIDATE,
-      '    if not index.get("shards"):\n        return [', '    if False:\n        return [',
+      '    if index is None or not index.shards:\n        return [', '    if False:\n        return [',
       f"{V}::test_an_index_without_shards"),
     m("validate: the share warning never fires", "validate", VALIDATE,
       "abs(realized[n] - t) > SHARE_WARNING]", "abs(realized[n] - t) > 1]",
@@ -272,7 +272,7 @@ MUTATIONS = [
       "        return self.layout.shard_tokens // self.layout.seq_len - 1\n",
       "tests/test_oracles.py::test_the_train_stream_is_the_seeded_interleave_of_the_streams"),
     m("holdout shares within a domain ignored", "budgets", HOLDOUT,
-      "need * recipe.streams[name].share / total_share for name in names}", "need / len(names) for name in names}",
+      "need * recipe.share(name) / total_share for name in names}", "need / len(names) for name in names}",
       "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
     m("the holdout shuffle seed ignored", "budgets", HOLDOUT,
       "    random.Random(seed).shuffle(docs)\n", "    random.Random(0).shuffle(docs)\n",
@@ -301,7 +301,7 @@ MUTATIONS = [
     m("skip does not move the data", "loader", DATA,
       "        physical = step + self.skipped\n", "        physical = step\n", "tests/test_data.py"),
     m("the margin can be overrun", "loader", DATA,
-      "        if self.skipped + n_steps > self.margin_steps:", "        if self.skipped + n_steps > self.margin_steps + 1:",
+      "        elif self.skipped + n_steps > self.margin_steps:", "        elif self.skipped + n_steps > self.margin_steps + 1:",
       "tests/test_data.py"),
     m("a resumed loader repeats a step", "loader", DATA,
       "            batch = self.batch(self.step)\n            self.step += 1\n            yield batch",
@@ -324,8 +324,9 @@ MUTATIONS = [
       "        pass\n    except BlockingIOError:\n        pids = flock_holders",
       "tests/test_trust.py::test_a_worker_process_left_writing_by_a_killed_stage_process_keeps_a_new_run_out"),
     # ------------------------------------------------------------------ resume identity
-    m("a changed recipe resumes", "resume identity", RUNNER,
-      '        changes = recipe_diff(recorded["output_fields"], recipe.output_fields())\n', "        changes = []\n",
+    m("a changed recipe resumes", "resume identity", IDENTITY,
+      '("output_fields",), changes=recipe_diff,\n        refusal=_recipe_refusal, shape=',
+      '("output_fields",), changes=lambda old, new: [],\n        refusal=_recipe_refusal, shape=',
       "tests/test_pipeline.py::test_resuming_with_a_changed_recipe_is_refused_with_a_diff"),
     m("the seed left out of the run's identity", "resume identity", RECIPE,
       "        data[\"layout\"][\"blocks\"] = self.blocks\n",
@@ -337,8 +338,8 @@ MUTATIONS = [
     m("a re-cut source file resumes", "resume identity", STREAMS,
       '    cut = record["pieces"] == unit.describe()\n', "    cut = True\n",
       "tests/test_faults.py::test_a_changed_file_among_grouped_small_files_is_named_with_its_unit"),
-    m("a resume re-cuts units with today's unit size", "resume identity", STREAMS,
-      '            ctx.unit_bytes = recorded["unit_bytes"]\n', "            pass\n",
+    m("a resume re-cuts units with today's unit size", "resume identity", IDENTITY,
+      '("unit_bytes",), on_change="keep"', '("unit_bytes",), on_change="redo"',
       "tests/test_oracles.py::test_a_resume_keeps_the_unit_size_the_run_started_with"),
 ]
 

@@ -125,7 +125,7 @@ def test_the_report_tells_the_streams_apart_from_the_provenance_index(run):
     """A balanced order depends on the lengths: the report's scan of the shards reads each document's stream from
     the provenance index, and its per-stream tokens are index.json's (gather raises otherwise)."""
     index, facts = gather(run, scan=True)
-    assert {n: f.tokens_in_shards for n, f in facts.items()} == index["total"]["tokens_by_stream"]
+    assert {n: f.tokens_in_shards for n, f in facts.items()} == index.total.tokens_by_stream
 
 
 def test_the_bytes_do_not_depend_on_workers_or_executor(corpus, run, tmp_path):

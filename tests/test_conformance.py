@@ -32,7 +32,9 @@ from tests.reference import (
     run_reference,
     stable_json,
 )
+from tokmix.format.records import FORMAT_VERSION
 from tokmix.recipe import load_recipe
+from tokmix.shards import read_index
 
 GOLDEN_DIGESTS = GOLDEN / "reference" / "sha256.json"
 GOLDEN_INDEX = GOLDEN / "reference" / "index.json"
@@ -76,6 +78,15 @@ def test_golden_shards_and_holdouts_are_the_references_bytes(golden_run):
 def test_golden_index_records_the_references_numbers(golden_run):
     reference = json.loads(GOLDEN_INDEX.read_text())
     assert_same_index_numbers(json.loads((golden_run / "index.json").read_text()), reference)
+
+
+def test_golden_index_read_as_records_is_written_back_byte_for_byte(golden_run):
+    """tokmix's own index.json, read through its typed records (tokmix.format.records) and written again, is the
+    same bytes: every key is one the records know, in the order they write."""
+    text = (golden_run / "index.json").read_text()
+    index = read_index(golden_run)
+    assert index.format_version == FORMAT_VERSION and not index.extra and not index.shards[0].extra
+    assert json.dumps(index.to_json(), indent=2) == text
 
 
 def test_golden_files_are_the_ones_recorded():

@@ -210,10 +210,11 @@ def test_repeated_documents_are_decontaminated(corpus, repeated):
 def test_summary_and_report_show_the_passes(corpus, repeated):
     from rich.console import Console
 
+    from tokmix.format.records import Index
     from tokmix.summary import mix_table
 
     console = Console(width=200, record=True)
-    console.print(mix_table(repeated["index"]))
+    console.print(mix_table(Index.from_json(repeated["index"])))
     row = next(line for line in console.export_text().splitlines() if line.startswith("│ code"))
     realized = f"{repeated['index']['mix']['passes_by_stream']['code']:.2f}"
     assert realized in row

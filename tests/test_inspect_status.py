@@ -108,20 +108,20 @@ def test_summary_shows_the_mix_holdouts_and_checksums(demo):
     shown = _text(summary(out))
     index = read_index(out)
     assert "requested" in shown and "realized" in shown and "val_prose.bin" in shown
-    for shard in index["shards"]:
-        assert shard["checksum"] in shown
+    for shard in index.shards:
+        assert shard.checksum in shown
 
 
 @pytest.mark.parametrize("shard, block", [(0, 0), (1, 5), (3, 624)])
 def test_a_decoded_block_is_the_tokenizers_decoding_of_the_shard_slice(demo, shard, block):
     _, out = demo
     index = read_index(out)
-    seq_len = index["seq_len"]
-    tokens = read_tokens(out / index["shards"][shard]["file"], index["dtype"])
+    seq_len = index.seq_len
+    tokens = read_tokens(out / index.shards[shard].file, index.dtype)
     want = np.array(tokens[block * seq_len : block * seq_len + seq_len + 1])
     view = read_block(out, shard, block)
     assert np.array_equal(view.tokens, want)
-    tok = Tokenizer.from_file(index["tokenizer"])
+    tok = Tokenizer.from_file(index.tokenizer)
     assert view.text.replace(DOC_MARKER, EOT_TOKEN) == tok.decode(want.tolist(), skip_special_tokens=False)
     assert view.text.count(DOC_MARKER) == int((want == 0).sum()) == view.documents_started
     assert DOC_MARKER in _text(render_block(view)) or view.documents_started == 0
@@ -136,8 +136,8 @@ def test_a_holdout_window_decodes(demo):
     _, out = demo
     view = read_window(out, "prose", 1)
     index = read_index(out)
-    seq_len = index["seq_len"]
-    tokens = read_tokens(out / "val_prose.bin", index["dtype"])
+    seq_len = index.seq_len
+    tokens = read_tokens(out / "val_prose.bin", index.dtype)
     assert np.array_equal(view.tokens, tokens[seq_len : 2 * seq_len + 1])
 
 

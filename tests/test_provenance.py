@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 import tokmix
 from tests.corpus import make_inputs
 from tokmix.data import TrainBlocks
+from tokmix.format.records import HoldoutEntry, Index, ShardRecord
 from tokmix.provenance import DOC_DTYPE, file_documents, sources_of
 from tokmix.shards import Delimiters
 from tokmix.trace import token_block, trace_blocks
@@ -74,6 +75,11 @@ def framed(tokenizer: Tokenizer, delimiters: Delimiters, text: str) -> list[int]
     return [*delimiters.prefix, *tokenizer.encode(text).ids, *delimiters.suffix]
 
 
+def entry_of(entry: dict) -> ShardRecord | HoldoutEntry:
+    """index.json's entry of a token file, as tokmix reads it."""
+    return ShardRecord.from_json(entry) if "blocks" in entry else HoldoutEntry.from_json(entry)
+
+
 def token_files(index: dict) -> list[tuple[dict, list]]:
     """(entry, its table of sources) of every train shard and holdout."""
     train = sources_of(index["provenance"]["sources"])
@@ -85,10 +91,10 @@ def test_every_document_of_every_shard_and_holdout_is_its_source_text_at_its_tok
     index = json.loads((mixed_run / "index.json").read_text())
     tokenizer = Tokenizer.from_file(index["tokenizer"])
     tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text
-    delimiters = Delimiters.from_index(index)
+    delimiters = Delimiters.from_index(Index.from_json(index))
     seen = {"dropped": sum(index["decontamination"]["dropped_by_stream"].values()), "passes": set(), "jsonl": 0}
     for entry, sources in token_files(index):
-        docs = file_documents(mixed_run, entry, sources)
+        docs = file_documents(mixed_run, entry_of(entry), sources)
         tokens = np.fromfile(mixed_run / entry["file"], dtype=index["dtype"])
         assert (mixed_run / entry["provenance"]["file"]).stat().st_size == DOC_DTYPE.itemsize * len(docs.records)
         for i, record in enumerate(docs.records):
@@ -142,7 +148,7 @@ def test_random_blocks_are_their_traced_documents_read_again_from_the_sources(mi
     index = json.loads((mixed_run / "index.json").read_text())
     tokenizer = Tokenizer.from_file(index["tokenizer"])
     tokenizer.encode_special_tokens = True
-    delimiters, loader = Delimiters.from_index(index), TrainBlocks(mixed_run)
+    delimiters, loader = Delimiters.from_index(Index.from_json(index)), TrainBlocks(mixed_run)
     blocks = sorted(np.random.default_rng(7).choice(loader.blocks, 12, replace=False).tolist())
     for block in trace_blocks(mixed_run, [*blocks, loader.blocks - 1], text=True):
         got = loader.block(block.block).tolist()
@@ -242,7 +248,7 @@ def test_the_megatron_export_has_one_sequence_per_source_document(mixed_run, tmp
     index = json.loads((mixed_run / "index.json").read_text())
     tokenizer = Tokenizer.from_file(index["tokenizer"])
     tokenizer.encode_special_tokens = True
-    delimiters = Delimiters.from_index(index)
+    delimiters = Delimiters.from_index(Index.from_json(index))
     export_megatron(mixed_run, tmp_path / "gptu")
     _, doc_index, sequences = read_megatron(tmp_path / "gptu")
     assert doc_index.tolist() == list(range(len(sequences) + 1))
@@ -251,7 +257,7 @@ def test_the_megatron_export_has_one_sequence_per_source_document(mixed_run, tmp
     sources = sources_of(index["provenance"]["sources"])
     origins = []  # each document of the train stream once: a shard's first continues the previous shard's last
     for k, entry in enumerate(index["shards"]):
-        records = file_documents(mixed_run, entry, sources).records
+        records = file_documents(mixed_run, entry_of(entry), sources).records
         origins += [(int(r["source"]), int(r["place"])) for r in records[1 if k else 0 :]]
     assert len(origins) == len(sequences)
     for n, ((source, place), sequence) in enumerate(zip(origins, sequences)):
@@ -260,7 +266,7 @@ def test_the_megatron_export_has_one_sequence_per_source_document(mixed_run, tmp
         assert sequence.tolist() == (whole if n < len(sequences) - 1 else whole[: len(sequence)])
     for domain, entry in index["val"].items():
         _, _, held = read_megatron(tmp_path / f"gptu_val_{domain}")
-        assert [len(d) for d in held] == file_documents(mixed_run, entry, []).records["tokens"].tolist()
+        assert [len(d) for d in held] == file_documents(mixed_run, entry_of(entry), []).records["tokens"].tolist()
 
 
 def test_a_damaged_index_is_refused_by_the_export_trace_and_the_loader(mixed_run, tmp_path):

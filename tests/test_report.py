@@ -100,12 +100,12 @@ def test_report_from_the_shards_alone(runs, tmp_path):
     assert "from the shards" in path.read_text(encoding="utf-8")
     # each shard's documents by stream, counted here from its provenance index with numpy alone
     index, page = read_index(bare), path.read_text(encoding="utf-8")
-    streams = np.array([source[0] for source in index["provenance"]["sources"]])
-    for shard in index["shards"]:
-        of = streams[np.fromfile(bare / shard["provenance"]["file"], DOC_DTYPE)["source"]]
-        total = sum(shard["tokens_by_stream"].values())
-        for name, tokens in shard["tokens_by_stream"].items():
-            assert f"{tokens / total:.2%} ({int(np.sum(of == name)):,} docs)" in page, (shard["file"], name)
+    streams = np.array([source[0] for source in index.provenance.sources])
+    for shard in index.shards:
+        of = streams[np.fromfile(bare / shard.provenance.file, DOC_DTYPE)["source"]]
+        total = sum(shard.tokens_by_stream.values())
+        for name, tokens in shard.tokens_by_stream.items():
+            assert f"{tokens / total:.2%} ({int(np.sum(of == name)):,} docs)" in page, (shard.file, name)
 
 
 def test_shard_scan_agrees_with_the_units_it_replaces(runs):
@@ -114,10 +114,10 @@ def test_shard_scan_agrees_with_the_units_it_replaces(runs):
     kept, _ = runs
     index = read_index(kept)
     scanned = scan_shards(kept, index, None)
-    assert scanned["tokens"] == index["total"]["tokens_by_stream"]
+    assert scanned["tokens"] == index.total.tokens_by_stream
     for name, lengths in scanned["lengths"].items():
         _, unit_lengths = _unit_records(Layout(kept), name)
-        assert len(lengths) >= index["mix"]["documents_used"][name] - 1
+        assert len(lengths) >= index.mix.documents_used[name] - 1
         assert np.array_equal(lengths, unit_lengths[: len(lengths)]), name
 
 

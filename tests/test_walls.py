@@ -50,12 +50,16 @@ def members(prefix: str) -> list[str]:
 ONLY = {
     "tokmix.errors": set(),
     "tokmix.text": set(),
-    "tokmix.store": {"tokmix.errors"},
+    "tokmix.store": {"tokmix.errors", "tokmix.format.commit"},
     "tokmix.faults": set(),
-    "tokmix.shards": {"tokmix.errors", "tokmix.faults", "tokmix.store"},
-    "tokmix.provenance": {"tokmix.errors", "tokmix.shards"},
+    "tokmix.format": set(),
+    "tokmix.format.records": set(),
+    "tokmix.format.commit": {"tokmix.errors", "tokmix.faults"},
+    "tokmix.shards": {"tokmix.errors", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
+    "tokmix.provenance": {"tokmix.errors", "tokmix.shards", "tokmix.format.records"},
     "tokmix.interleave": {"tokmix.shards"},
-    "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.provenance", "tokmix.store"},
+    "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.provenance", "tokmix.store",
+                    "tokmix.format.records"},
     "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
     "tokmix.backends": {"tokmix.errors", "tokmix.text"},
     "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards"},
@@ -97,6 +101,68 @@ def test_the_supervisor_imports_none_of_the_pipeline():
     pipeline = {"tokmix.pipeline", "tokmix.tokenizer", "tokmix.backends", *members("tokmix.stages"),
                 *members("tokmix.sources")}
     assert tokmix_imports("tokmix.runner") & pipeline == set()
+
+
+def closure(module: str) -> set[str]:
+    """Every tokmix module `module` loads, through any chain of imports."""
+    seen, todo = set(), [module]
+    while todo:
+        for name in tokmix_imports(todo.pop()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_the_stage_process_imports_nothing_of_its_supervisor():
+    """The stage process (pipeline) and all it loads never import the supervisor (runner), nor the CLI above it:
+    what both need (the options, the exit codes, the log line, the run's identity) lives below both."""
+    assert closure("tokmix.pipeline") & {"tokmix.runner", "tokmix.cli"} == set()
+    assert {m for m in MODULES if "tokmix.runner" in tokmix_imports(m)} <= {"tokmix.cli"}
+
+
+# ---------------------------------------------------------------------------- index.json is read once
+RECORDS = "tokmix.format.records"
+INDEX_NAMES = {"index", "idx"}  # what a raw dict of index.json would be called
+
+
+def raw_index_reads(module: str) -> list[str]:
+    """`index[...]` and `index.get(...)` (of a name or attribute `index`): index.json read as a raw dict."""
+    def is_index(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id in INDEX_NAMES) or \
+            (isinstance(node, ast.Attribute) and node.attr in INDEX_NAMES)
+
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Subscript) and is_index(node.value) and isinstance(node.ctx, ast.Load) or \
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and is_index(node.func.value):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_index_json_is_read_through_its_records_alone():
+    """Every reader of index.json goes through tokmix.format.records (Index, ShardRecord, HoldoutEntry, ...): a
+    key's default is in one place, and a new key is one field there."""
+    found = {m: raw_index_reads(m) for m in MODULES if m != RECORDS}
+    assert {m: reads for m, reads in found.items() if reads} == {}
+
+
+# ---------------------------------------------------------------------------- storage is chosen in one place
+STORE = "tokmix.store"
+
+
+def storage_checks(module: str) -> list[str]:
+    """`isinstance(..., ObjectPath)`: local or object store decided again, outside tokmix.store.storage()."""
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(MODULES[module].read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+            and len(node.args) == 2 and "ObjectPath" in ast.unparse(node.args[1])]
+
+
+def test_storage_is_chosen_in_the_store_module_alone():
+    """Whether a path is local or on an object store is asked in tokmix.store (storage()); every other module
+    writes, reads and commits through the storage it returns."""
+    found = {m: storage_checks(m) for m in MODULES if m != STORE}
+    assert {m: checks for m, checks in found.items() if checks} == {}
 
 
 def test_no_module_imports_another_modules_private_names():

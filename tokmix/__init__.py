@@ -13,7 +13,7 @@ from tokmix.errors import TokmixError
 __all__ = ["Recipe", "RunOptions", "TokmixError", "load_recipe", "run"]
 __version__ = "0.1.0"
 
-_LAZY = {"Recipe": "tokmix.recipe", "load_recipe": "tokmix.recipe", "RunOptions": "tokmix.runner",
+_LAZY = {"Recipe": "tokmix.recipe", "load_recipe": "tokmix.recipe", "RunOptions": "tokmix.process",
          "run": "tokmix.runner"}
 
 

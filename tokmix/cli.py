@@ -15,6 +15,7 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from tokmix.errors import TokmixError, os_error_message
+from tokmix.format.records import Index
 
 
 class _FlagsShownAsFlags:
@@ -86,7 +87,7 @@ def _options(
     pass  # the options of `tokmix` itself, before a command; the help text is the Typer's
 
 
-def print_summary(out: Path, index: dict) -> None:
+def print_summary(out: Path, index: Index) -> None:
     from tokmix.summary import holdout_table, mix_table, timing_table
 
     console.print(mix_table(index))
@@ -98,7 +99,7 @@ def print_summary(out: Path, index: dict) -> None:
     except DamagedFile:
         timings = None  # a table the summary can do without
     if timings:
-        console.print(timing_table(timings, index["total"]["tokens"]))
+        console.print(timing_table(timings, index.total.tokens))
 
 
 @app.command()
@@ -127,8 +128,8 @@ def run(
 
     --out may be a local path or an fsspec URL (s3://bucket/run, gs://..., file://...).
     """
+    from tokmix.process import RunOptions
     from tokmix.recipe import load_recipe
-    from tokmix.runner import RunOptions
     from tokmix.runner import run as run_recipe
 
     out_url = out if out and "://" in out else None
@@ -150,7 +151,7 @@ def run(
         raise typer.Exit(130) from None
     from tokmix.store import work_dir
 
-    print_summary(work_dir(out_url, work) if out_url else out, index)
+    print_summary(work_dir(out_url, work) if out_url else out, Index.from_json(index))
     console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out_url or out}")
 
 
@@ -174,8 +175,8 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
         console.print(f"warning: {warning}")
     if (note := derivation_note(out)) is not None:
         console.print(note)
-    console.print(f"{out}: valid ({len(index['shards'])} shard(s), {index['blocks']:,} blocks, "
-                  f"{len(index.get('val', {}))} holdout(s))")
+    console.print(f"{out}: valid ({len(index.shards)} shard(s), {index.blocks:,} blocks, "
+                  f"{len(index.val)} holdout(s))")
 
 
 @app.command()
@@ -188,8 +189,8 @@ def demo(
 ) -> None:
     """Build a small corpus from this machine's Python installation, train a tokenizer, run every stage."""
     from tokmix.demo import build_demo_corpus
+    from tokmix.process import RunOptions
     from tokmix.recipe import load_recipe
-    from tokmix.runner import RunOptions
     from tokmix.runner import run as run_recipe
 
     try:
@@ -202,7 +203,7 @@ def demo(
         index = run_recipe(load_recipe(recipe_path), out / "run", options=options)
     except (TokmixError, OSError) as e:
         _fail(e, debug)
-    print_summary(out / "run", index)
+    print_summary(out / "run", Index.from_json(index))
     console.print(f"demo done in {time.perf_counter() - t0:,.1f}s -> {out / 'run'}")
 
 

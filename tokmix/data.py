@@ -19,6 +19,7 @@ import numpy as np
 
 from tokmix import shards
 from tokmix.errors import TokmixError
+from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import RunDocuments
 
 BATCH_DTYPE = np.int64
@@ -56,7 +57,7 @@ def segments_of(starts: list[np.ndarray], seq_len: int) -> Segments:
     return Segments(starts, cu, int(np.diff(cu).max()) if len(cu) > 1 else 0, positions)
 
 
-def read_run_index(out_dir: str | os.PathLike) -> dict[str, Any]:
+def read_run_index(out_dir: str | os.PathLike) -> Index:
     """index.json of a finished run, or a TokmixError saying what is missing."""
     index = shards.read_index(out_dir)
     if not index:
@@ -64,14 +65,14 @@ def read_run_index(out_dir: str | os.PathLike) -> dict[str, Any]:
             f"{out_dir}: no {shards.INDEX_NAME} (not a tokmix output directory, or the run has not started)"
         )
     for key in ("dtype", "seq_len"):
-        if key not in index:
+        if key in index.absent:
             raise TokmixError(f"{out_dir}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
-    seq_len = int(index["seq_len"])
+    seq_len = int(index.seq_len)
     # the readers below hard-code the block layout; refuse an index that says otherwise
     block = shards.block_tokens(seq_len)
-    if index.get("block", block) != block or index.get("stride", seq_len) != seq_len:
+    if index.block not in (None, block) or index.stride not in (None, seq_len):
         raise TokmixError(
-            f"{out_dir}/{shards.INDEX_NAME}: block {index.get('block')} / stride {index.get('stride')} do not "
+            f"{out_dir}/{shards.INDEX_NAME}: block {index.block} / stride {index.stride} do not "
             f"match seq_len {seq_len} (expected block = seq_len + 1, stride = seq_len)"
         )
     return index
@@ -102,26 +103,26 @@ class TrainBlocks:
         self.root = Path(out_dir)
         self.index = index = read_run_index(self.root)
         for key in ("shards", "seqs_per_step", "train_steps"):
-            if not index.get(key):
+            if not getattr(index, key):
                 raise TokmixError(f"{self.root}/{shards.INDEX_NAME} has no {key!r}: the run has not finished")
-        self.dtype = np.dtype(index["dtype"])
-        self.seq_len = int(index["seq_len"])
-        self.seqs_per_step = int(index["seqs_per_step"])
-        self.train_steps = int(index["train_steps"])
-        self.margin_steps = int(index.get("margin_steps", 0))
-        self.files = [self.root / s["file"] for s in index["shards"]]
-        counts = [int(s["blocks"]) for s in index["shards"]]
-        for path, s, n in zip(self.files, index["shards"], counts):
-            if int(s["tokens"]) != shards.tokens_in_shard(n, self.seq_len):
-                raise TokmixError(f"{path}: {s['tokens']:,} tokens recorded for {n:,} blocks of {self.seq_len}")
-            check_token_file(path, int(s["tokens"]), self.dtype)
+        self.dtype = np.dtype(index.dtype)
+        self.seq_len = int(index.seq_len)
+        self.seqs_per_step = int(index.seqs_per_step)
+        self.train_steps = int(index.train_steps)
+        self.margin_steps = int(index.margin_steps)
+        self.files = [self.root / s.file for s in index.shards]
+        counts = [int(s.blocks) for s in index.shards]
+        for path, s, n in zip(self.files, index.shards, counts):
+            if int(s.tokens) != shards.tokens_in_shard(n, self.seq_len):
+                raise TokmixError(f"{path}: {s.tokens:,} tokens recorded for {n:,} blocks of {self.seq_len}")
+            check_token_file(path, int(s.tokens), self.dtype)
         # first global block of each shard; the last entry is the number of blocks of the run
         self.first_block = np.cumsum([0, *counts])
         self.blocks = int(self.first_block[-1])
-        if "blocks" in index and int(index["blocks"]) != self.blocks:
-            raise TokmixError(f"{self.root}: shards hold {self.blocks:,} blocks, index says {index['blocks']:,}")
+        if index.blocks is not None and int(index.blocks) != self.blocks:
+            raise TokmixError(f"{self.root}: shards hold {self.blocks:,} blocks, index says {index.blocks:,}")
         # a schedule's phases (index.json `phases`): each has its own steps and margin; none: the run is one
-        self.phases: list[dict[str, Any]] = list(index.get("phases") or [])
+        self.phases: list[dict[str, Any]] = list(index.phases or [])
         self.rank, self.world_size = rank, world_size
         self._rank_slice(rank, world_size)  # fail now, not at the first batch
         self.step = 0  # the next logical step that iteration yields
@@ -318,11 +319,11 @@ class HoldoutWindows:
     def __init__(self, out_dir: str | os.PathLike, domain: str | None = None):
         self.root = Path(out_dir)
         index = read_run_index(self.root)
-        self.val: dict[str, dict[str, Any]] = index.get("val") or {}
+        self.val: dict[str, HoldoutEntry] = index.val or {}
         if not self.val:
             raise TokmixError(f"{self.root}/{shards.INDEX_NAME} lists no holdouts")
-        self.dtype = np.dtype(index["dtype"])
-        self.seq_len = int(index["seq_len"])
+        self.dtype = np.dtype(index.dtype)
+        self.seq_len = int(index.seq_len)
         self.domain = domain
         self._tokens: dict[str, np.ndarray] = {}
         if domain is not None:
@@ -331,7 +332,7 @@ class HoldoutWindows:
     def domains(self) -> list[str]:
         return list(self.val)
 
-    def _entry(self, domain: str | None) -> dict[str, Any]:
+    def _entry(self, domain: str | None) -> HoldoutEntry:
         domain = self.domain if domain is None else domain
         if domain is None:
             raise TokmixError(f"name a holdout domain: one of {', '.join(self.val)}")
@@ -340,29 +341,29 @@ class HoldoutWindows:
         return self.val[domain]
 
     def path(self, domain: str | None = None) -> Path:
-        return self.root / self._entry(domain)["file"]
+        return self.root / self._entry(domain).file
 
     def _holdout(self, domain: str | None) -> np.ndarray:
         entry, path = self._entry(domain), self.path(domain)
         if path not in self._tokens:
-            check_token_file(path, int(entry["tokens"]), self.dtype)
-            windows, S = int(entry["eval_windows"]), self.seq_len
-            if int(entry["eval_targets"]) != windows * S or windows * S + 1 > int(entry["tokens"]):
+            check_token_file(path, int(entry.tokens), self.dtype)
+            windows, S = int(entry.eval_windows), self.seq_len
+            if int(entry.eval_targets) != windows * S or windows * S + 1 > int(entry.tokens):
                 raise TokmixError(
                     f"{path}: {windows:,} eval windows of {S} need {windows * S + 1:,} tokens and eval_targets = "
-                    f"{windows * S:,}; the index records {entry['tokens']:,} and {entry['eval_targets']:,}"
+                    f"{windows * S:,}; the index records {entry.tokens:,} and {entry.eval_targets:,}"
                 )
             self._tokens[path] = shards.read_tokens(path, self.dtype)
         return self._tokens[path]
 
     def eval_windows(self, domain: str | None = None) -> int:
-        return int(self._entry(domain)["eval_windows"])
+        return int(self._entry(domain).eval_windows)
 
     def eval_targets(self, domain: str | None = None) -> int:
-        return int(self._entry(domain)["eval_targets"])
+        return int(self._entry(domain).eval_targets)
 
     def eval_bytes(self, domain: str | None = None) -> int:
-        return int(self._entry(domain)["eval_bytes"])
+        return int(self._entry(domain).eval_bytes)
 
     def window(self, i: int, domain: str | None = None) -> np.ndarray:
         """Eval window i as stored: seq_len + 1 tokens of the shard dtype."""

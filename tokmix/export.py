@@ -29,6 +29,8 @@ import numpy as np
 from tokmix import shards
 from tokmix.data import TrainBlocks, check_token_file, read_run_index
 from tokmix.errors import TokmixError
+from tokmix.format.commit import commit, tmp_name
+from tokmix.format.records import TokenFileEntry
 from tokmix.provenance import file_documents, sources_of
 
 FORMATS = ("megatron", "llmc")
@@ -59,7 +61,7 @@ class _AtomicFile:
 
     def __init__(self, path: Path):
         self.path = path
-        self.tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        self.tmp = tmp_name(path)
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +71,7 @@ class _AtomicFile:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.f.close()
         if exc_type is None:
-            shards.commit(self.tmp, self.path)
+            commit(self.tmp, self.path)
         else:
             self.tmp.unlink(missing_ok=True)
 
@@ -97,12 +99,12 @@ def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES
 
 def _holdout_files(out_dir: Path) -> list[tuple[str, Path, int]]:
     index = read_run_index(out_dir)
-    dtype = np.dtype(index["dtype"])
+    dtype = np.dtype(index.dtype)
     out = []
-    for domain, entry in (index.get("val") or {}).items():
-        path = out_dir / entry["file"]
-        check_token_file(path, int(entry["tokens"]), dtype)
-        out.append((domain, path, int(entry["tokens"])))
+    for domain, entry in index.val.items():
+        path = out_dir / entry.file
+        check_token_file(path, int(entry.tokens), dtype)
+        out.append((domain, path, int(entry.tokens)))
     return out
 
 
@@ -149,7 +151,7 @@ class _DocumentSplitter:
         return lengths
 
 
-def index_lengths(out_dir: Path, entries: list[dict], sources: list) -> Iterator[np.ndarray]:
+def index_lengths(out_dir: Path, entries: list[TokenFileEntry], sources: list) -> Iterator[np.ndarray]:
     """The documents' lengths in the token stream of `entries` (the train shards, or one holdout) from their
     provenance index: a shard's first document goes on from the previous shard's last, which ends with the
     overlap token they share (counted once)."""
@@ -232,17 +234,16 @@ def export_megatron(
     blocks = TrainBlocks(out_dir)
     index = read_run_index(out_dir)
     # an index without vocab_size: the largest vocabulary the run's dtype holds
-    dtype = megatron_token_dtype(index.get("vocab_size") or np.iinfo(blocks.dtype).max + 1)
+    dtype = megatron_token_dtype(index.vocab_size or np.iinfo(blocks.dtype).max + 1)
     delimiters = shards.Delimiters.from_index(index)
     # documents where the provenance index says they are; a run without one is cut at its delimiters
-    traced = "provenance" in index
-    documents = index_lengths(out_dir, index["shards"], sources_of(index["provenance"]["sources"])) if traced \
-        else None
+    traced = index.provenance is not None
+    documents = index_lengths(out_dir, index.shards, sources_of(index.provenance.sources)) if traced else None
     written = _write_megatron(train_stream(blocks, chunk_bytes), dtype, delimiters, prefix, chunk_bytes, documents)
     for domain, path, _ in _holdout_files(out_dir):
         chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
-        entry = index["val"][domain]
-        documents = index_lengths(out_dir, [entry], sources_of(entry["provenance"]["sources"])) if traced else None
+        entry = index.val[domain]
+        documents = index_lengths(out_dir, [entry], sources_of(entry.provenance.sources)) if traced else None
         written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
                                    chunk_bytes, documents)
     return written

@@ -15,29 +15,30 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
+from tokmix.format.records import Index
 from tokmix.shards import TOKENIZER_NAME, Delimiters, block_tokens, read_index, read_tokens
 from tokmix.summary import holdout_table, mix_table
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
 
 
-def _index(out_dir: str | os.PathLike) -> dict:
+def _index(out_dir: str | os.PathLike) -> Index:
     index = read_index(out_dir)
-    if not index.get("shards"):
+    if not index or not index.shards:
         raise TokmixError(f"{out_dir}: no index.json with shards (not a finished tokmix run)")
     return index
 
 
-def shards_table(index: dict) -> Table:
+def shards_table(index: Index) -> Table:
     table = Table(title="shards", title_justify="left")
     for col in ("file", "blocks", "first block", "tokens", "sha256"):
         table.add_column(col, justify="left" if col in ("file", "sha256") else "right")
     first = 0
-    for shard in index["shards"]:
+    for shard in index.shards:
         table.add_row(
-            shard["file"], f"{shard['blocks']:,}", f"{first:,}", f"{shard['tokens']:,}", shard.get("checksum", "")
+            shard.file, f"{shard.blocks:,}", f"{first:,}", f"{shard.tokens:,}", shard.checksum or ""
         )
-        first += shard["blocks"]
+        first += shard.blocks
     return table
 
 
@@ -71,11 +72,11 @@ class BlockView:
         return int(np.count_nonzero(self.tokens == self.delimiters.marker))
 
 
-def run_tokenizer(out_dir: Path, index: dict):
+def run_tokenizer(out_dir: Path, index: Index):
     """The run's tokenizer: the path index.json records, or, for a moved directory, its own tokenizer.json."""
     from tokenizers import Tokenizer
 
-    recorded = Path(index["tokenizer"])
+    recorded = Path(index.tokenizer)
     for path in (recorded, out_dir / TOKENIZER_NAME, out_dir / recorded.name):
         if path.is_file():
             return Tokenizer.from_file(str(path))
@@ -100,19 +101,19 @@ def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list
 def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     """Block `block` of train shard `shard`: tokens[block * seq_len : block * seq_len + seq_len + 1]."""
     out_dir, index = Path(out_dir), _index(out_dir)
-    shards = index["shards"]
+    shards = index.shards
     if not 0 <= shard < len(shards):
         raise TokmixError(f"shard {shard}: the run has shards 0..{len(shards) - 1}")
     entry = shards[shard]
-    if not 0 <= block < entry["blocks"]:
-        raise TokmixError(f"block {block}: {entry['file']} has blocks 0..{entry['blocks'] - 1}")
-    seq_len = index["seq_len"]
-    tokens = read_tokens(out_dir / entry["file"], index["dtype"])
+    if not 0 <= block < entry.blocks:
+        raise TokmixError(f"block {block}: {entry.file} has blocks 0..{entry.blocks - 1}")
+    seq_len = index.seq_len
+    tokens = read_tokens(out_dir / entry.file, index.dtype)
     start = block * seq_len
-    first = sum(s["blocks"] for s in shards[:shard]) + block
-    title = f"{entry['file']} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
-    view = _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
-    if "provenance" in index:
+    first = sum(s.blocks for s in shards[:shard]) + block
+    title = f"{entry.file} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
+    view = _view(out_dir, index, entry.file, title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    if index.provenance is not None:
         from tokmix.trace import trace_blocks
 
         view.documents = trace_blocks(out_dir, [first])
@@ -122,20 +123,20 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
 def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockView:
     """Eval window `window` of holdout `domain`, laid out as the train blocks are."""
     out_dir, index = Path(out_dir), _index(out_dir)
-    val = index.get("val", {})
+    val = index.val
     if domain not in val:
         raise TokmixError(f"holdout {domain!r}: the run has {', '.join(val) or 'none'}")
-    entry, seq_len = val[domain], index["seq_len"]
-    windows = (entry["tokens"] - 1) // seq_len
+    entry, seq_len = val[domain], index.seq_len
+    windows = (entry.tokens - 1) // seq_len
     if not 0 <= window < windows:
-        raise TokmixError(f"window {window}: {entry['file']} has windows 0..{windows - 1}")
-    tokens = read_tokens(out_dir / entry["file"], index["dtype"])
+        raise TokmixError(f"window {window}: {entry.file} has windows 0..{windows - 1}")
+    tokens = read_tokens(out_dir / entry.file, index.dtype)
     start = window * seq_len
-    title = f"{entry['file']} window {window}: tokens {start:,} to {start + seq_len:,}"
-    return _view(out_dir, index, entry["file"], title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    title = f"{entry.file} window {window}: tokens {start:,} to {start + seq_len:,}"
+    return _view(out_dir, index, entry.file, title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
 
 
-def _view(out_dir: Path, index: dict, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:
+def _view(out_dir: Path, index: Index, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:
     delimiters = Delimiters.from_index(index)
     return BlockView(file, title, start, tokens, decode_pieces(run_tokenizer(out_dir, index), tokens, delimiters),
                      delimiters)

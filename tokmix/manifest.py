@@ -4,77 +4,89 @@ returned (holdout entries, stream records, shard records). docs/format.md docume
 from __future__ import annotations
 
 from tokmix import __version__
+from tokmix.format.records import (
+    FORMAT_VERSION,
+    HoldoutEntry,
+    Index,
+    Mix,
+    Provenance,
+    ShardRecord,
+    StreamSummary,
+    Total,
+)
 from tokmix.shards import block_tokens
 from tokmix.stages import Context
 from tokmix.stages.passes import passes_used
 
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int],
-                provenance: dict | None = None, balance: dict | None = None) -> dict:
-    """index.json as the reference writes it, plus what tokmix adds (the tokenizer's checksum, tokmix's version,
-    vocab size, shard checksums, decontamination, provenance): from the holdout stage's `val` entries, the
-    streams stage's records (`metas`), the assemble stage's shard records and documents `used` of each stream."""
+                provenance: dict | None = None, balance: dict | None = None) -> Index:
+    """index.json as the reference writes it, plus what tokmix adds (its format version, the tokenizer's checksum,
+    tokmix's version, vocab size, shard checksums, decontamination, provenance): from the holdout stage's `val`
+    entries, the streams stage's records (`metas`), the assemble stage's shard records and documents `used` of
+    each stream."""
     recipe = ctx.recipe
     names = list(recipe.streams)
     by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
     total = sum(by_stream.values())
     by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
     summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
-    return {
-        "tokenizer": ctx.tokenizer_path,
-        "tokenizer_sha256": ctx.tokenizer_sha256,
-        "tokmix_version": __version__,
-        "vocab_size": ctx.vocab_size,
-        "dtype": ctx.dtype.name,
-        "seq_len": recipe.layout.seq_len,
-        "block": block_tokens(recipe.layout.seq_len),
-        "stride": recipe.layout.seq_len,
-        "eot_id": ctx.delimiters.marker,  # the reference's key: the id that shows where documents meet
-        "delimiters": ctx.delimiters.to_index(),
-        "delimiter_tokens": {"prefix": recipe.tokenizer.doc_prefix, "suffix": recipe.tokenizer.doc_suffix},
-        "seed": recipe.seed,
-        "recipe_fingerprint": recipe.fingerprint(),
-        "mix": {
-            "method": "each stream tokenized to its token budget, documents interleaved in a seeded random order "
+    return Index(
+        format_version=FORMAT_VERSION,
+        tokenizer=ctx.tokenizer_path,
+        tokenizer_sha256=ctx.tokenizer_sha256,
+        tokmix_version=__version__,
+        vocab_size=ctx.vocab_size,
+        dtype=ctx.dtype.name,
+        seq_len=recipe.layout.seq_len,
+        block=block_tokens(recipe.layout.seq_len),
+        stride=recipe.layout.seq_len,
+        eot_id=ctx.delimiters.marker,  # the reference's key: the id that shows where documents meet
+        delimiters=ctx.delimiters.to_index(),
+        delimiter_tokens={"prefix": recipe.tokenizer.doc_prefix, "suffix": recipe.tokenizer.doc_suffix},
+        seed=recipe.seed,
+        recipe_fingerprint=recipe.fingerprint(),
+        mix=Mix(
+            method="each stream tokenized to its token budget, documents interleaved in a seeded random order "
             "(per-document sampling at fixed proportions)" if recipe.layout.interleave != "balanced" else
             "each stream tokenized to its token budget, documents interleaved so that every stream stays within "
             "one document of its target share at every document boundary (seeded ties)",
-            "target_share_by_stream": {n: recipe.share(n) for n in recipe.streams},
-            "domain_by_stream": {n: s.domain for n, s in recipe.streams.items()},
-            "streams": summary,
-            "documents_used": used,
+            target_share_by_stream={n: recipe.share(n) for n in recipe.streams},
+            domain_by_stream={n: s.domain for n, s in recipe.streams.items()},
+            streams={n: StreamSummary.from_json(summary[n]) for n in names},
+            documents_used=used,
             # epochs of each stream's train documents in the shards: its tokens there over one pass's tokens
-            "passes_by_stream": {n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
-            "interleave": recipe.layout.interleave,
+            passes_by_stream={n: round(passes_used(metas[n], by_stream[n]), 4) for n in names},
+            interleave=recipe.layout.interleave,
             # the balanced order's realized deviation from each stream's target (docs/format.md)
-            **({"balance": balance_summary(balance)} if balance is not None else {}),
-        },
-        "blocks": recipe.blocks,
-        "train_steps": recipe.layout.steps,
-        "seqs_per_step": recipe.layout.seqs_per_step,
-        "margin_steps": recipe.layout.margin_steps if recipe.blocks == recipe.default_blocks else 0,
-        "shards": with_phases(recipe, shards),
-        **({"phases": phases_entry(recipe, balance)} if recipe.schedule and balance is not None else {}),
-        "total": {
-            "tokens": total,
-            "tokens_by_stream": by_stream,
-            "tokens_by_domain": by_domain,
-            "share_by_stream": {n: by_stream[n] / total for n in names},
-            "share_by_domain": {d: by_domain[d] / total for d in recipe.domains},
-        },
-        "decontamination": {
+            balance=balance_summary(balance) if balance is not None else None,
+        ),
+        blocks=recipe.blocks,
+        train_steps=recipe.layout.steps,
+        seqs_per_step=recipe.layout.seqs_per_step,
+        margin_steps=recipe.layout.margin_steps if recipe.blocks == recipe.default_blocks else 0,
+        shards=[ShardRecord.from_json(s) for s in with_phases(recipe, shards)],
+        phases=phases_entry(recipe, balance) if recipe.schedule and balance is not None else None,
+        total=Total(
+            tokens=total,
+            tokens_by_stream=by_stream,
+            tokens_by_domain=by_domain,
+            share_by_stream={n: by_stream[n] / total for n in names},
+            share_by_domain={d: by_domain[d] / total for d in recipe.domains},
+        ),
+        decontamination={
             "enabled": recipe.holdout.decontaminate,
             "dropped_by_stream": {n: metas[n]["dropped_holdout_duplicates"] for n in names},
         },
-        "throughput": {
+        throughput={
             "tok_s_end_to_end_by_stream": {n: metas[n]["tok_s_end_to_end"] for n in names},
             "tok_s_tokenizer_capacity_by_stream": {n: metas[n]["tok_s_tokenizer_capacity"] for n in names},
             "num_proc": ctx.workers,
             "backend": ctx.backend,
         },
-        "val": val,
-        **({"provenance": provenance} if provenance is not None else {}),
-    }
+        val={d: e if isinstance(e, HoldoutEntry) else HoldoutEntry.from_json(e) for d, e in val.items()},
+        provenance=Provenance.from_json(provenance) if provenance is not None else None,
+    )
 
 
 def balance_summary(balance: dict) -> dict:

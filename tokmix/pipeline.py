@@ -16,23 +16,26 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import psutil
 
+from tokmix import identity
 from tokmix.backends import can_cut_documents, choose_backend, installed_backends
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
+from tokmix.format.records import Index, TokenFileEntry
+from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
+from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
-from tokmix.runner import ERROR_EXIT_CODE, RunOptions, interrupt, load_recorded_recipe, log
 from tokmix.shards import (
     TOKENIZER_NAME,
     DamagedFile,
     Layout,
     file_checksum,
-    index_dtype,
     read_json,
     tokens_in_shard,
     write_bytes,
@@ -120,22 +123,26 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     done = remakable(layout.done)
     if done is None or done.get("fingerprint") != recipe.fingerprint():
         return None
-    index = remakable(layout.index)
-    plan = recipe.shard_blocks
-    if not index or len(index.get("shards", [])) != len(plan):
+    try:
+        index = layout.read_index()
+    except DamagedFile as e:
+        log(f"{e.path}: damaged ({e.why}); remade")
         return None
-    itemsize = index_dtype(index).itemsize
-    files = index["shards"] + list(index.get("val", {}).values())
+    plan = recipe.shard_blocks
+    if not index or len(index.shards) != len(plan):
+        return None
+    itemsize = np.dtype(index.dtype).itemsize
+    files = index.shards + list(index.val.values())
     # layout.root: the output directory or the store; one stat or request per file
-    if not all((layout.root / f["file"]).exists() and (layout.root / f["file"]).stat().st_size == f["tokens"] * itemsize
-               for f in files) or any(s["tokens"] != tokens_in_shard(b, recipe.layout.seq_len)
-                                      for s, b in zip(index["shards"], plan)):
+    if not all((layout.root / f.file).exists() and (layout.root / f.file).stat().st_size == f.tokens * itemsize
+               for f in files) or any(s.tokens != tokens_in_shard(b, recipe.layout.seq_len)
+                                      for s, b in zip(index.shards, plan)):
         return None
     damaged = []
     for entry in files:
         if (why := _damage(layout, entry)) is not None:
             log(f"{why}; remaking it")
-            damaged.append(entry["file"])
+            damaged.append(entry.file)
     damaged += _not_derived(layout, index, damaged)
     for name in damaged:
         (layout.root / name).unlink()
@@ -143,22 +150,22 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     if damaged:
         (layout.done).unlink()
         return None
-    return len(index["shards"]), len(index.get("val", {}))
+    return len(index.shards), len(index.val)
 
 
-def _damage(layout: Layout, entry: dict) -> str | None:
+def _damage(layout: Layout, entry: TokenFileEntry) -> str | None:
     """Why a finished run's token file must be made again: it, or its provenance index (made with it), is not
     what index.json's checksum says."""
-    if file_checksum(layout.root / entry["file"]) != entry.get("checksum"):
-        return f"{entry['file']}: damaged (sha256 differs from index.json)"
-    docs = entry.get("provenance")
-    if docs is not None and not ((layout.root / docs["file"]).exists()
-                                 and file_checksum(layout.root / docs["file"]) == docs["checksum"]):
-        return f"{docs['file']}: missing or damaged (sha256 differs from index.json)"
+    if file_checksum(layout.root / entry.file) != entry.checksum:
+        return f"{entry.file}: damaged (sha256 differs from index.json)"
+    docs = entry.provenance
+    if docs is not None and not ((layout.root / docs.file).exists()
+                                 and file_checksum(layout.root / docs.file) == docs.checksum):
+        return f"{docs.file}: missing or damaged (sha256 differs from index.json)"
     return None
 
 
-def _not_derived(layout: Layout, index: dict, damaged: list[str]) -> list[str]:
+def _not_derived(layout: Layout, index: Index, damaged: list[str]) -> list[str]:
     """The shards whose sha256 in index.json is not the one derived from the committed units and the seed before
     they were removed (tokmix.stages.expected): a shard edited together with its record and index.json. A run
     that kept no such record is verified against index.json alone, and the log says so."""
@@ -170,8 +177,7 @@ def _not_derived(layout: Layout, index: dict, damaged: list[str]) -> list[str]:
     if expected is None:
         log(f"no {layout.expected}: the shards are verified against index.json only")
         return []
-    wrong = [s["file"] for s in index["shards"]
-             if s["file"] not in damaged and s.get("checksum") != expected["shards"].get(s["file"])]
+    wrong = [s.file for s in index.shards if s.file not in damaged and s.checksum != expected["shards"].get(s.file)]
     for name in wrong:
         log(f"{name}: not what the committed units and the seed produce ({layout.expected.name}); remaking it")
     return wrong
@@ -256,9 +262,8 @@ def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None
 
 def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors) -> str:
     """The backend, checked once per run and recorded: restarts reuse the decision."""
-    path = layout.backend_choice
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
-    if (recorded := remakable(path)) is not None and recorded.get("key") == key:
+    if (recorded := identity.check(layout, "backend", key, "", log)) is not None:
         return recorded["backend"]
     with fresh_process() as pool:
         check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
@@ -270,7 +275,7 @@ def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors
             drop_cached()
     for notice in notices:
         log(notice)
-    write_json(path, {"key": key, "backend": backend, "notices": notices})
+    identity.record(layout, "backend", key, backend=backend, notices=notices)
     return backend
 
 
@@ -278,49 +283,15 @@ def _same_tokenizer(layout: Layout, path: str) -> str:
     """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes is
     refused: the holdouts and units already written hold the first tokenizer's ids. (Another path is a changed
     recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
-    checksum, record = tokenizer_checksum(path), layout.tokenizer_checksum
-    first = read_json(record)  # damaged: the one line naming it (what it recorded cannot be remade)
-    if first is None:
-        write_json(record, {"path": path, "sha256": checksum})
-        return checksum
-    if first["sha256"] != checksum:
-        raise TokmixError(f"tokenizer {path}: changed since this run started (sha256 {first['sha256'][:12]}..., "
-                          f"now {checksum[:12]}...); what is already written holds the first one's ids: restore "
-                          "it, or use --restart to start over")
-    return checksum
-
-
-def split_changes(old: Split, new: Split) -> list[str]:
-    """What an edit of the split file did, file by file: moved between holdout and train, added, removed, or
-    train files put in another order (the order is each stream's canonical document order)."""
-    changes = []
-    for domain in sorted(set(old) | set(new)):
-        was, now = old.get(domain, {}), new.get(domain, {})
-        part_was = {f: part for part in ("holdout", "train") for f in was.get(part, [])}
-        part_now = {f: part for part in ("holdout", "train") for f in now.get(part, [])}
-        moved = [f"{domain}: {f} {'moved ' if 'absent' not in (a, b) else ''}{a} -> {b}"
-                 for f in sorted(part_was.keys() | part_now.keys())
-                 if (a := part_was.get(f, "absent")) != (b := part_now.get(f, "absent"))]
-        if not moved and was != now:
-            moved = [f"{domain}: files listed in another order"]
-        changes += moved
-    return changes
+    # damaged: the one line naming it (what it recorded cannot be remade)
+    return identity.pinned(layout, "tokenizer checksum", tokenizer_checksum(path), path, path=path)
 
 
 def _same_split(layout: Layout, path: str, split: Split) -> None:
     """The split file's content, recorded when the run first reads it: it is part of the run's identity, like
     the recipe. A resume finding another split is refused: the holdouts and units already written follow the
     first one, and a file moved from holdout to train would put holdout documents in the train shards."""
-    record = layout.split_record
-    if not record.exists():
-        write_json(record, {"path": path, "split": split})
-        return
-    changes = split_changes(json.loads(record.read_text())["split"], split)
-    if changes:
-        more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
-        raise TokmixError(f"split file {path}: changed since this run started ({'; '.join(changes[:3])}{more}); "
-                          "what is already written follows the first split: restore it, or use --restart to "
-                          "start over")
+    identity.pinned(layout, "split", split, path, path=path)
 
 
 def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings) -> Context:
@@ -346,7 +317,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                    writer=RunWriter.of(layout))
 
 
-def run_pipeline(ctx: Context, timings: Timings) -> dict:
+def run_pipeline(ctx: Context, timings: Timings) -> Index:
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed."""
     t0 = time.perf_counter()
     val = run_holdout(ctx)

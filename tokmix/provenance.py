@@ -12,11 +12,11 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.format.records import Index, TokenFileEntry
 from tokmix.shards import INDEX_NAME, read_array
 
 DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
@@ -97,44 +97,44 @@ class FileDocuments:
         return np.concatenate([[0], inside]).astype(np.int64)
 
 
-def file_documents(root: Path, entry: dict[str, Any], sources: list[Source]) -> FileDocuments:
+def file_documents(root: Path, entry: TokenFileEntry, sources: list[Source]) -> FileDocuments:
     """The documents of the token file `entry` (an index.json shard or val entry), checked against the entry:
     the index file's size, its sha256 and the tokens its documents hold."""
-    docs = entry.get("provenance")
+    docs = entry.provenance
     if not docs:
-        raise TokmixError(f"{root / entry['file']}: no provenance index (the run was made with provenance off, "
+        raise TokmixError(f"{root / entry.file}: no provenance index (the run was made with provenance off, "
                           f"or by a tokmix before it)")
-    path = root / docs["file"]
+    path = root / docs.file
     if not path.is_file():
         raise TokmixError(f"{path}: missing (listed in {INDEX_NAME})")
-    if path.stat().st_size != docs["documents"] * DOC_DTYPE.itemsize:
-        raise TokmixError(f"{path}: {path.stat().st_size:,} bytes, {INDEX_NAME} records {docs['documents']:,} "
+    if path.stat().st_size != docs.documents * DOC_DTYPE.itemsize:
+        raise TokmixError(f"{path}: {path.stat().st_size:,} bytes, {INDEX_NAME} records {docs.documents:,} "
                           f"documents of {DOC_DTYPE.itemsize} bytes")
     data = path.read_bytes()
-    if docs.get("checksum") and hashlib.sha256(data).hexdigest() != docs["checksum"]:  # ~10 ms for 280k documents
+    if docs.checksum and hashlib.sha256(data).hexdigest() != docs.checksum:
         raise TokmixError(f"{path}: damaged (sha256 differs from {INDEX_NAME}); run the same command again to "
                           "remake it")
     records = np.frombuffer(data, dtype=DOC_DTYPE)
     ends = np.cumsum(records["tokens"], dtype=np.int64)
-    if not len(ends) or int(ends[-1]) != int(entry["tokens"]):
+    if not len(ends) or int(ends[-1]) != int(entry.tokens):
         raise TokmixError(f"{path}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
-                          f"{entry['file']} {int(entry['tokens']):,}")
-    return FileDocuments(records, ends, int(docs.get("skip", 0)), sources)
+                          f"{entry.file} {int(entry.tokens):,}")
+    return FileDocuments(records, ends, int(docs.skip), sources)
 
 
 class RunDocuments:
     """A finished run's train documents, shard by shard (each shard's index read on first use), from its
     index.json."""
 
-    def __init__(self, root: str | Path, index: dict[str, Any]):
+    def __init__(self, root: str | Path, index: Index):
         self.root, self.index = Path(root), index
-        if "provenance" not in index:
+        if index.provenance is None:
             raise TokmixError(f"{self.root / INDEX_NAME}: no provenance index (the run was made with [layout] "
                               "provenance = false, or by a tokmix before it)")
-        self.sources = sources_of(index["provenance"]["sources"])
+        self.sources = sources_of(index.provenance.sources)
         self._shards: dict[int, FileDocuments] = {}
 
     def shard(self, k: int) -> FileDocuments:
         if k not in self._shards:
-            self._shards[k] = file_documents(self.root, self.index["shards"][k], self.sources)
+            self._shards[k] = file_documents(self.root, self.index.shards[k], self.sources)
         return self._shards[k]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.format.records import Index
 from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
 from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, unit_file, write_bytes
@@ -45,47 +46,47 @@ class StreamFacts:
     tokens_in_shards: int | None = None  # those tokens
 
 
-def interleave_order(out_dir: Path, index: dict) -> np.ndarray:
+def interleave_order(out_dir: Path, index: Index) -> np.ndarray:
     """The stream (its position in the recipe) of every document in the shards, in shard order: the
     assemble stage's seeded shuffle of one label per document of each stream, or for the balanced interleave
     (which depends on the documents' lengths) the streams the provenance index names."""
-    kind = index["mix"].get("interleave", "global")
+    kind = index.mix.interleave
     if kind == "balanced":
         return recorded_order(out_dir, index)
-    docs = [meta["docs"] for meta in index["mix"]["streams"].values()]
-    return interleave_labels(docs, index["seed"], kind)
+    docs = [meta.docs for meta in index.mix.streams.values()]
+    return interleave_labels(docs, index.seed, kind)
 
 
-def recorded_order(out_dir: Path, index: dict) -> np.ndarray:
+def recorded_order(out_dir: Path, index: Index) -> np.ndarray:
     """The stream of every document in the shards, from their provenance index (a document cut by a shard's
     start, `skip` > 0, is the previous shard's last)."""
-    if "provenance" not in index:
+    if index.provenance is None:
         raise TokmixError(f"{out_dir}: a balanced run's streams per document come from its provenance index, and "
                           "this run has none ([layout] provenance = false)")
     run = RunDocuments(out_dir, index)
-    names = list(index["mix"]["streams"])
+    names = index.stream_names
     stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.uint8)
     pieces = []
-    for k in range(len(index["shards"])):
+    for k in range(len(index.shards)):
         docs = run.shard(k)
         pieces.append(stream_of[docs.records["source"][1 if docs.skip else 0 :]])
     return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
 
 
-def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict:
+def scan_shards(out_dir: Path, index: Index, byte_len: np.ndarray | None) -> dict:
     """One sequential pass over the train shards: per stream, the lengths of its whole documents, its tokens,
     and (given each id's UTF-8 bytes) its text bytes. The last document, cut by the end of the run, is left out."""
     order = interleave_order(out_dir, index)
-    n_streams = len(index["mix"]["streams"])
-    dtype = np.dtype(index["dtype"])
+    n_streams = len(index.mix.streams)
+    dtype = np.dtype(index.dtype)
     tokens = np.zeros(n_streams, dtype=np.int64)
     text_bytes = np.zeros(n_streams, dtype=np.float64)
     ends: list[np.ndarray] = []  # where documents start, across shards (overlap tokens counted once)
     doc, offset, previous = -1, 0, None
     delimiters = Delimiters.from_index(index)
-    for k, shard in enumerate(index["shards"]):
+    for k, shard in enumerate(index.shards):
         first = k > 0  # a shard's first token repeats the previous shard's last one
-        for chunk in iter_token_chunks(out_dir / shard["file"], dtype, SCAN_CHUNK_BYTES):
+        for chunk in iter_token_chunks(out_dir / shard.file, dtype, SCAN_CHUNK_BYTES):
             if first:
                 chunk, first = chunk[1:], False
             starts = delimiters.starts(chunk, previous)
@@ -93,7 +94,7 @@ def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict
             is_start[starts] = True
             doc_of = doc + np.cumsum(is_start)  # the document each token belongs to
             if len(doc_of) and doc_of[0] < 0:
-                raise TokmixError(f"{shard['file']}: the run does not start with a document's first delimiter")
+                raise TokmixError(f"{shard.file}: the run does not start with a document's first delimiter")
             labels = order[doc_of]
             tokens += np.bincount(labels, minlength=n_streams)
             if byte_len is not None:
@@ -105,7 +106,7 @@ def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict
     starts = np.concatenate(ends) if ends else np.empty(0, np.int64)
     lengths = np.diff(starts)  # whole documents only: the last one runs past the end of the run
     labels = order[: len(lengths)]
-    names = list(index["mix"]["streams"])
+    names = list(index.mix.streams)
     return {
         "lengths": {n: lengths[labels == s] for s, n in enumerate(names)},
         "tokens": dict(zip(names, tokens.tolist())),
@@ -113,25 +114,25 @@ def scan_shards(out_dir: Path, index: dict, byte_len: np.ndarray | None) -> dict
     }
 
 
-def shard_composition(out_dir: Path, index: dict) -> list[dict] | None:
+def shard_composition(out_dir: Path, index: Index) -> list[dict] | None:
     """Each shard's documents and tokens by stream and its sources (files, by pass) from its provenance index,
     None for a run without one. A shard's first token (the previous shard's last) is counted there, as in
     tokens_by_stream; a document cut by a shard's end is a document of both shards."""
-    if "provenance" not in index:
+    if index.provenance is None:
         return None
     run = RunDocuments(out_dir, index)
-    names = list(index["mix"]["streams"])
+    names = list(index.mix.streams)
     stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.int64)
     out = []
-    for k, shard in enumerate(index["shards"]):
+    for k, shard in enumerate(index.shards):
         records = run.shard(k).records
         streams = stream_of[records["source"]]
         tokens = np.zeros(len(names), dtype=np.int64)
         np.add.at(tokens, streams, records["tokens"].astype(np.int64))
         tokens[streams[0]] -= k > 0
-        if tokens.tolist() != [shard["tokens_by_stream"][n] for n in names]:
-            raise TokmixError(f"{shard['file']}: its provenance index gives its streams {tokens.tolist()} tokens, "
-                              f"index.json {list(shard['tokens_by_stream'].values())}")
+        if tokens.tolist() != [shard.tokens_by_stream[n] for n in names]:
+            raise TokmixError(f"{shard.file}: its provenance index gives its streams {tokens.tolist()} tokens, "
+                              f"index.json {list(shard.tokens_by_stream.values())}")
         out.append({"tokens": dict(zip(names, tokens.tolist())),
                     "documents": dict(zip(names, np.bincount(streams, minlength=len(names)).tolist())),
                     "sources": len(np.unique(records["source"]))})
@@ -157,21 +158,21 @@ def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | 
     return records, lengths[: meta["docs"]].astype(np.int64)
 
 
-def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[dict, dict[str, StreamFacts]]:
+def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[Index, dict[str, StreamFacts]]:
     """index.json and per-stream facts; `scan` forces (True) or skips (False) the pass over the shards,
     which by default runs only when the intermediates are gone."""
     layout = Layout(out_dir)
     index = read_index(layout.root)
-    if not index.get("shards"):
+    if not index or not index.shards:
         raise TokmixError(f"{layout.root}: no index.json with shards (not a finished tokmix run)")
-    names = list(index["mix"]["streams"])
+    names = list(index.mix.streams)
     kept = {n: _unit_records(layout, n) for n in names}
     scanned = None
     if scan or (scan is None and any(v is None for v in kept.values())):
         scanned = scan_shards(layout.root, index, _byte_lengths(layout.root, index))
     facts = {}
     for n in names:
-        domain = index["mix"]["domain_by_stream"][n]
+        domain = index.mix.domain_by_stream[n]
         if kept[n] is not None:
             records, lengths = kept[n]
             chars = sum(r["chars"] for r in records)
@@ -185,15 +186,15 @@ def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[dict, 
         if scanned is not None:
             facts[n].text_bytes = scanned["text_bytes"][n] if scanned["text_bytes"] else None
             facts[n].tokens_in_shards = scanned["tokens"][n]
-            if facts[n].tokens_in_shards != index["total"]["tokens_by_stream"][n]:
+            if facts[n].tokens_in_shards != index.total.tokens_by_stream[n]:
                 raise TokmixError(
                     f"stream {n}: the shards hold {facts[n].tokens_in_shards:,} of its tokens by the replayed "
-                    f"interleave, index.json says {index['total']['tokens_by_stream'][n]:,}"
+                    f"interleave, index.json says {index.total.tokens_by_stream[n]:,}"
                 )
     return index, facts
 
 
-def _byte_lengths(out_dir: Path, index: dict) -> np.ndarray | None:
+def _byte_lengths(out_dir: Path, index: Index) -> np.ndarray | None:
     from tokmix.inspect import run_tokenizer
     from tokmix.tokenizer import token_byte_lengths
 
@@ -238,10 +239,10 @@ def _stack_legend(ax) -> None:
     ax.legend(handles[::-1], labels[::-1], fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
 
 
-def plot_shares(plt, index: dict) -> str:
-    mix, total = index["mix"], index["total"]
-    names = list(mix["streams"])
-    domains = list(total["share_by_domain"])
+def plot_shares(plt, index: Index) -> str:
+    mix, total = index.mix, index.total
+    names = list(mix.streams)
+    domains = list(total.share_by_domain)
     fig, axes = plt.subplots(
         1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [max(len(names), 2), max(len(domains), 2)]}
     )
@@ -249,15 +250,15 @@ def plot_shares(plt, index: dict) -> str:
         (
             axes[0],
             names,
-            [mix["target_share_by_stream"][n] for n in names],
-            [total["share_by_stream"][n] for n in names],
+            [mix.target_share_by_stream[n] for n in names],
+            [total.share_by_stream[n] for n in names],
             "per stream",
         ),
         (
             axes[1],
             domains,
-            [sum(mix["target_share_by_stream"][n] for n in names if mix["domain_by_stream"][n] == d) for d in domains],
-            [total["share_by_domain"][d] for d in domains],
+            [sum(mix.target_share_by_stream[n] for n in names if mix.domain_by_stream[n] == d) for d in domains],
+            [total.share_by_domain[d] for d in domains],
             "per domain",
         ),
     ):
@@ -275,23 +276,23 @@ def plot_shares(plt, index: dict) -> str:
     return _png(fig)
 
 
-def plot_shard_shares(plt, index: dict) -> str:
-    names = list(index["mix"]["streams"])
+def plot_shard_shares(plt, index: Index) -> str:
+    names = list(index.mix.streams)
     colors = _colors(names)
-    shards = index["shards"]
+    shards = index.shards
     fig, ax = plt.subplots(figsize=(min(2 + 0.5 * len(shards), 14), 3.6))
     x = np.arange(len(shards))
     bottom = np.zeros(len(shards))
     for n in names:
-        share = np.array([s["tokens_by_stream"][n] / max(sum(s["tokens_by_stream"].values()), 1) for s in shards])
+        share = np.array([s.tokens_by_stream[n] / max(sum(s.tokens_by_stream.values()), 1) for s in shards])
         ax.bar(x, share, 0.8, bottom=bottom, label=n, color=colors[n])
         bottom += share
     cum = 0.0
     for n in names[:-1]:  # the targets, as the stacked bars' ideal boundaries
-        cum += index["mix"]["target_share_by_stream"][n]
+        cum += index.mix.target_share_by_stream[n]
         ax.axhline(cum, color="black", lw=0.6, ls="--")
     ax.set_xticks(
-        x, [s["file"].removesuffix(".bin") for s in shards], rotation=45 if len(shards) > 6 else 0, fontsize=8
+        x, [s.file.removesuffix(".bin") for s in shards], rotation=45 if len(shards) > 6 else 0, fontsize=8
     )
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of the shard's tokens")
@@ -334,7 +335,7 @@ def plot_doc_lengths(plt, facts: dict[str, StreamFacts]) -> str:
     return _png(fig)
 
 
-def bytes_per_token(index: dict, facts: dict[str, StreamFacts]) -> list[tuple[str, str, float]]:
+def bytes_per_token(index: Index, facts: dict[str, StreamFacts]) -> list[tuple[str, str, float]]:
     """(what, label, value) rows: text bytes (or characters) per token per stream, bytes per target per holdout."""
     rows = []
     for f in facts.values():
@@ -342,8 +343,8 @@ def bytes_per_token(index: dict, facts: dict[str, StreamFacts]) -> list[tuple[st
             rows.append(("stream", f.name, f.text_bytes / max(f.tokens_in_shards, 1)))
         elif f.chars is not None:
             rows.append(("stream (chars)", f.name, f.chars / max(f.unit_tokens, 1)))
-    for domain, v in index.get("val", {}).items():
-        rows.append(("holdout", domain, v["bytes"] / max(v["targets"], 1)))
+    for domain, v in index.val.items():
+        rows.append(("holdout", domain, v.bytes / max(v.targets, 1)))
     return rows
 
 
@@ -372,9 +373,9 @@ def plot_bytes_per_token(plt, rows: list[tuple[str, str, float]]) -> str:
     return _png(fig)
 
 
-def plot_throughput(plt, index: dict, facts: dict[str, StreamFacts]) -> str:
-    names = list(index["mix"]["streams"])
-    thr = index.get("throughput", {})
+def plot_throughput(plt, index: Index, facts: dict[str, StreamFacts]) -> str:
+    names = list(index.mix.streams)
+    thr = index.throughput or {}
     with_units = [f for f in facts.values() if f.units]
     fig, axes = plt.subplots(1, 2 if with_units else 1, figsize=(12 if with_units else 6, 3.6), squeeze=False)
     ax = axes[0][0]
@@ -404,21 +405,21 @@ def plot_throughput(plt, index: dict, facts: dict[str, StreamFacts]) -> str:
     return _png(fig)
 
 
-def plot_holdouts(plt, index: dict) -> str:
-    val = index.get("val", {})
-    names = list(index["mix"]["streams"])
+def plot_holdouts(plt, index: Index) -> str:
+    val = index.val
+    names = list(index.mix.streams)
     colors = _colors(names)
     domains = list(val)
     fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(domains) + 3), 3.4))
     x = np.arange(len(domains))
     bottom = np.zeros(len(domains))
     for n in names:
-        counts = np.array([val[d].get("tokens_by_stream", {}).get(n, 0) for d in domains], dtype=float)
+        counts = np.array([val[d].tokens_by_stream.get(n, 0) for d in domains], dtype=float)
         if counts.any():
             ax.bar(x, counts, 0.6, bottom=bottom, color=colors[n], label=n)
             bottom += counts
     for i, d in enumerate(domains):
-        ax.plot([i - 0.3, i + 0.3], [val[d]["eval_targets"]] * 2, color="black", lw=1.2)
+        ax.plot([i - 0.3, i + 0.3], [val[d].eval_targets] * 2, color="black", lw=1.2)
     ax.set_xticks(x, domains)
     ax.set_ylabel("tokens")
     ax.set_title("holdout tokens per stream (black line: eval windows x seq_len)")
@@ -472,22 +473,22 @@ def _img(png: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{png}">'
 
 
-def _mix_rows(index: dict) -> list[list]:
-    mix, total = index["mix"], index["total"]
+def _mix_rows(index: Index) -> list[list]:
+    mix, total = index.mix, index.total
     rows = []
-    for n, meta in mix["streams"].items():
-        target, real = mix["target_share_by_stream"][n], total["share_by_stream"][n]
+    for n, meta in mix.streams.items():
+        target, real = mix.target_share_by_stream[n], total.share_by_stream[n]
         rows.append(
             [
                 n,
-                mix["domain_by_stream"][n],
+                mix.domain_by_stream[n],
                 f"{target:.2%}",
                 f"{real:.2%}",
                 f"{real - target:+.2%}",
-                f"{total['tokens_by_stream'][n]:,}",
-                f"{mix['documents_used'][n]:,}",
+                f"{total.tokens_by_stream[n]:,}",
+                f"{mix.documents_used[n]:,}",
                 passes(index, n),
-                f"{meta.get('dropped_holdout_duplicates', 0):,}",
+                f"{meta.dropped_holdout_duplicates:,}",
             ]
         )
     return rows
@@ -507,11 +508,11 @@ def _length_rows(facts: dict[str, StreamFacts]) -> list[list]:
     return rows
 
 
-def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) -> str:
+def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt) -> str:
     layout = Layout(out_dir)
     done = layout.done
     timings = layout.timings
-    validated = done.exists() and json.loads(done.read_text()).get("fingerprint") == index.get("recipe_fingerprint")
+    validated = done.exists() and json.loads(done.read_text()).get("fingerprint") == index.recipe_fingerprint
     bpt = bytes_per_token(index, facts)
     sources = {f.lengths_from for f in facts.values()}
     lengths_note = (
@@ -530,21 +531,21 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
         f'<p class="sub">{_e(out_dir.resolve())} &middot; written {_e(time.strftime("%Y-%m-%d %H:%M:%S"))}</p>',
         _facts_table(
             [
-                ("recipe fingerprint", index.get("recipe_fingerprint", "")),
+                ("recipe fingerprint", index.recipe_fingerprint or ""),
                 ("validated", "yes" if validated else "no (done.json missing or from another recipe)"),
-                ("tokenizer", f"{index['tokenizer']} ({index.get('vocab_size', '?'):,} ids, {index['dtype']})"),
+                ("tokenizer", f"{index.tokenizer} ({index.vocab_size:,} ids, {index.dtype})"),
                 (
                     "train",
-                    f"{index['blocks']:,} blocks of {index['seq_len']} tokens = {index['total']['tokens']:,} tokens "
-                    f"in {len(index['shards'])} shard(s)",
+                    f"{index.blocks:,} blocks of {index.seq_len} tokens = {index.total.tokens:,} tokens "
+                    f"in {len(index.shards)} shard(s)",
                 ),
                 (
                     "steps",
-                    f"{index['train_steps']:,} x {index['seqs_per_step']} sequences, margin "
-                    f"{index['margin_steps']} steps",
+                    f"{index.train_steps:,} x {index.seqs_per_step} sequences, margin "
+                    f"{index.margin_steps} steps",
                 ),
-                ("seed", index["seed"]),
-                ("holdouts", ", ".join(f"{d} {v['tokens']:,} tokens" for d, v in index.get("val", {}).items())),
+                ("seed", index.seed),
+                ("holdouts", ", ".join(f"{d} {v.tokens:,} tokens" for d, v in index.val.items())),
             ]
         ),
         "<h2>Mixture: requested vs realized</h2>",
@@ -563,7 +564,7 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
             ],
             _mix_rows(index),
             left=2,
-            total=["total", "", "100.00%", "100.00%", "", f"{index['total']['tokens']:,}", "", "", ""],
+            total=["total", "", "100.00%", "100.00%", "", f"{index.total.tokens:,}", "", "", ""],
         ),
         "<h2>Share per shard</h2>",
         _img(plot_shard_shares(plt, index), "share of each stream in each shard"),
@@ -601,17 +602,17 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
             [
                 [
                     d,
-                    v["file"],
-                    f"{v['tokens']:,}",
-                    f"{v['docs']:,}",
-                    f"{v['bytes']:,}",
-                    f"{v['bytes'] / max(v['targets'], 1):.3f}",
-                    f"{v['eval_windows']:,}",
-                    f"{v['eval_targets']:,}",
-                    f"{v['eval_bytes']:,}",
-                    ", ".join(v.get("source_files", [])),
+                    v.file,
+                    f"{v.tokens:,}",
+                    f"{v.docs:,}",
+                    f"{v.bytes:,}",
+                    f"{v.bytes / max(v.targets, 1):.3f}",
+                    f"{v.eval_windows:,}",
+                    f"{v.eval_targets:,}",
+                    f"{v.eval_bytes:,}",
+                    ", ".join(v.source_files),
                 ]
-                for d, v in index.get("val", {}).items()
+                for d, v in index.val.items()
             ],
             left=2,
             left_cols=(9,),
@@ -621,22 +622,22 @@ def render_html(out_dir: Path, index: dict, facts: dict[str, StreamFacts], plt) 
     return "\n".join(parts)
 
 
-def _shard_tables(out_dir: Path, index: dict, names: list[str]) -> list[str]:
+def _shard_tables(out_dir: Path, index: Index, names: list[str]) -> list[str]:
     """The shards' table: each stream's share of its tokens and, from the provenance index, its documents and
     the source files (by pass) they came from."""
     composition = shard_composition(out_dir, index)
     rows = []
-    for k, s in enumerate(index["shards"]):
-        total = max(sum(s["tokens_by_stream"].values()), 1)
-        shares = [f"{s['tokens_by_stream'][n] / total:.2%}" for n in names]
+    for k, s in enumerate(index.shards):
+        total = max(sum(s.tokens_by_stream.values()), 1)
+        shares = [f"{s.tokens_by_stream[n] / total:.2%}" for n in names]
         if composition is not None:
             docs = composition[k]["documents"]
             shares = [f"{share} ({docs[n]:,} docs)" for share, n in zip(shares, names)]
             extra = [f"{sum(docs.values()):,}", f"{composition[k]['sources']:,}"]
         else:
             extra = []
-        rows.append([s["file"], f"{s['blocks']:,}", f"{s['tokens']:,}", *extra, *shares,
-                     s.get("checksum", "")[:16] + "…"])
+        rows.append([s.file, f"{s.blocks:,}", f"{s.tokens:,}", *extra, *shares,
+                     (s.checksum or "")[:16] + "…"])
     head = ["shard", "blocks", "tokens", *(["documents", "sources"] if composition is not None else []), *names,
             "sha256"]
     note = ('<p class="note">Documents and sources (files, by pass) from the provenance index; a document cut by a '
@@ -644,16 +645,16 @@ def _shard_tables(out_dir: Path, index: dict, names: list[str]) -> list[str]:
     return [_table(head, rows), note]
 
 
-def _throughput_table(index: dict, timings: Path) -> str:
-    thr = index.get("throughput", {})
+def _throughput_table(index: Index, timings: Path) -> str:
+    thr = index.throughput or {}
     rows = [
         [
             n,
             f"{thr['tok_s_end_to_end_by_stream'][n]:,}",
             f"{thr['tok_s_tokenizer_capacity_by_stream'][n]:,}",
-            f"{meta.get('seconds_last_run', 0):,.1f}",
+            f"{meta.seconds_last_run:,.1f}",
         ]
-        for n, meta in index["mix"]["streams"].items()
+        for n, meta in index.mix.streams.items()
         if n in thr.get("tok_s_end_to_end_by_stream", {})
     ]
     html_ = _table(["stream", "tokens/s end to end", "tokenizer capacity (tokens/s)", "seconds (last run)"], rows)

@@ -6,100 +6,50 @@ while the stage process works."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from tokmix import identity
 from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.lock import RunLock
 from tokmix.outdir import check_output_dir
-from tokmix.recipe import Recipe, recipe_diff, recipe_from_dict
-from tokmix.shards import STATE_DIR, UNIT_BYTES, DamagedFile, Layout, read_json, write_json
+from tokmix.process import RunOptions, interrupt, log
+from tokmix.recipe import Recipe
+from tokmix.shards import Layout, write_json
 from tokmix.store import check_store_url, is_url, local_path, work_dir
 
-ERROR_EXIT_CODE = 2
-STORE_RUN_NAME = "run.json"  # on a store, in its tokmix-state/: the working folder that writes it, the recipe
 MAX_FRUITLESS_RESTARTS = 3
 
 
-@dataclass
-class RunOptions:
-    """How to run; none of it changes the output bytes."""
-
-    workers: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
-    max_memory: int = 1 << 30
-    keep_streams: bool = False
-    mirrors: list[str] = field(default_factory=list)
-    executor: str = "local"  # local | ray
-    ray_address: str | None = None  # a running Ray cluster; without it --executor ray starts a local instance
-    debug: bool = False
-    # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
-    unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
-    log_seconds: float = 10.0  # without a terminal: a progress line per stream this often
-    # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;
-    # under the Python API the supervisor is the caller's process, whose memory is not the run's
-    guard_counts_supervisor: bool = False
-    store: str | None = None  # the output is this store's URL; the run's state is in its local working folder
+# ---------------------------------------------------------------------------- the run's identity
+def _same_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -> None:
+    """Refuse to resume a run of another recipe (--restart starts over) and, on a store, one that another working
+    folder writes (a store holds no lock: the run's lock is the kernel's, in its local working folder, so the
+    store names the folder whose lock guards it; --break-lock takes the prefix over once that run is known to
+    have stopped)."""
+    where = str(layout.root)
+    if not restart:
+        identity.check(layout, "recipe", recipe.output_fields(), where)
+    if layout.remote:
+        if not break_lock:
+            identity.check(layout, "store owner", (socket.gethostname(), str(layout.work)), where)
+        if not restart:
+            identity.check(layout, "store recipe", recipe.output_fields(), where)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ---------------------------------------------------------------------------- lock and recorded recipe
-def _same_recipe(layout: Layout, recipe: Recipe) -> None:
-    path = layout.recorded_recipe
-    recorded = read_json(path)  # damaged: named, with --restart as the remedy
-    if recorded is not None:
-        if not isinstance(recorded, dict) or not isinstance(recorded.get("output_fields"), dict):
-            raise DamagedFile(path, "not the recipe record tokmix writes")
-        changes = recipe_diff(recorded["output_fields"], recipe.output_fields())
-        if changes:
-            raise TokmixError(f"{layout.root} was started with another recipe; resuming would mix two runs. "
-                              f"Changed: {'; '.join(changes)}. Use --restart to start over")
-
-
-def _record_recipe(layout: Layout, recipe: Recipe) -> None:
-    write_json(layout.recorded_recipe, {"recipe": recipe.model_dump(mode="json"),
-                                             "base_dir": str(recipe.base_dir), "output_fields": recipe.output_fields()})
-
-
-def _store_run(layout: Layout, recipe: Recipe) -> dict:
-    return {"host": socket.gethostname(), "work": str(layout.work), "output_fields": recipe.output_fields()}
-
-
-def _same_store_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -> None:
-    """A store holds no lock: the run's lock is the kernel's, in its local working folder. So the store names the
-    working folder (host and path) whose lock guards it, and the recipe it was started with: a run from another
-    folder, which that lock cannot exclude, is refused (--break-lock takes the prefix over once the other run is
-    known to have stopped), and so is another recipe, even from a folder that lost its own record of it."""
-    path = layout.root / STATE_DIR / STORE_RUN_NAME
-    found = read_json(path)
-    if found is None:
-        return
-    ours = _store_run(layout, recipe)
-    if (found["host"], found["work"]) != (ours["host"], ours["work"]) and not break_lock:
-        raise TokmixError(f"{layout.root}: written by the tokmix run working in {found['work']} on host "
-                          f"{found['host']}, whose lock this run cannot see: run it from there (--work), or, if "
-                          "no run is writing this prefix, run again with --break-lock")
-    changes = recipe_diff(found["output_fields"], ours["output_fields"])
-    if changes and not restart:
-        raise TokmixError(f"{layout.root} was started with another recipe; resuming would mix two runs. "
-                          f"Changed: {'; '.join(changes)}. Use --restart to start over")
-
-
-def load_recorded_recipe(layout: Layout) -> Recipe:
-    data = json.loads((layout.recorded_recipe).read_text())
-    return recipe_from_dict(data["recipe"], Path(data["base_dir"]))
+def _record_run(layout: Layout, recipe: Recipe) -> None:
+    identity.record_recipe(layout, recipe)
+    if layout.remote:
+        identity.record(layout, "store owner", (socket.gethostname(), str(layout.work)),
+                        output_fields=recipe.output_fields())
 
 
 def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
@@ -160,14 +110,9 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     with RunLock(layout, break_lock) as lock:
         if lock.took_over:
             log(f"took over the lock of {lock.took_over} that ended without releasing it")
-        if not restart:
-            _same_recipe(layout, recipe)
-        if layout.remote:
-            _same_store_run(layout, recipe, restart, break_lock)
+        _same_run(layout, recipe, restart, break_lock)
         _claim(layout, recipe, restart)
-        _record_recipe(layout, recipe)
-        if layout.remote:
-            write_json(layout.root / STATE_DIR / STORE_RUN_NAME, _store_run(layout, recipe))
+        _record_run(layout, recipe)
         write_json(layout.options, asdict(options))
         (layout.error).unlink(missing_ok=True)
         fruitless = 0
@@ -184,7 +129,8 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
                                   f"raise --max-memory (now {options.max_memory / 2**20:,.0f} MiB) or lower --workers")
             fault_point("runner:before-restart")
             log("restarting the stage process (memory guard); resuming from committed work")
-    return layout.read_index()
+    index = layout.read_index()
+    return index.to_json() if index is not None else {}
 
 
 def check_store_options(recipe: Recipe) -> None:
@@ -241,8 +187,3 @@ def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:
             message = ""
         os.close(read_end)
     return code, message
-
-
-def interrupt(signum: int, frame: object) -> None:
-    """A SIGTERM handler: stop as Ctrl-C does (committed work is kept)."""
-    raise KeyboardInterrupt

@@ -9,8 +9,6 @@ token of the next shard, so block j of a shard is `tokens[j * seq_len : j * seq_
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import io
 import json
@@ -24,9 +22,18 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.store import READ_BLOCK_BYTES, ObjectPath, abort_upload, as_path
+from tokmix.format.commit import (
+    PUBLISHED_DIR,
+    STATE_DIR,
+    TMP,
+    mark_of,
+    mark_published,
+    tmp_name,
+    write_in_halves,
+)
+from tokmix.format.records import EOT_ID, Index
+from tokmix.store import READ_BLOCK_BYTES, ObjectPath, as_path, storage
 
-EOT_ID = 0
 EOT_TOKEN = "<|endoftext|>"
 INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
@@ -35,12 +42,11 @@ UNITS_DIR = "units"
 STREAM_META = "stream.json"  # in a stream's folder: the finished stream's record
 DOCS_SUFFIX = ".docs"  # beside a train shard or holdout: its provenance index (tokmix.provenance)
 INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
-STATE_DIR = "tokmix-state"  # the run's own bookkeeping: resolved recipe, lock, holdout hashes
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 LOCK_NAME = "lock"
+STORE_RUN_NAME = "run.json"  # on a store, in its tokmix-state/: the working folder that writes it, the recipe
 WRITERS_NAME = "writers"  # in STATE_DIR: every task that writes holds a shared flock on it (tokmix.lock)
-PUBLISHED_DIR = "published"  # in STATE_DIR: NAME.mark per top-level name tokmix has written a file under (publish)
 EXPECTED_NAME = "expected.json"  # in STATE_DIR: the shards' sha256 derived from the units and the seed
 CHECKSUM = "sha256"
 LENGTH_DTYPE = np.dtype("<u4")  # a unit's .len file: tokens per document, its delimiters included
@@ -113,12 +119,11 @@ class Delimiters:
         return {"prefix": list(self.prefix), "suffix": list(self.suffix)}
 
     @classmethod
-    def from_index(cls, index: dict[str, Any]) -> Delimiters:
+    def from_index(cls, index: Index) -> Delimiters:
         """A run's delimiters from its index.json (one written before they were recorded: the reference's)."""
-        found = index.get("delimiters")
-        if found is None:
-            return cls((int(index.get("eot_id", EOT_ID)),), ())
-        return cls(tuple(found["prefix"]), tuple(found["suffix"]))
+        if index.delimiters is None:
+            return cls((int(index.eot_id),), ())
+        return cls(tuple(index.delimiters["prefix"]), tuple(index.delimiters["suffix"]))
 
 
 REFERENCE_DELIMITERS = Delimiters()
@@ -148,11 +153,6 @@ def block_tokens(seq_len: int) -> int:
     return seq_len + 1
 
 
-def index_dtype(index: dict[str, Any]) -> np.dtype:
-    """The token dtype index.json records (uint16, the reference's, when it records none)."""
-    return np.dtype(index.get("dtype", "uint16"))
-
-
 def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
     """Blocks of each shard: full shards, then the remainder."""
     full, rest = divmod(total_blocks, blocks_per_shard)
@@ -173,7 +173,6 @@ def unit_file(units_dir: str | os.PathLike | ObjectPath, unit: int | str, kind: 
 
 
 _UNIT_FILE = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units folder holds
-_TMP = re.compile(r"(.+)\.tmp-\d+")  # a file being written under its temporary name (_tmp_name)
 
 
 class _In:
@@ -202,7 +201,7 @@ class Layout:
 
     def __init__(self, out_dir: str | os.PathLike | ObjectPath, work: str | os.PathLike | None = None):
         self.root = as_path(out_dir)
-        self.remote = isinstance(self.root, ObjectPath)
+        self.remote = storage(self.root).remote
         # where the state lives: the output directory itself, or for a store the local working folder
         self.work = Path(work) if work is not None else self.root
 
@@ -250,6 +249,11 @@ class Layout:
         return self.state / f"holdout_{domain}.{suffix}"
 
     @property
+    def store_run(self) -> Path:
+        """On a store: the working folder (host, path) whose lock guards it, and the recipe it was started with."""
+        return self.root / STATE_DIR / STORE_RUN_NAME
+
+    @property
     def record(self) -> Path:
         """What tokmix created in the output directory: beside what it names (on the store for a store)."""
         return self.root / STATE_DIR / RECORD_NAME
@@ -289,7 +293,7 @@ class Layout:
         stream = self.stream("s")
         return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.recorded_recipe,
                 self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
-                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)), _tmp_name(self.train(0))]
+                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)), tmp_name(self.train(0))]
 
     def is_run(self) -> bool:
         """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""
@@ -338,7 +342,7 @@ class Layout:
         folder.mkdir()
         for path in self.recorded():
             if path.parent == self.root and path.is_file() and not path.is_symlink():
-                _mark_published(_mark_of(folder, path.name))
+                mark_published(mark_of(folder, path.name))
 
     def remove_created(self, paths: list[Path] | None = None, keep: tuple[Path, ...] = ()) -> list[Path]:
         """Remove the recorded paths among `paths` (default: all recorded, and the state folder's content but
@@ -381,7 +385,7 @@ class Layout:
         (its own recorded subfolders are removed on their own, before their parent)."""
         if child.is_symlink() or not child.is_file():
             return False
-        name = m.group(1) if (m := _TMP.fullmatch(child.name)) else child.name
+        name = m.group(1) if (m := TMP.fullmatch(child.name)) else child.name
         if folder.name == UNITS_DIR and folder.parent.parent == self.streams:
             return bool(_UNIT_FILE.fullmatch(name))
         if folder.parent == self.streams:
@@ -416,7 +420,7 @@ class Layout:
         folders = set() if self.remote else {self.root} | {p for p in recorded if p.is_dir() and not p.is_symlink()}
         for folder in folders:
             for tmp in folder.glob("*.tmp-*"):
-                name = _TMP.fullmatch(tmp.name)
+                name = TMP.fullmatch(tmp.name)
                 if name and (folder / name.group(1) in recorded or self._removable_child(folder, tmp)) \
                         and tmp.is_file() and not tmp.is_symlink():
                     tmp.unlink()
@@ -435,16 +439,28 @@ class Layout:
         commit, beside it (on the store for a store)."""
         return self.root / STATE_DIR / "shards" / f"{shard_file}.json"
 
-    def read_index(self) -> dict[str, Any]:
-        return read_json(self.index, remedy=REMAKE_REMEDY) or {}
+    def read_index(self) -> Index | None:
+        """index.json as the run builds it (tokmix.format.records.Index), None when there is none."""
+        return read_index_file(self.index)
 
-    def write_index(self, index: dict[str, Any]) -> None:
-        write_json(self.index, index)
+    def write_index(self, index: Index) -> None:
+        write_json(self.index, index.to_json())
 
 
-def read_index(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """index.json, {} when there is none; DamagedFile when it is not whole JSON."""
-    return read_json(as_path(out_dir) / INDEX_NAME, remedy=REMAKE_REMEDY) or {}
+def read_index_file(path: Path | ObjectPath) -> Index | None:
+    """An index.json, None when there is none; DamagedFile when it is not whole JSON, or not an object."""
+    found = read_json(path, remedy=REMAKE_REMEDY)
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise DamagedFile(path, "not a JSON object", REMAKE_REMEDY)
+    return Index.from_json(found)
+
+
+def read_index(out_dir: str | os.PathLike) -> Index | None:
+    """A run's index.json (tokmix.format.records.Index), None when there is none; DamagedFile when it is not
+    whole JSON."""
+    return read_index_file(as_path(out_dir) / INDEX_NAME)
 
 
 # ---------------------------------------------------------------------------- records and their checksums
@@ -492,107 +508,9 @@ def read_json(path: Path, sealed: bool = False, remedy: str = RESTART_REMEDY) ->
     return value
 
 
-def _tmp_name(path: Path) -> Path:
-    # the pid keeps two writers (a killed run's leftover and its retry) from sharing a temporary file
-    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
-
-
-def commit(tmp: Path, path: Path, durable: bool = True) -> None:
-    """Make a fully written file visible under its final name: data on disk first, then the rename. Not
-    `durable`: no fsync, so after a power loss the file may be there but empty."""
-    if durable:
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    publish(tmp, path)
-
-
-def publish(tmp: Path, path: Path) -> None:
-    """Move `tmp` to its final name `path`. In an output directory's top level (what consumers read: shards,
-    holdouts, index.json, tokenizer.json) never over a file tokmix did not put there: a name tokmix recorded
-    (Layout.record) but has not created yet may meanwhile hold a file of the user's. So a name is marked as
-    published (tokmix-state/published/NAME) before its first file appears, that first file is linked in (which
-    fails if anything is there), and only a name already marked is replaced. Elsewhere (the state folder, the
-    intermediates' folders, whose names are tokmix's; a folder that is no run) a plain rename."""
-    marks = path.parent / STATE_DIR / PUBLISHED_DIR  # made by every run as it starts (Layout.adopt_published)
-    if not marks.is_dir():
-        os.replace(tmp, path)
-        return
-    mark = _mark_of(marks, path.name)
-    if mark.exists():  # tokmix's name: what it wrote there before is replaced (a damaged or older version)
-        os.replace(tmp, path)
-        return
-    _mark_published(mark)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        tmp.unlink(missing_ok=True)
-        raise TokmixError(f"{path}: exists but tokmix did not create it (put there after the run named it, before "
-                          "it wrote it); move it away and run the same command again") from None
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        if path.exists() or path.is_symlink():  # no hard links on this filesystem: check, then rename
-            tmp.unlink(missing_ok=True)
-            raise TokmixError(f"{path}: exists but tokmix did not create it; move it away and run the same "
-                              "command again") from None
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def _mark_of(marks: Path, name: str) -> Path:
-    # an empty file, named apart from the file it marks (a reader of every *.json under a run parses JSON)
-    return marks / f"{name}.mark"
-
-
-def _mark_published(mark: Path) -> None:
-    """The mark, on disk before the name's first file appears (the folder fsynced: its entry too)."""
-    mark.parent.mkdir(exist_ok=True)
-    os.close(os.open(mark, os.O_WRONLY | os.O_CREAT, 0o644))
-    fd = os.open(mark.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_in_halves(f: BinaryIO, data: bytes | memoryview, fault: str = "write:middle") -> None:
-    """One write, as two: the crash-safety tests kill a run between the halves (fault point `fault`), which
-    leaves a half-written file wherever one can be."""
-    half = len(data) // 2
-    f.write(data[:half])
-    if "TOKMIX_FAULT" in os.environ:  # imported only then: a training job imports this module and numpy alone
-        from tokmix.faults import fault_point
-
-        fault_point(fault)
-    f.write(data[half:])
-
-
-def _upload(path: ObjectPath, data: bytes | memoryview) -> None:
-    """One object, whole or not at all: its upload completes at close (an error or a kill on the way leaves
-    no object under its name)."""
-    f = path.open("wb")
-    try:
-        _write_in_halves(f, data)
-    except BaseException:
-        abort_upload(f)
-        raise
-    f.close()
-
-
 def write_bytes(path: Path | ObjectPath, data: bytes, durable: bool = True) -> str:
     """Write and commit `data`; returns its checksum, computed from the bytes in memory (no read back)."""
-    if isinstance(path, ObjectPath):
-        _upload(path, data)
-        return hashlib.new(CHECKSUM, data).hexdigest()
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            _write_in_halves(f, data)
-        commit(tmp, path, durable)
-    except OSError as e:  # a full disk: the message names the file being written, which the OS does not
-        tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(path)) from None
+    storage(path).write(path, data, durable)
     return hashlib.new(CHECKSUM, data).hexdigest()
 
 
@@ -601,12 +519,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def write_tokens(path: Path | ObjectPath, tokens: np.ndarray) -> None:
-    if isinstance(path, ObjectPath):
-        _upload(path, memoryview(np.ascontiguousarray(tokens)).cast("B"))
-        return
-    tmp = _tmp_name(path)
-    tokens.tofile(tmp)  # no copy of the array in bytes
-    commit(tmp, path)
+    storage(path).write_array(path, tokens)
 
 
 def write_npy(path: Path, array: np.ndarray) -> str:
@@ -615,46 +528,24 @@ def write_npy(path: Path, array: np.ndarray) -> str:
     return write_bytes(path, buf.getvalue())
 
 
-SYNC_FILE_RANGE_WRITE = 2
-
-
-def _sync_file_range():
-    """Linux's sync_file_range: start writing a file's dirty pages back without waiting for them. Advisory
-    (its errors are ignored: the fsync of the commit is what makes a file durable); None elsewhere."""
-    try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError, TypeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return call
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
-
-
 class TokenFileWriter:
-    """Appends token arrays to a temporary file; `close()` commits it under its final name. What is written
-    starts going to disk at once (on Linux), while the checksum is computed and the next tokens gathered,
-    so the fsync of the commit waits for little."""
+    """Appends token arrays to a file that `close()` commits under its final name (locally: a temporary file,
+    whose pages start going to disk at once, while the checksum is computed and the next tokens gathered, so
+    the fsync of the commit waits for little; on a store: the object's upload)."""
 
     def __init__(self, path: Path | ObjectPath, dtype: np.dtype, checksum: bool = True, fault: str = "write:middle"):
         self.path, self.dtype, self.fault = path, np.dtype(dtype), fault  # fault: the point inside each write
-        # on a store: the object's upload, under its final name, which appears when it completes (close)
-        self.remote = isinstance(path, ObjectPath)
-        self.tmp = None if self.remote else _tmp_name(path)
-        self.f = path.open("wb") if self.remote else open(self.tmp, "wb")
+        self.out = storage(path).create(path)
         self.tokens = 0
         self.hash = hashlib.new(CHECKSUM) if checksum else None
 
     def write(self, tokens: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B")  # no copy when it is one
         try:
-            _write_in_halves(self.f, data, self.fault)
+            write_in_halves(self.out.f, data, self.fault)
         except OSError as e:  # a full disk: say which file
             raise OSError(e.errno, e.strerror, str(self.path)) from None
-        if _SYNC_FILE_RANGE is not None and not self.remote:
-            self.f.flush()
-            _SYNC_FILE_RANGE(self.f.fileno(), 0, 0, SYNC_FILE_RANGE_WRITE)
+        self.out.written()
         if self.hash is not None:
             self.hash.update(data)
         self.tokens += len(tokens)
@@ -662,39 +553,16 @@ class TokenFileWriter:
     def close(self, before_commit: Callable[[], None] | None = None) -> str | None:
         """Commit the file; returns its checksum (None without). `before_commit` runs between writing and
         renaming (for a store: before the upload completes)."""
-        if self.remote:
-            if before_commit:
-                before_commit()
-            self.f.close()
-            return self.hash.hexdigest() if self.hash is not None else None
-        try:
-            self.f.flush()
-            os.fsync(self.f.fileno())
-        except OSError as e:  # a full disk shows at the flush too: say which file
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
-        self.f.close()
-        if before_commit:
-            before_commit()
-        publish(self.tmp, self.path)
+        self.out.commit(before_commit)
         return self.hash.hexdigest() if self.hash is not None else None
 
     def abort(self) -> None:
-        if self.remote:
-            abort_upload(self.f)
-            return
-        self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        self.out.abort()
 
 
 def read_tokens(path: Path | ObjectPath, dtype: np.dtype | str) -> np.ndarray:
-    """The file's tokens, memory-mapped read-only. A plain ndarray over the mapping, not an np.memmap: slicing
-    a memmap runs Python code for every slice, which per-document gathers pay for. An object on a store is read
-    whole."""
-    if isinstance(path, ObjectPath):
-        return np.frombuffer(path.read_bytes(), dtype=dtype)
-    if os.path.getsize(path) == 0:
-        return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
+    """The file's tokens, memory-mapped read-only (an object on a store is read whole)."""
+    return storage(path).map(path, dtype)
 
 
 def iter_token_chunks(path: Path, dtype: np.dtype | str, chunk_bytes: int = READ_CHUNK_BYTES):
@@ -709,16 +577,13 @@ def iter_token_chunks(path: Path, dtype: np.dtype | str, chunk_bytes: int = READ
 def open_read(path: Path | ObjectPath | str, buffering: int = -1, fetch: int = READ_BLOCK_BYTES) -> BinaryIO:
     """A file to read: a local one with `buffering`, an object on a store fetched `fetch` bytes per request."""
     path = as_path(path)
-    return path.open("rb", buffering=fetch if isinstance(path, ObjectPath) else buffering)
+    return storage(path).open_read(path, buffering, fetch)
 
 
 def read_array(path: Path | ObjectPath | str, dtype: np.dtype | str, offset: int = 0, count: int = -1) -> np.ndarray:
     """`count` items (-1: all) of a file of `dtype` items from item `offset` on, local or on a store."""
-    path, dtype = as_path(path), np.dtype(dtype)
-    if isinstance(path, ObjectPath):
-        stop = None if count < 0 else (offset + count) * dtype.itemsize
-        return np.frombuffer(path.read_range(offset * dtype.itemsize, stop), dtype=dtype)
-    return np.fromfile(path, dtype=dtype, count=count, offset=offset * dtype.itemsize)
+    path = as_path(path)
+    return storage(path).read_array(path, np.dtype(dtype), offset, count)
 
 
 def file_checksum(path: Path | ObjectPath) -> str:

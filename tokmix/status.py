@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import psutil
 from rich.console import Group
 from rich.progress_bar import ProgressBar
@@ -17,9 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix.errors import TokmixError
+from tokmix.format.records import Index
 from tokmix.lock import flock_holders, read_holder
 from tokmix.recipe import Recipe, recipe_from_dict
-from tokmix.shards import Layout, index_dtype, read_index, tokens_in_shard, unit_file
+from tokmix.shards import Layout, read_index, tokens_in_shard, unit_file
 
 
 @dataclass
@@ -114,15 +116,16 @@ def _json(path: Path) -> dict | None:
         return None
 
 
-def _stream_status(layout: Layout, recipe: Recipe, name: str, index: dict, validated: bool) -> StreamStatus:
+def _stream_status(layout: Layout, recipe: Recipe, name: str, index: Index | None, validated: bool) -> StreamStatus:
     spec, budget = recipe.streams[name], recipe.budget(name)
     folder = layout.stream(name)
     meta = _json(layout.stream_meta(name))
     if meta is not None:
         return StreamStatus(name, spec.domain, budget, meta["tokens"], meta["docs"], len(meta["units"]), True)
     if validated and not folder.exists():  # intermediates removed after validation
-        meta = index.get("mix", {}).get("streams", {}).get(name, {})
-        return StreamStatus(name, spec.domain, budget, meta.get("tokens", budget), meta.get("docs", 0), 0, True)
+        meta = index.mix.streams.get(name) if index is not None and index.mix is not None else None
+        tokens, docs = (meta.tokens, meta.docs) if meta is not None else (budget, 0)
+        return StreamStatus(name, spec.domain, budget, tokens, docs, 0, True)
     tokens = docs = units = 0
     units_dir = layout.units(name)
     for path in units_dir.glob("*.json"):
@@ -146,14 +149,15 @@ def status(out_dir: str | os.PathLike) -> Status:
     """The state of the run in `out_dir`, read from its files."""
     layout = Layout(out_dir)
     recipe = _recorded_recipe(layout)
-    index = read_index(layout.root) if layout.index.exists() else {}
+    index = read_index(layout.root) if layout.index.exists() else None
     done = _json(layout.done) or {}
     validated = done.get("fingerprint") == recipe.fingerprint()
     lock, running = _lock(layout)
-    val = index.get("val", {})
-    holdouts = {d: (val[d]["tokens"] if d in val and layout.val(d).exists() else None) for d in recipe.domains}
+    val = index.val if index is not None else {}
+    holdouts = {d: (val[d].tokens if d in val and layout.val(d).exists() else None) for d in recipe.domains}
     forced = recipe.tokenizer.dtype if recipe.tokenizer.dtype != "auto" else None
-    itemsize = index_dtype(index if "dtype" in index or forced is None else {"dtype": forced}).itemsize
+    recorded = index.dtype if index is not None and index.has("dtype") else None
+    itemsize = np.dtype(recorded or forced or Index.DEFAULTS["dtype"]).itemsize
     plan = recipe.shard_blocks
     error = layout.error
     return Status(

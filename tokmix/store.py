@@ -1,8 +1,10 @@
-"""Output on object storage (s3://, gs://, any fsspec URL): `ObjectPath`, the part of pathlib.Path that tokmix's
-stages use, over an fsspec store, so that workers write units and shards straight to the store. An object store
-has no rename: an object is written under its final, write-once name (it appears whole when its upload
-completes, or not at all), and a small record written after it commits it. The run's lock and its bookkeeping
-stay in a local working directory (`work_dir`): the kernel lock cannot live on a store."""
+"""Where output is stored, chosen once per path by `storage()`: local files (`LOCAL`: written under a temporary
+name and renamed into place, tokmix.format.commit) or an object store (`OBJECTS`: s3://, gs://, any fsspec
+URL, through `ObjectPath`, the part of pathlib.Path that tokmix's stages use, so that workers write units and
+shards straight to the store). An object store has no rename: an object is written under its final,
+write-once name (it appears whole when its upload completes, or not at all), and a small record written after
+it commits it. The run's lock and its bookkeeping stay in a local working directory (`work_dir`): the kernel
+lock cannot live on a store. No other module asks which of the two a path is."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ import os
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 from typing import Any, BinaryIO
+
+import numpy as np
+
+from tokmix.format.commit import commit, publish, start_writeback, tmp_name, write_in_halves
 
 # Bytes an upload buffers before it sends them as one part of a multipart upload (S3 takes parts of 5 MiB to
 # 5 GiB, GCS multiples of 256 KiB): a writer holds at most this much of an object in memory.
@@ -218,3 +224,121 @@ def abort_upload(f: BinaryIO) -> None:
     if discard is not None:
         discard()
     f.closed = True
+
+
+# ---------------------------------------------------------------------------- the two storages, one interface
+class Pending:
+    """A file being written (`f`), visible under its final name only once committed."""
+
+    def __init__(self, path: Path | ObjectPath, f: BinaryIO, tmp: Path | None):
+        self.path, self.f, self.tmp = path, f, tmp
+
+    def written(self) -> None:
+        """Called after each write: a local file's pages start going to disk."""
+        if self.tmp is not None:
+            start_writeback(self.f)
+
+    def commit(self, before_commit=None) -> None:
+        """Make the file visible, whole; `before_commit` runs between writing and renaming (for a store: before
+        the upload completes)."""
+        if self.tmp is None:
+            if before_commit:
+                before_commit()
+            self.f.close()
+            return
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        except OSError as e:  # a full disk shows at the flush too: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+        self.f.close()
+        if before_commit:
+            before_commit()
+        publish(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self.tmp is None:
+            abort_upload(self.f)
+            return
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class LocalFiles:
+    """A local or shared filesystem."""
+
+    remote = False
+
+    def write(self, path: Path, data: bytes | memoryview, durable: bool = True) -> None:
+        tmp = tmp_name(path)
+        try:
+            with open(tmp, "wb") as f:
+                write_in_halves(f, data)
+            commit(tmp, path, durable)
+        except OSError as e:  # a full disk: the message names the file being written, which the OS does not
+            tmp.unlink(missing_ok=True)
+            raise OSError(e.errno, e.strerror, str(path)) from None
+
+    def write_array(self, path: Path, array: np.ndarray) -> None:
+        tmp = tmp_name(path)
+        array.tofile(tmp)  # no copy of the array in bytes
+        commit(tmp, path)
+
+    def create(self, path: Path) -> Pending:
+        tmp = tmp_name(path)
+        return Pending(path, open(tmp, "wb"), tmp)
+
+    def map(self, path: Path, dtype: np.dtype | str) -> np.ndarray:
+        """The file's items, memory-mapped read-only: a plain ndarray over the mapping, not an np.memmap (slicing a
+        memmap runs Python code for every slice, which per-document gathers pay for)."""
+        if os.path.getsize(path) == 0:
+            return np.empty(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
+
+    def open_read(self, path: Path, buffering: int, fetch: int) -> BinaryIO:
+        return path.open("rb", buffering=buffering)
+
+    def read_array(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+        return np.fromfile(path, dtype=dtype, count=count, offset=offset * dtype.itemsize)
+
+
+class ObjectStore:
+    """An fsspec object store, through ObjectPath."""
+
+    remote = True
+
+    def write(self, path: ObjectPath, data: bytes | memoryview, durable: bool = True) -> None:
+        """One object, whole or not at all: its upload completes at close (an error or a kill on the way leaves
+        no object under its name)."""
+        f = path.open("wb")
+        try:
+            write_in_halves(f, data)
+        except BaseException:
+            abort_upload(f)
+            raise
+        f.close()
+
+    def write_array(self, path: ObjectPath, array: np.ndarray) -> None:
+        self.write(path, memoryview(np.ascontiguousarray(array)).cast("B"))
+
+    def create(self, path: ObjectPath) -> Pending:
+        return Pending(path, path.open("wb"), None)  # the object's upload, under its final name
+
+    def map(self, path: ObjectPath, dtype: np.dtype | str) -> np.ndarray:
+        """An object is read whole."""
+        return np.frombuffer(path.read_bytes(), dtype=dtype)
+
+    def open_read(self, path: ObjectPath, buffering: int, fetch: int) -> BinaryIO:
+        return path.open("rb", buffering=fetch)
+
+    def read_array(self, path: ObjectPath, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+        stop = None if count < 0 else (offset + count) * dtype.itemsize
+        return np.frombuffer(path.read_range(offset * dtype.itemsize, stop), dtype=dtype)
+
+
+LOCAL, OBJECTS = LocalFiles(), ObjectStore()
+
+
+def storage(path: str | os.PathLike | ObjectPath) -> LocalFiles | ObjectStore:
+    """Where `path` is stored: the one place that asks."""
+    return OBJECTS if isinstance(as_path(path), ObjectPath) else LOCAL

@@ -110,7 +110,7 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
                 int(record["tokens"])))
         traced.append(TracedBlock(j, k, loader.files[k].name, j - int(loader.first_block[k]), first, documents))
     if text:
-        fields = loader.index["provenance"]["text_fields"]
+        fields = loader.index.provenance.text_fields
         for block in traced:
             for doc in block.documents:
                 source = Source(doc.stream, doc.pass_no, doc.kind, doc.file)

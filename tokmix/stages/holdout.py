@@ -17,6 +17,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
+from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
 from tokmix.shards import (
@@ -26,7 +27,6 @@ from tokmix.shards import (
     file_checksum,
     read_json,
     write_bytes,
-    write_json,
     write_npy,
     write_record,
     write_tokens,
@@ -50,19 +50,19 @@ def record_path(ctx: Context, domain: str) -> Path:
     return ctx.layout.holdout_state(domain, "record")
 
 
-def holdout_damage(ctx: Context, domain: str, entry: dict) -> str | None:
+def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None:
     """Why a committed holdout cannot be used, or None: its val file, hashes and lengths must be the bytes whose
     checksums were recorded (index.json, the domain's record)."""
     val = ctx.layout.val(domain)
     if not val.exists():
         return f"{val.name} is missing"
-    if file_checksum(val) != entry.get("checksum"):
+    if file_checksum(val) != entry.checksum:
         return f"sha256 of {val.name} differs from index.json"
     if ctx.recipe.layout.provenance:
         docs = ctx.layout.docs(val)
         if not docs.exists():
             return f"{docs.name} is missing"
-        if file_checksum(docs) != entry.get("provenance", {}).get("checksum"):
+        if file_checksum(docs) != (entry.provenance.checksum if entry.provenance is not None else None):
             return f"sha256 of {docs.name} differs from index.json"
     try:
         record = read_json(record_path(ctx, domain), sealed=True)
@@ -227,15 +227,15 @@ def write_holdout_documents(ctx: Context, domain: str, taken: list[tuple], token
             "checksum": write_bytes(path, records.tobytes()), "sources": sources}
 
 
-def run_holdout(ctx: Context) -> dict:
+def run_holdout(ctx: Context) -> dict[str, HoldoutEntry]:
     """Build every domain's holdout that is not on disk yet; returns the index's `val` entry."""
     layout = ctx.layout
     try:
-        index = layout.read_index()
+        index = layout.read_index() or Index.from_json({})
     except DamagedFile as e:  # what it holds of the holdouts is remade; the rest is written at the end of the run
         ctx.log(f"{e.path}: damaged ({e.why}); remade")
-        index = {}
-    val = index.get("val", {})
+        index = Index.from_json({})
+    val = dict(index.val)
     todo = []
     for d in ctx.recipe.domains:
         why = holdout_damage(ctx, d, val[d]) if d in val else "not made yet"
@@ -258,14 +258,14 @@ def run_holdout(ctx: Context) -> dict:
                 if ahead not in reads:
                     reads[ahead] = _read_domain(ctx, encoder, pool, ahead)
             t0 = time.perf_counter()
-            val[domain] = entry = build_domain(ctx, domain, reads.pop(domain), byte_len)
+            val[domain] = entry = HoldoutEntry.from_json(build_domain(ctx, domain, reads.pop(domain), byte_len))
             fault_point("holdout:after-write")
-            index["val"] = val
-            write_json(layout.index, index)
+            index = index.replace(val=val)
+            layout.write_index(index)
             fault_point("holdout:after-index")
             ctx.log(
-                f"holdout {domain}: {entry['tokens']:,} tokens, {entry['docs']:,} docs, {entry['bytes']:,} bytes "
-                f"({entry['bytes'] / entry['targets']:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
+                f"holdout {domain}: {entry.tokens:,} tokens, {entry.docs:,} docs, {entry.bytes:,} bytes "
+                f"({entry.bytes / entry.targets:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
             )
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # after an error: the queued reads are dropped

@@ -31,7 +31,7 @@ from tokmix.shards import (
     write_record,
 )
 from tokmix.stages import cached
-from tokmix.store import ObjectPath, as_path
+from tokmix.store import ObjectPath, as_path, storage
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 
@@ -57,7 +57,7 @@ def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, s
     token, lengths or places file is missing or not the bytes the record's checksums were taken of. One read of
     each local file per process while they are unchanged (a repeat unit's check after the coordinator's costs
     nothing); a unit on an object store is read each time."""
-    if isinstance(directory, ObjectPath):
+    if storage(directory).remote:  # no stamps to trust: another host may have written it since
         return _check(directory, name)
     stamps = tuple(_stamp(unit_file(directory, name, part)) for part in ("json", "tok", "len", "src"))
     return cached(("unit check", str(directory), name, stamps), lambda: _check(directory, name))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix import identity
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
@@ -551,11 +552,6 @@ def run_streams(ctx: Context) -> dict[str, dict]:
     todo = [name for name, meta in metas.items() if meta is None]
     if todo:
         # units are numbered by how files were cut: a resume keeps the cut the run started with
-        cut = ctx.layout.unit_bytes
-        recorded = read_json(cut, sealed=True)  # sealed: a truncated number is still a number
-        if recorded is not None:
-            ctx.unit_bytes = recorded["unit_bytes"]
-        else:
-            write_record(cut, {"unit_bytes": ctx.unit_bytes})
+        ctx.unit_bytes = identity.pinned(ctx.layout, "unit size", ctx.unit_bytes)
         metas.update(tokenize_streams(ctx, ctx.pool, todo))
     return metas

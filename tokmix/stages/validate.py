@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix.format.records import Index, TokenFileEntry
 from tokmix.provenance import DOC_DTYPE
 from tokmix.shards import (
     CHECKSUM,
@@ -24,6 +25,7 @@ from tokmix.shards import (
     fingerprints_path,
     open_read,
     read_array,
+    read_index_file,
     read_json,
     tokens_in_shard,
 )
@@ -52,22 +54,22 @@ def _scan(path: Path | ObjectPath, dtype: np.dtype, marker: int | None = None) -
             "marks": np.concatenate(marks) if marks else np.empty(0, np.int64)}
 
 
-def _starts_a_document(name: str, first: int | None, index: dict) -> list[str]:
+def _starts_a_document(name: str, first: int | None, index: Index) -> list[str]:
     """A file that begins with a document begins with the doc_prefix's first token (nothing to check without one:
     a document's text comes first), named as the recipe names it."""
     delimiters = Delimiters.from_index(index)
     if delimiters.prefix and first != delimiters.prefix[0]:
-        token = (index.get("delimiter_tokens") or {"prefix": [EOT_TOKEN]})["prefix"][0]
+        token = (index.delimiter_tokens or {"prefix": [EOT_TOKEN]})["prefix"][0]
         return [f"{name}: does not start with {token}"]
     return []
 
 
-def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None,
+def _check_shards(root: Path, index: Index, dtype: np.dtype, vocab: int | None,
                   expected: dict[str, str] | None) -> list[str]:
     problems, previous_last = [], None
-    seq_len = index["seq_len"]
-    for k, shard in enumerate(index.get("shards", [])):
-        name, path = shard["file"], root / shard["file"]
+    seq_len = index.seq_len
+    for k, shard in enumerate(index.shards):
+        name, path = shard.file, root / shard.file
         if not path.exists():
             problems.append(f"{name}: missing")
             previous_last = None
@@ -77,17 +79,17 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None,
             previous_last = None  # unknown: the next shard's first token cannot be judged against it
             continue
         got = _scan(path, dtype, _marker(index, shard))
-        want = tokens_in_shard(shard["blocks"], seq_len)
-        if got["tokens"] != want or shard["tokens"] != want:
-            problems.append(f"{name}: {got['tokens']:,} tokens, expected {want:,} ({shard['blocks']:,} blocks)")
+        want = tokens_in_shard(shard.blocks, seq_len)
+        if got["tokens"] != want or shard.tokens != want:
+            problems.append(f"{name}: {got['tokens']:,} tokens, expected {want:,} ({shard.blocks:,} blocks)")
         if vocab is not None and got["max"] >= vocab:
             problems.append(f"{name}: token id {got['max']} out of range (vocabulary {vocab:,})")
-        if "checksum" in shard and got["checksum"] != shard["checksum"]:
+        if shard.checksum is not None and got["checksum"] != shard.checksum:
             problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)"
                             + _where(root, name, dtype, seq_len))
         # the bytes against index.json just above; index.json's checksum (the bytes' without one) against the
         # digest derived from the units: a shard edited together with its record and index.json shows here
-        if expected is not None and shard.get("checksum", got["checksum"]) != expected.get(name):
+        if expected is not None and (shard.checksum or got["checksum"]) != expected.get(name):
             problems.append(f"{name}: not what the committed units and the seed produce ({CHECKSUM} differs from "
                             f"the one derived from them, {STATE_DIR}/{EXPECTED_NAME})"
                             + _where(root, name, dtype, seq_len))
@@ -96,12 +98,12 @@ def _check_shards(root: Path, index: dict, dtype: np.dtype, vocab: int | None,
         if previous_last is not None and got["first"] != previous_last:
             problems.append(f"{name}: first token {got['first']} does not repeat the previous shard's last "
                             f"token {previous_last}")
-        counted = sum(shard.get("tokens_by_stream", {}).values())
+        counted = sum(shard.tokens_by_stream.values())
         if counted != want - (k > 0):
             problems.append(f"{name}: tokens_by_stream sums to {counted:,}, expected {want - (k > 0):,}")
         if got["tokens"] == want:  # (a shard of the wrong size is named above: its index cannot be judged)
-            problems += _check_documents(root, shard, got, index, len(index["provenance"]["sources"])
-                                         if "provenance" in shard else 0)
+            problems += _check_documents(root, shard, got, index, len(index.provenance.sources)
+                                         if shard.provenance is not None else 0)
         previous_last = got["last"]
     return problems
 
@@ -124,55 +126,55 @@ def _where(root: Path, name: str, dtype: np.dtype, seq_len: int) -> str:
     return ": " + ", ".join(blocks) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
-def _check_holdouts(root: Path, index: dict, dtype: np.dtype, vocab: int | None) -> list[str]:
+def _check_holdouts(root: Path, index: Index, dtype: np.dtype, vocab: int | None) -> list[str]:
     problems = []
-    for domain, entry in index.get("val", {}).items():
-        path = root / entry["file"]
+    for domain, entry in index.val.items():
+        path = root / entry.file
         if not path.exists():
-            problems.append(f"{entry['file']}: missing (holdout {domain})")
+            problems.append(f"{entry.file}: missing (holdout {domain})")
             continue
         got = _scan(path, dtype, _marker(index, entry))
-        if got["tokens"] != entry["tokens"]:
-            problems.append(f"{entry['file']}: {got['tokens']:,} tokens, index.json says {entry['tokens']:,}")
+        if got["tokens"] != entry.tokens:
+            problems.append(f"{entry.file}: {got['tokens']:,} tokens, index.json says {entry.tokens:,}")
         if vocab is not None and got["max"] >= vocab:
-            problems.append(f"{entry['file']}: token id {got['max']} out of range (vocabulary {vocab:,})")
-        if "checksum" in entry and got["checksum"] != entry["checksum"]:
-            problems.append(f"{entry['file']}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
-        problems += _starts_a_document(entry["file"], got["first"], index)
-        if got["tokens"] == entry["tokens"]:
+            problems.append(f"{entry.file}: token id {got['max']} out of range (vocabulary {vocab:,})")
+        if entry.checksum is not None and got["checksum"] != entry.checksum:
+            problems.append(f"{entry.file}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
+        problems += _starts_a_document(entry.file, got["first"], index)
+        if got["tokens"] == entry.tokens:
             problems += _check_documents(root, entry, got, index,
-                                         len(entry.get("provenance", {}).get("sources", [])))
+                                         len(entry.provenance.sources or []) if entry.provenance else 0)
     return problems
 
 
 # ---------------------------------------------------------------------------- the provenance index
-def _marker(index: dict, entry: dict) -> int | None:
+def _marker(index: Index, entry: TokenFileEntry) -> int | None:
     """The id whose places validate compares with the token file's provenance index, when it has one."""
-    return Delimiters.from_index(index).marker if "provenance" in entry else None
+    return Delimiters.from_index(index).marker if entry.provenance is not None else None
 
 
-def _check_documents(root: Path, entry: dict, scanned: dict, index: dict, sources: int) -> list[str]:
+def _check_documents(root: Path, entry: TokenFileEntry, scanned: dict, index: Index, sources: int) -> list[str]:
     """A token file's provenance index against its record (checksum, size), its sources table and the file:
     its documents hold the file's tokens, and they start where the delimiters say documents start (a
     doc_prefix's first token at a start, a doc_suffix's last just before one)."""
-    docs = entry.get("provenance")
+    docs = entry.provenance
     if docs is None:
         return []
-    name, path = docs["file"], root / docs["file"]
+    name, path = docs.file, root / docs.file
     if not path.exists():
-        return [f"{name}: missing (the provenance index of {entry['file']})"]
+        return [f"{name}: missing (the provenance index of {entry.file})"]
     data = path.read_bytes()
     problems = []
-    if hashlib.new(CHECKSUM, data).hexdigest() != docs.get("checksum"):
+    if hashlib.new(CHECKSUM, data).hexdigest() != docs.checksum:
         problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
-    if len(data) % DOC_DTYPE.itemsize or len(data) // DOC_DTYPE.itemsize != docs.get("documents"):
-        return problems + [f"{name}: {len(data):,} bytes, index.json records {docs.get('documents'):,} documents "
+    if len(data) % DOC_DTYPE.itemsize or len(data) // DOC_DTYPE.itemsize != docs.documents:
+        return problems + [f"{name}: {len(data):,} bytes, index.json records {docs.documents:,} documents "
                            f"of {DOC_DTYPE.itemsize} bytes"]
     records = np.frombuffer(data, dtype=DOC_DTYPE)
     ends = np.cumsum(records["tokens"], dtype=np.int64)
     if not len(ends) or int(ends[-1]) != scanned["tokens"]:
         return problems + [f"{name}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
-                           f"{entry['file']} {scanned['tokens']:,}"]
+                           f"{entry.file} {scanned['tokens']:,}"]
     if len(records) and int(records["source"].max()) >= sources:
         bad = int(np.argmax(records["source"] >= sources))
         problems.append(f"{name}: document {bad} names source {int(records['source'][bad])}, the table has {sources}")
@@ -185,29 +187,29 @@ def _check_documents(root: Path, entry: dict, scanned: dict, index: dict, source
         differ = np.flatnonzero(found[:n] != starts[:n])
         at = int(min(found[differ[0]], starts[differ[0]]) if len(differ) else
                  found[n] if len(found) > n else starts[n])
-        problems.append(f"{name}: its documents do not start where {entry['file']}'s delimiters do "
+        problems.append(f"{name}: its documents do not start where {entry.file}'s delimiters do "
                         f"(first at token {at:,})")
     return problems
 
 
-def _check_shares(index: dict) -> list[str]:
-    total = index.get("total", {})
+def _check_shares(index: Index) -> list[str]:
+    total = index.total
     problems = []
     by_stream = {}
-    for shard in index.get("shards", []):
-        for name, n in shard.get("tokens_by_stream", {}).items():
+    for shard in index.shards:
+        for name, n in shard.tokens_by_stream.items():
             by_stream[name] = by_stream.get(name, 0) + n
-    if by_stream != total.get("tokens_by_stream", by_stream):
+    if total is not None and total.has("tokens_by_stream") and by_stream != total.tokens_by_stream:
         problems.append("index.json: total.tokens_by_stream does not equal the sum over shards")
-    if sum(by_stream.values()) != index["blocks"] * index["seq_len"] + 1:
+    if sum(by_stream.values()) != index.blocks * index.seq_len + 1:
         problems.append("index.json: shards hold a different number of tokens than blocks x seq_len + 1")
     return problems
 
 
-def share_warnings(index: dict) -> list[str]:
+def share_warnings(index: Index) -> list[str]:
     """Streams whose realized share is off its target by more than SHARE_WARNING (a warning, not an error)."""
-    realized = index.get("total", {}).get("share_by_stream", {})
-    targets = index.get("mix", {}).get("target_share_by_stream", {})
+    realized = index.total.share_by_stream if index.total is not None else {}
+    targets = index.mix.target_share_by_stream if index.mix is not None else {}
     return [f"stream {n}: realized share {realized[n]:.4f} vs target {t:.4f}"
             for n, t in targets.items() if n in realized and abs(realized[n] - t) > SHARE_WARNING]
 
@@ -220,21 +222,21 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
     store's run keeps them in its local state folder)."""
     root = as_path(out_dir)
     try:
-        index = read_json(index_path or Layout(root).index) or {}
+        index = read_index_file(index_path or Layout(root).index)
     except DamagedFile as e:
         return [f"{e.path}: not valid JSON (truncated or overwritten: run the same command again to remake it)"]
-    if not index.get("shards"):
+    if index is None or not index.shards:
         return [f"{root}: no index.json with shards (the run has not finished assembling)"]
-    dtype = np.dtype(index["dtype"])
-    vocab = vocab_size or index.get("vocab_size")
+    dtype = np.dtype(index.dtype)
+    vocab = vocab_size or index.vocab_size
     expected, problems = _expected(expected_path or Layout(root).expected, index)
     return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
             + _check_shares(index) + _check_balance(index) + _check_phases(index))
 
 
-def _check_balance(index: dict) -> list[str]:
+def _check_balance(index: Index) -> list[str]:
     """A balanced run's recorded deviations are within its bound (docs/format.md, the balanced interleave)."""
-    balance = index.get("mix", {}).get("balance")
+    balance = index.mix.balance if index.mix is not None else None
     if balance is None:
         return []
     bound = balance["bound_tokens"]
@@ -243,16 +245,16 @@ def _check_balance(index: dict) -> list[str]:
             for n, v in balance[key].items() if v > bound]
 
 
-def _check_phases(index: dict) -> list[str]:
+def _check_phases(index: Index) -> list[str]:
     """A schedule's phases: they follow each other over the run's steps, blocks and shards, every shard is
     one phase's (its phase and seq_len recorded), and each phase's realized tokens per stream are within its
     two ends' bound of its target."""
-    phases = index.get("phases")
+    phases = index.phases
     if not phases:
         return []
-    problems, shards = [], index["shards"]
+    problems, shards = [], index.shards
     ends = {"steps": 0, "blocks": 0, "shards": 0}
-    bound = index.get("mix", {}).get("balance", {}).get("bound_tokens", 0)
+    bound = ((index.mix.balance if index.mix is not None else None) or {}).get("bound_tokens", 0)
     for phase in phases:
         name = phase["name"]
         for key in ends:
@@ -261,27 +263,27 @@ def _check_phases(index: dict) -> list[str]:
                                 f"previous phase's end ({ends[key]:,})")
             ends[key] = phase[key][1]
         first, end = phase["shards"]
-        held = sum(int(s["blocks"]) for s in shards[first:end])
+        held = sum(int(s.blocks) for s in shards[first:end])
         if held != phase["blocks"][1] - phase["blocks"][0]:
             problems.append(f"index.json: phase {name}'s shards hold {held:,} blocks, the phase "
                             f"{phase['blocks'][1] - phase['blocks'][0]:,}")
         for shard in shards[first:end]:
-            if shard.get("phase") != name or shard.get("seq_len") != phase["seq_len"]:
-                problems.append(f"{shard['file']}: recorded in phase {shard.get('phase')} with seq_len "
-                                f"{shard.get('seq_len')}, index.json's phases put it in {name} ({phase['seq_len']})")
+            if shard.phase != name or shard.seq_len != phase["seq_len"]:
+                problems.append(f"{shard.file}: recorded in phase {shard.phase} with seq_len "
+                                f"{shard.seq_len}, index.json's phases put it in {name} ({phase['seq_len']})")
         for n, target in phase["target_tokens_by_stream"].items():
             if abs(phase["tokens_by_stream"][n] - target) > 2 * bound:
                 problems.append(f"index.json: phase {name}: stream {n} has {phase['tokens_by_stream'][n]:,} tokens, "
                                 f"its target {target:,.0f} (more than twice the longest document apart)")
-    if ends["steps"] != index["train_steps"] or ends["blocks"] != index["blocks"] or ends["shards"] != len(shards):
+    if ends["steps"] != index.train_steps or ends["blocks"] != index.blocks or ends["shards"] != len(shards):
         problems.append("index.json: the phases do not cover the run's steps, blocks and shards")
-    realized = {n: sum(p["tokens_by_stream"][n] for p in phases) for n in index["total"]["tokens_by_stream"]}
-    if realized != index["total"]["tokens_by_stream"]:
+    realized = {n: sum(p["tokens_by_stream"][n] for p in phases) for n in index.total.tokens_by_stream}
+    if realized != index.total.tokens_by_stream:
         problems.append("index.json: the phases' tokens by stream do not sum to the run's")
     return problems
 
 
-def _expected(path: Path | ObjectPath, index: dict) -> tuple[dict[str, str] | None, list[str]]:
+def _expected(path: Path | ObjectPath, index: Index) -> tuple[dict[str, str] | None, list[str]]:
     """The shards' sha256 as the run's validate stage derived them from the units and the seed (None for a run
     that kept none: one before tokmix kept them), and what is wrong with that record itself."""
     try:
@@ -290,8 +292,8 @@ def _expected(path: Path | ObjectPath, index: dict) -> tuple[dict[str, str] | No
         return None, [f"{path}: damaged ({e.why}): the shards cannot be checked against the units they were made of"]
     if kept is None:
         return None, []
-    if kept["seed"] != index.get("seed") or len(kept["shards"]) != len(index["shards"]):
-        return kept["shards"], [f"index.json: seed {index.get('seed')} and {len(index['shards'])} shard(s), but the "
+    if kept["seed"] != index.seed or len(kept["shards"]) != len(index.shards):
+        return kept["shards"], [f"index.json: seed {index.seed} and {len(index.shards)} shard(s), but the "
                                 f"shards were derived with seed {kept['seed']} and {len(kept['shards'])} shard(s) "
                                 f"({STATE_DIR}/{EXPECTED_NAME})"]
     return kept["shards"], []

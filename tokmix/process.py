@@ -1,0 +1,42 @@
+"""What the supervisor (tokmix.runner) and the stage process it starts (tokmix.pipeline) share, below both so
+that neither imports the other: the run's options, the exit code of a stage process that failed, the log line
+and the SIGTERM handler."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from tokmix.shards import UNIT_BYTES
+
+ERROR_EXIT_CODE = 2
+
+
+@dataclass
+class RunOptions:
+    """How to run; none of it changes the output bytes."""
+
+    workers: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    max_memory: int = 1 << 30
+    keep_streams: bool = False
+    mirrors: list[str] = field(default_factory=list)
+    executor: str = "local"  # local | ray
+    ray_address: str | None = None  # a running Ray cluster; without it --executor ray starts a local instance
+    debug: bool = False
+    # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
+    unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
+    log_seconds: float = 10.0  # without a terminal: a progress line per stream this often
+    # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;
+    # under the Python API the supervisor is the caller's process, whose memory is not the run's
+    guard_counts_supervisor: bool = False
+    store: str | None = None  # the output is this store's URL; the run's state is in its local working folder
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does (committed work is kept)."""
+    raise KeyboardInterrupt
