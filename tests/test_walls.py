@@ -50,6 +50,7 @@ def members(prefix: str) -> list[str]:
 ONLY = {
     "tokmix.errors": set(),
     "tokmix.text": set(),
+    "tokmix.ngrams": set(),
     "tokmix.store": {"tokmix.errors", "tokmix.format.commit"},
     "tokmix.faults": set(),
     "tokmix.format": set(),

@@ -20,7 +20,8 @@ from tokmix.stages.passes import passes_used
 
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int],
-                provenance: dict | None = None, balance: dict | None = None) -> Index:
+                provenance: dict | None = None, balance: dict | None = None,
+                benchmarks: dict | None = None) -> Index:
     """index.json as the reference writes it, plus what tokmix adds (its format version, the tokenizer's checksum,
     tokmix's version, vocab size, shard checksums, decontamination, provenance): from the holdout stage's `val`
     entries, the streams stage's records (`metas`), the assemble stage's shard records and documents `used` of
@@ -31,6 +32,10 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
     total = sum(by_stream.values())
     by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
     summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
+    for n in names:  # what the benchmarks took from the stream; where, in contamination.json
+        if "benchmark_contamination" in metas[n]:
+            summary[n]["benchmark_contamination"] = {k: v for k, v in metas[n]["benchmark_contamination"].items()
+                                                     if k != "places"}
     return Index(
         format_version=FORMAT_VERSION,
         tokenizer=ctx.tokenizer_path,
@@ -86,6 +91,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         },
         val={d: e if isinstance(e, HoldoutEntry) else HoldoutEntry.from_json(e) for d, e in val.items()},
         provenance=Provenance.from_json(provenance) if provenance is not None else None,
+        benchmark_decontamination=benchmarks,
     )
 
 

@@ -44,6 +44,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
+from tokmix.stages.decontam import build_set, prepare_set, write_contamination
 from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
@@ -327,6 +328,9 @@ def run_pipeline(ctx: Context, timings: Timings) -> Index:
         drop_cached()
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
+    if ctx.recipe.decontaminate is not None:  # built in a process of its own: its arrays leave with it
+        ctx.benchmarks = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
+                                     build=lambda *args: in_fresh_process(build_set, *args))
     metas = run_streams(ctx)
     drop_cached()
     timings.add("streams", time.perf_counter() - t0)
@@ -334,7 +338,8 @@ def run_pipeline(ctx: Context, timings: Timings) -> Index:
     shards, used = run_assemble(ctx, metas)
     provenance = provenance_entry(ctx) if ctx.recipe.layout.provenance else None
     balance = balance_entry(ctx, metas)
-    index = build_index(ctx, val, metas, shards, used, provenance, balance)
+    benchmarks = write_contamination(ctx.layout, ctx.benchmarks, metas) if ctx.benchmarks is not None else None
+    index = build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks)
     fault_point("assemble:before-index")
     ctx.layout.write_index(index)
     timings.add("assemble", time.perf_counter() - t0)
@@ -348,7 +353,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> Index:
             (ctx.layout.root / name).unlink()
             ctx.layout.shard_record(name).unlink(missing_ok=True)
         shards, used = run_assemble(ctx, metas)
-        index = build_index(ctx, val, metas, shards, used, provenance, balance)
+        index = build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks)
         ctx.layout.write_index(index)
     problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)
     timings.add("validate", time.perf_counter() - t0)

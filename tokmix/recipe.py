@@ -229,6 +229,29 @@ class Phase:
         return [ramp * (a + b) / 2 + rest * b for a, b in zip(self.previous, self.shares)]
 
 
+class BenchmarkSpec(_Strict):
+    files: list[str] = Field(min_length=1)  # local paths, globs or fsspec URLs: JSONL (.gz, .zst), parquet, text
+    fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1)  # joined, in this order
+    id_field: str | None = None  # the item's own id (HumanEval's task_id); without it, its index
+
+
+class DecontaminateSpec(_Strict):
+    """[decontaminate]: training documents sharing `min_matches` word n-grams with a benchmark item dropped
+    (or only counted) before tokenization (tokmix.stages.decontam)."""
+
+    ngram: int = Field(default=13, ge=1, le=64)  # words, after normalization (tokmix.ngrams)
+    min_matches: int = Field(default=1, ge=1)  # distinct n-grams a document shares with one item
+    action: Literal["drop", "report"] = "drop"
+    benchmarks: dict[str, BenchmarkSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> DecontaminateSpec:
+        for name in self.benchmarks:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"benchmark name {name!r}: use letters, digits, '_' and '-' only")
+        return self
+
+
 class Recipe(_Strict):
     seed: int = Field(ge=0, lt=1 << 64)  # numpy's default_rng takes a non-negative seed; the reference's are 64-bit
     tokenizer: TokenizerSpec
@@ -237,6 +260,7 @@ class Recipe(_Strict):
     streams: dict[str, StreamSpec] = Field(min_length=1)
     # phases in step order, each with its own shares, instead of the streams' share (docs/recipe.md)
     schedule: list[PhaseSpec] = Field(default_factory=list)
+    decontaminate: DecontaminateSpec | None = None
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
@@ -416,6 +440,11 @@ class Recipe(_Strict):
             del data["layout"]["provenance"]  # likewise; off, a resume that would turn it on is refused (no .src)
         if not data["schedule"]:
             del data["schedule"]  # absent before schedules existed: fingerprints of recipes without one stay
+        if self.decontaminate is None:
+            del data["decontaminate"]  # absent before the key existed: those runs' fingerprints stay
+        else:
+            for name, bench in data["decontaminate"]["benchmarks"].items():
+                bench["files"] = [self.resolve(f) for f in self.decontaminate.benchmarks[name].files]
         for name, stream in data["streams"].items():
             if stream["share"] is None:
                 del stream["share"]

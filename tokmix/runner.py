@@ -58,7 +58,7 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     split file lives beside the recipe and is kept)."""
     shards = len(recipe.shard_blocks)
     paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched,
-                             recipe.layout.provenance)
+                             recipe.layout.provenance, recipe.decontaminate is not None)
     taken = layout.not_created(paths)
     if taken:
         how = "write there" if taken[0].is_dir() else "overwrite it"

@@ -36,6 +36,7 @@ from tokmix.store import READ_BLOCK_BYTES, ObjectPath, as_path, storage
 
 EOT_TOKEN = "<|endoftext|>"
 INDEX_NAME = "index.json"
+CONTAMINATION_NAME = "contamination.json"  # beside index.json: the benchmark items found and where (sealed)
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 UNITS_DIR = "units"
@@ -241,6 +242,8 @@ class Layout:
     writers = _In("state", WRITERS_NAME)  # every writing task holds it shared (tokmix.lock)
     # every shard's sha256 as derived from the committed units and the seed (tokmix.stages.expected)
     expected = _In("state", EXPECTED_NAME)
+    benchmark_set = _In("state", "benchmarks")  # the benchmarks' n-grams, built once (tokmix.stages.decontam)
+    contamination = _In("root", CONTAMINATION_NAME)
 
     def holdout_state(self, domain: str, kind: str) -> Path:
         """What the holdout stage keeps of a domain: its documents' "hashes" and "lengths" (characters), and the
@@ -280,10 +283,11 @@ class Layout:
 
     # ------------------------------------------------------------------ what the run creates, and the record
     def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool,
-                  provenance: bool = True) -> list[Path]:
+                  provenance: bool = True, decontaminates: bool = False) -> list[Path]:
         """Every path a run of these domains, streams and shards creates, the state folder's content aside."""
         paths = [self.published_index, *map(self.val, domains), *map(self.train, range(shards))]
         paths += [self.docs(p) for p in paths[1:]] if provenance else []
+        paths += [self.contamination] if decontaminates else []
         paths += [self.root / TOKENIZER_NAME] if trains_tokenizer else []
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
         return paths

@@ -161,6 +161,8 @@ class StreamSummary(Record):
     passes: int = 1
     pass_tokens: int | None = None  # only with more than one pass
     pass_docs: int | None = None
+    # with [decontaminate]: documents and tokens the benchmarks took, per benchmark (docs/format.md)
+    benchmark_contamination: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ class Index(Record):
     throughput: dict[str, Any] | None = None
     val: dict[str, HoldoutEntry] = field(default_factory=dict, metadata=_many(HoldoutEntry, dict))
     provenance: Provenance | None = field(default=None, metadata=_one(Provenance))
+    # with [decontaminate]: the benchmarks, what they took per stream, and contamination.json (docs/format.md)
+    benchmark_decontamination: dict[str, Any] | None = None
 
     @property
     def stream_names(self) -> list[str]:
@@ -268,6 +272,8 @@ class UnitRecord(Record):
     len_sha256: str | None = None
     src_sha256: str | None = None
     lines: list[int] | None = None
+    # with [decontaminate]: [kept documents before it, piece, place, tokens, items...] per contaminated document
+    contaminated: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ class StreamRecord(Record):
     passes: int = 1
     pass_tokens: int | None = None
     pass_docs: int | None = None
+    benchmark_contamination: dict[str, Any] | None = None  # with [decontaminate], its places too
     units: list[dict[str, Any]] = field(default_factory=list)
     last_unit_docs: int = 0
 

@@ -68,6 +68,7 @@ class Context:
     token_bytes: np.ndarray | None = None
     delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
     writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
+    benchmarks: dict | None = None  # the record of the run's benchmark n-grams ([decontaminate])
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

@@ -39,6 +39,7 @@ from tokmix.shards import (
 )
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
+from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
@@ -64,6 +65,8 @@ class UnitTask:
     delimiters: Delimiters = REFERENCE_DELIMITERS
     provenance: bool = False  # write the unit's documents' places and text checksums (NNNNNN.src)
     writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
+    benchmarks: str | None = None  # the run's benchmark n-grams ([decontaminate], tokmix.stages.decontam)
+    drop_contaminated: bool = True  # action "drop"; False: "report" (kept and counted)
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -149,6 +152,32 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
     return size
 
 
+def _decontaminate(bench, batch: list, where: list, kept: int, contaminated: list, task: UnitTask,
+                   encoder) -> tuple[list, list]:
+    """Record the batch's documents that a benchmark item contaminates ([kept documents before it, piece,
+    place, tokens, items...]); with action "drop" they leave the batch (their tokens counted by encoding them
+    alone), with "report" they stay (their tokens filled in once the unit is encoded: -1 until then)."""
+    items = bench.contaminating(batch)
+    hits = [i for i, found in enumerate(items) if found]
+    if not hits:
+        return batch, where
+    before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
+    for i in hits:
+        piece, place = where[i] if where else (0, 0)
+        tokens = _document_tokens(encoder, batch[i], task.delimiters) if task.drop_contaminated else -1
+        contaminated.append([kept + int(before[i]), piece, place, tokens, *items[i]])
+    if not task.drop_contaminated:
+        return batch, where
+    keep = [i for i in range(len(batch)) if not items[i]]
+    return [batch[i] for i in keep], [where[i] for i in keep] if where else where
+
+
+def _document_tokens(encoder, text, delimiters: Delimiters) -> int:
+    """The tokens a document would have had in the stream, delimiters included."""
+    pieces = text.pieces() if isinstance(text, HugeText) else [text]
+    return delimiters.per_document + sum(int(encoder.encode_batch([piece])[1].sum()) for piece in pieces)
+
+
 def tokenize_unit(task: UnitTask) -> dict:
     """Tokenize one unit and commit it, while its run holds the directory; returns its record."""
     with writing(task.writer):
@@ -166,7 +195,9 @@ def _tokenize_unit(task: UnitTask) -> dict:
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
     extra = delimiters.per_document
-    places, found = (Places(), deque()) if task.provenance else (None, None)
+    bench = benchmark_set(task.benchmarks) if task.benchmarks else None
+    places, found = (Places(), deque()) if task.provenance or bench else (None, None)
+    contaminated: list[list] = []  # [kept documents before it, piece, place, tokens, items...] of each
     documents = UnitDocuments(unit)
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
     try:
@@ -179,6 +210,8 @@ def _tokenize_unit(task: UnitTask) -> dict:
                     dropped_at += (kept + np.cumsum(~is_copy)[is_copy]).tolist()
                     batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]
                     where = [w for w, c in zip(where, is_copy.tolist()) if not c] if where else where
+            if bench is not None:
+                batch, where = _decontaminate(bench, batch, where, kept, contaminated, task, encoder)
             if not batch:
                 continue
             t0 = time.perf_counter()
@@ -194,7 +227,7 @@ def _tokenize_unit(task: UnitTask) -> dict:
                     where = where[:keep]
                 writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
-            if places is not None:
+            if task.provenance:
                 documents.add(where, batch)
             lengths.append(lens.astype(LENGTH_DTYPE))
             kept += len(batch)
@@ -210,9 +243,15 @@ def _tokenize_unit(task: UnitTask) -> dict:
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     lengths_sha256 = write_bytes(unit_file(unit_dir, unit.name, "len"), lengths.tobytes())
     src = {}
-    if places is not None:  # sha256 as every intermediate's; `lines`: where a JSONL file's next piece starts
-        src = {"src_sha256": write_bytes(unit_file(unit_dir, unit.name, "src"), documents.result().tobytes()),
-               "lines": [places.lines.get(i, 0) for i in range(len(unit.pieces))]}
+    if places is not None:  # `lines`: where a JSONL file's next piece starts
+        src["lines"] = [places.lines.get(i, 0) for i in range(len(unit.pieces))]
+    if task.provenance:  # sha256 as every intermediate's
+        src["src_sha256"] = write_bytes(unit_file(unit_dir, unit.name, "src"), documents.result().tobytes())
+    if bench is not None:
+        for entry in contaminated:  # a kept document's tokens, now that it is encoded
+            if entry[3] < 0:
+                entry[3] = int(lengths[entry[0]]) if entry[0] < len(lengths) else 0
+        src["contaminated"] = [e for e in contaminated if not (e[3] == 0 and not task.drop_contaminated)]
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -329,6 +368,8 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
     # a copy dropped once the stream's last document was kept (dropped_at == last_docs) lies past the stream
     dropped = sum(len(r["dropped_at"]) for r in used[:-1]) + sum(1 for k in last["dropped_at"] if k < last_docs)
     tokenized = [r for r in used if r.get("pass", 1) == 1]  # later passes are copies of these
+    contamination = (stream_contamination(tokenized, last_docs if last.get("pass", 1) == 1 else None,
+                                          ctx.benchmarks) if ctx.benchmarks is not None else None)
     encode_seconds = sum(r["encode_seconds"] for r in tokenized) or 1e-9
     passes = last.get("pass", 1)
     meta = {
@@ -345,6 +386,7 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         "passes": passes,  # over the train documents: more than 1 when they hold fewer tokens than the budget
         **({"pass_tokens": sum(r["tokens"] for r in tokenized), "pass_docs": sum(r["docs"] for r in tokenized)}
            if passes > 1 else {}),
+        **({"benchmark_contamination": contamination} if contamination is not None else {}),
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
@@ -377,6 +419,7 @@ class StreamRun:
         self.upcoming: Unit | None = None
         self.started = time.perf_counter()
         self.hashes = self.lengths = None
+        self.benchmarks = str(ctx.layout.benchmark_set) if ctx.benchmarks is not None else None
         if ctx.recipe.holdout.decontaminate:
             self.hashes = str(ctx.layout.holdout_copies("hashes"))
             self.lengths = str(ctx.layout.holdout_copies("lengths"))
@@ -473,7 +516,9 @@ class StreamRun:
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters,
-                        provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer)
+                        provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
+                        benchmarks=self.benchmarks,
+                        drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop")
 
     def committed(self, unit: Unit, record: dict) -> None:
         self._add(record)

