@@ -7,6 +7,7 @@ is checked many ways; a second one with other workers, units and a kill -9 mid-s
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
@@ -20,8 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 
 from tests.corpus import STREAMS, make_corpus, train_test_tokenizer, write_recipe, write_split
+from tokmix.inspect import contamination
 from tokmix.provenance import read_docs, sources_of
 from tokmix.shards import read_json
 
@@ -257,3 +260,30 @@ def test_the_normalization_splits_as_documented():
     assert [w.decode() for w in words(text)] == ["fullwidth", "quotes", "dash", "and", "snake", "case", "x2",
                                                  "ünïcode", "nbsp", "1", "2", "tab", "here"]
     assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))
+
+
+def test_report_inspect_and_plan_show_it(planted):
+    """`tokmix report` has the contamination table, `tokmix inspect --contamination` names each item and the
+    document it took, and `tokmix plan` estimates the share from a sample."""
+    out = planted["out"]
+    record = read_json(out / "contamination.json", sealed=True)
+    html = subprocess.run([sys.executable, "-m", "tokmix.cli", "report", str(out), "--html", str(out / "r.html")],
+                          capture_output=True, text=True, env=ENV)
+    assert html.returncode == 0, html.stderr[-2000:]
+    page = (out / "r.html").read_text()
+    assert "<h2>Decontamination</h2>" in page and "items found" in page
+    shown = subprocess.run([sys.executable, "-m", "tokmix.cli", "inspect", str(out), "--contamination"],
+                           capture_output=True, text=True, env=ENV)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert all(item["id"] in shown.stdout for item in record["items"])
+    wide = Console(width=400, file=io.StringIO())
+    wide.print(contamination(out))
+    first = record["items"][0]["places"][0]
+    assert f"{first['file']}:row {first['place']}" in wide.file.getvalue()
+
+    from tokmix.plan import make_plan
+    from tokmix.recipe import load_recipe
+
+    plan = make_plan(load_recipe(planted["recipe"]))
+    notes = [n for n in plan.notes if n.startswith("decontaminate: stream code_py:")]
+    assert len(notes) == 1 and plan.contamination["code_py"][2] > 0, plan.notes

@@ -272,6 +272,8 @@ def inspect(
     shard: int | None = typer.Option(None, "--shard", "-s", help="decode a block of train shard K (with --block)"),
     block: int = typer.Option(0, "--block", "-b", help="block J of the shard (or window J of --holdout)"),
     holdout: str | None = typer.Option(None, "--holdout", help="decode eval window --block of this holdout"),
+    contaminated: bool = typer.Option(False, "--contamination",
+                                      help="list the benchmark items found and the training documents they took"),
     debug: bool = typer.Option(False, "--debug"),
 ) -> None:
     """Show a finished run's tables, or decode one block with its document starts marked.
@@ -279,11 +281,14 @@ def inspect(
     Without options: the mix (requested vs realized shares), the holdouts and the shards with checksums.
     --shard K --block J: block J of train shard K decoded to text, each <|endoftext|> shown as ⟦doc⟧;
     --holdout DOMAIN --block J: eval window J of that holdout.
+    --contamination: each benchmark item found ([decontaminate]) and where: the documents not in the shards.
     """
-    from tokmix.inspect import read_block, read_window, render_block, summary
+    from tokmix.inspect import contamination, read_block, read_window, render_block, summary
 
     try:
-        if shard is not None:
+        if contaminated:
+            console.print(contamination(out))
+        elif shard is not None:
             console.print(render_block(read_block(out, shard, block)))
         elif holdout is not None:
             console.print(render_block(read_window(out, holdout, block)))

@@ -16,7 +16,8 @@ from rich.text import Text
 
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index
-from tokmix.shards import TOKENIZER_NAME, Delimiters, block_tokens, read_index, read_tokens
+from tokmix.provenance import Source
+from tokmix.shards import TOKENIZER_NAME, Delimiters, block_tokens, read_index, read_json, read_tokens
 from tokmix.summary import holdout_table, mix_table
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
@@ -43,9 +44,49 @@ def shards_table(index: Index) -> Table:
 
 
 def summary(out_dir: str | os.PathLike) -> Group:
-    """The run's tables: the mix (requested vs realized shares), the holdouts, the shards with checksums."""
+    """The run's tables: the mix (requested vs realized shares), the holdouts, the shards with checksums, and
+    what benchmark decontamination took, per benchmark and stream."""
     index = _index(out_dir)
-    return Group(mix_table(index), holdout_table(index), shards_table(index))
+    tables = [mix_table(index), holdout_table(index), shards_table(index)]
+    if index.benchmark_decontamination is not None:
+        tables.append(benchmarks_table(index))
+    return Group(*tables)
+
+
+def benchmarks_table(index: Index) -> Table:
+    entry = index.benchmark_decontamination
+    taken = "dropped" if entry["action"] == "drop" else "counted"
+    table = Table(title=f"benchmark decontamination ({entry['ngram']}-grams, {entry['normalization']}; "
+                  f"tokmix inspect --contamination lists the places)", title_justify="left")
+    for col in ("benchmark", "stream", "items", "items found", f"documents {taken}", f"tokens {taken}"):
+        table.add_column(col, justify="left" if col in ("benchmark", "stream") else "right")
+    for name, bench in entry["benchmarks"].items():
+        table.add_row(name, "", f"{bench['items']:,}", f"{bench['items_found']:,}", "", "")
+        for stream, v in bench["by_stream"].items():
+            table.add_row("", stream, "", f"{v['items']:,}", f"{v['documents']:,}", f"{v['tokens']:,}")
+    return table
+
+
+def contamination(out_dir: str | os.PathLike) -> Table:
+    """Every benchmark item found in the training documents, and each place that matched it: why a document
+    of the sources is not in the shards (action "drop") or was counted ("report")."""
+    index = _index(out_dir)
+    entry = index.benchmark_decontamination
+    if entry is None:
+        raise TokmixError(f"{out_dir}: the run has no [decontaminate] (index.json has no benchmark_decontamination)")
+    record = read_json(Path(out_dir) / entry["file"], sealed=True)
+    if record is None:
+        raise TokmixError(f"{Path(out_dir) / entry['file']}: missing")
+    what = "dropped: not in the shards" if entry["action"] == "drop" else "kept, counted"
+    table = Table(title=f"contaminated items ({what})", title_justify="left")
+    for col in ("benchmark", "item", "id", "stream", "document", "tokens"):
+        table.add_column(col, justify="right" if col in ("item", "tokens") else "left")
+    for item in record["items"]:
+        for place in item["places"]:
+            where = Source(place["stream"], 1, place["kind"], place["file"]).where(place["place"])
+            table.add_row(item["benchmark"], str(item["index"]), item["id"], place["stream"], where,
+                          f"{place['tokens']:,}")
+    return table
 
 
 # ---------------------------------------------------------------------------- decoding

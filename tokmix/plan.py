@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from tokmix.shards import UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS
+from tokmix.stages.decontam import BenchmarkSet, build_set
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.text import clean_surrogates
@@ -140,6 +142,8 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # worth knowing, not a reason to refuse
     seconds: float = 0.0
+    # [decontaminate]: per stream, the sampled train documents and text bytes, and those a benchmark item took
+    contamination: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -430,6 +434,75 @@ def _problems(plan: Plan) -> list[str]:
     return problems
 
 
+@contextmanager
+def _benchmarks(recipe: Recipe, mirrors):
+    """The recipe's benchmark set ([decontaminate]) built in a temporary folder, as the run builds it; None
+    without one."""
+    if recipe.decontaminate is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="tokmix-plan-") as folder:
+        build_set(recipe, Path(folder), mirrors)
+        yield BenchmarkSet(folder)
+
+
+def _contamination_counter(count, bench, tally: list[int]):
+    """`count`, also tallying the sampled documents and text bytes and those a benchmark item contaminates."""
+
+    def counting(texts: list[str]) -> tuple[int, int, int]:
+        texts = [t for t in texts if t]
+        found = bench.contaminating(texts)
+        tally[0] += len(texts)
+        tally[1] += sum(len(t) for t in texts)
+        tally[2] += sum(1 for f in found if f)
+        tally[3] += sum(len(t) for t, f in zip(texts, found) if f)
+        return count(texts)
+
+    return counting
+
+
+def _stream_plans(recipe: Recipe, split: Split, mirrors, count, sample_bytes: int, encoder,
+                  bench) -> tuple[dict[str, StreamPlan], dict[str, list[int]]]:
+    streams, contamination = {}, {}
+    for name, spec in recipe.streams.items():
+        train = stream_files(recipe, split, name, "train")
+        counting = count
+        if bench is not None:
+            contamination[name] = [0, 0, 0, 0]
+            counting = _contamination_counter(count, bench, contamination[name])
+        hold = stream_files(recipe, split, name, "holdout")
+        in_domain = sum(recipe.share(n) for n in recipe.streams_of(spec.domain))
+        streams[name] = StreamPlan(
+            name=name,
+            domain=spec.domain,
+            share=recipe.share(name),
+            budget=recipe.budget(name),
+            train_files=train,
+            holdout_files=hold,
+            train=estimate_supply(train, spec.text_field, name, mirrors, counting, sample_bytes).guessed_at(
+                encoder is None),
+            holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
+                encoder is None),
+            holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * recipe.share(name) / in_domain)),
+            max_epochs=spec.max_epochs,
+        )
+    return streams, contamination
+
+
+def _contamination_notes(plan: Plan) -> list[str]:
+    """What [decontaminate] would take from each stream, as the sample shows it."""
+    if plan.recipe.decontaminate is None:
+        return []
+    verb = "drop" if plan.recipe.decontaminate.action == "drop" else "count"
+    notes = []
+    for name, (docs, chars, found, found_chars) in plan.contamination.items():
+        notes.append(f"decontaminate: stream {name}: {found:,} of {docs:,} sampled documents share a "
+                     f"{plan.recipe.decontaminate.ngram}-gram with a benchmark item: the run would {verb} ~"
+                     f"{100 * found / max(docs, 1):.2f}% of its documents, {100 * found_chars / max(chars, 1):.2f}% "
+                     "of its text")
+    return notes
+
+
 def make_plan(
     recipe: Recipe,
     mirrors: Iterable = (),
@@ -456,25 +529,8 @@ def make_plan(
         tokenizer_note += f"; sample tokenized with {backend}"
     count = _counter(encoder, len(recipe.tokenizer.doc_prefix) + len(recipe.tokenizer.doc_suffix))
 
-    streams = {}
-    for name, spec in recipe.streams.items():
-        train = stream_files(recipe, split, name, "train")
-        hold = stream_files(recipe, split, name, "holdout")
-        in_domain = sum(recipe.share(n) for n in recipe.streams_of(spec.domain))
-        streams[name] = StreamPlan(
-            name=name,
-            domain=spec.domain,
-            share=recipe.share(name),
-            budget=recipe.budget(name),
-            train_files=train,
-            holdout_files=hold,
-            train=estimate_supply(train, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
-                encoder is None),
-            holdout=estimate_supply(hold, spec.text_field, name, mirrors, count, sample_bytes).guessed_at(
-                encoder is None),
-            holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * recipe.share(name) / in_domain)),
-            max_epochs=spec.max_epochs,
-        )
+    with _benchmarks(recipe, mirrors) as bench:
+        streams, contamination = _stream_plans(recipe, split, mirrors, count, sample_bytes, encoder, bench)
     holdouts = {
         d: HoldoutPlan(
             domain=d,
@@ -493,9 +549,10 @@ def make_plan(
             h.gives = _holdout_gives(recipe, encoder, split, mirrors, delimiters, dtype, h)
     shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards)
-    plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk)
+    plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,
+                contamination=contamination)
     plan.problems = _problems(plan)
-    plan.notes = _holdout_notes(plan)
+    plan.notes = _holdout_notes(plan) + _contamination_notes(plan)
     plan.seconds = time.perf_counter() - t0
     return plan
 

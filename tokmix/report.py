@@ -25,7 +25,17 @@ from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
-from tokmix.shards import LENGTH_DTYPE, Delimiters, Layout, iter_token_chunks, read_index, unit_file, write_bytes
+from tokmix.shards import (
+    LENGTH_DTYPE,
+    DamagedFile,
+    Delimiters,
+    Layout,
+    iter_token_chunks,
+    read_index,
+    read_json,
+    unit_file,
+    write_bytes,
+)
 from tokmix.summary import passes
 
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
@@ -617,12 +627,54 @@ def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt)
             left=2,
             left_cols=(9,),
         ),
+        *_contamination_tables(out_dir, index),
         "</body></html>",
     ]
     return "\n".join(parts)
 
 
-def _shard_tables(out_dir: Path, index: Index, names: list[str]) -> list[str]:
+TOP_SOURCES = 10  # training files listed in the contamination section, by documents taken
+
+
+def _contamination_tables(out_dir: Path, index: Index) -> list[str]:
+    """Decontamination: the holdout stage's exact copies per stream and, with [decontaminate], the benchmark
+    items found per benchmark and stream and the training files most of them came from (contamination.json)."""
+    holdout = index.decontamination or {}
+    parts = ["<h2>Decontamination</h2>",
+             f'<p class="note">Holdout copies (exact text): {"on" if holdout.get("enabled") else "off"}.</p>',
+             _table(["stream", "holdout copies dropped"],
+                    [[n, f"{v:,}"] for n, v in holdout.get("dropped_by_stream", {}).items()])]
+    entry = index.benchmark_decontamination
+    if entry is None:
+        return parts
+    taken = "dropped" if entry["action"] == "drop" else "counted (kept)"
+    parts.append(f'<p class="note">Benchmarks: documents sharing at least {entry["min_matches"]} '
+                 f'{entry["ngram"]}-gram(s) with an item ({entry["normalization"]}), {taken}: '
+                 f'{entry["documents"]:,} documents, {entry["tokens"]:,} tokens.</p>')
+    rows = []
+    for name, bench in entry["benchmarks"].items():
+        rows.append([name, "all", f"{bench['items']:,}", f"{bench['ngrams']:,}", f"{bench['items_found']:,}",
+                     f"{sum(v['documents'] for v in bench['by_stream'].values()):,}",
+                     f"{sum(v['tokens'] for v in bench['by_stream'].values()):,}"])
+        rows += [[name, stream, "", "", f"{v['items']:,}", f"{v['documents']:,}", f"{v['tokens']:,}"]
+                 for stream, v in bench["by_stream"].items()]
+    parts.append(_table(["benchmark", "stream", "items", "n-grams", "items found", "documents", "tokens"], rows,
+                        left=2))
+    try:
+        record = read_json(out_dir / entry["file"], sealed=True)
+    except DamagedFile as e:
+        return [*parts, f'<p class="note">{_e(e)}</p>']
+    sources: dict[tuple[str, str], set] = {}
+    for item in (record or {}).get("items", []):
+        for place in item["places"]:
+            sources.setdefault((place["stream"], place["file"]), set()).add((item["benchmark"], item["index"]))
+    top = sorted(sources.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:TOP_SOURCES]
+    parts.append(_table(["stream", "file", "items found in it"], [[s, f, f"{len(v):,}"] for (s, f), v in top],
+                        left=2))
+    return parts
+
+
+def _shard_tables(out_dir: Path, index: dict, names: list[str]) -> list[str]:
     """The shards' table: each stream's share of its tokens and, from the provenance index, its documents and
     the source files (by pass) they came from."""
     composition = shard_composition(out_dir, index)

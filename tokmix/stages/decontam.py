@@ -27,6 +27,7 @@ from tokmix.stages import cached
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
+ITEM_SETS_KEPT = 1024  # items' n-gram sets a process keeps for checking candidates (~10-100 kB each)
 ARRAYS = ("grams", "items", "filter", "words", "word_starts")
 
 
@@ -174,6 +175,8 @@ class BenchmarkSet:
     def _item_set(self, item: int, k: int) -> set:
         key = (item, k)
         if key not in self._item_sets:
+            if len(self._item_sets) >= ITEM_SETS_KEPT:  # bounded: a corpus full of matches does not grow it
+                self._item_sets.clear()
             w = self.item_words(item)
             self._item_sets[key] = ({tuple(w[i:i + k]) for i in range(len(w) - k + 1)}
                                     if (k == self.n and len(w) >= k) or len(w) == k else set())

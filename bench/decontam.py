@@ -1,0 +1,162 @@
+"""Benchmark decontamination's cost ([decontaminate], issue 29): the streams stage of the bench corpus's recipe
+(bench/work/corpus, built by bench/corpus.py) without [decontaminate], with HumanEval (the vendored
+tests/data/human_eval/HumanEval.jsonl.gz, prompt + canonical_solution, 164 items) and with a 100k-item set
+(~10M 13-grams: passages of ~110 words cut from the corpus's held-out files, and 1% of them from its train
+files so that some documents are dropped), alternating which goes first, --repeat times each.
+
+    .venv/bin/python bench/decontam.py --tokenizer PATH [--repeat 2] [--workers 2] [--items 100000]
+
+PATH: a tokenizer.json, or a .tiktoken file (GPT-2's: gunzip -c tests/data/vocab/gpt2.tiktoken.gz > gpt2.tiktoken).
+
+Each run is `tokmix run` to the end in a fresh output directory (deleted after); the figures are the streams
+stage's seconds (tokmix-state/timings.json, which includes building the benchmark set), their ratio to the
+run without, the peak RSS of the whole process tree (polled every 50 ms), and the documents and tokens the
+benchmarks took (index.json). The load average is printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "bench" / "work" / "corpus"
+WORK = ROOT / "bench" / "work" / "decontam"
+HUMANEVAL = ROOT / "tests" / "data" / "human_eval" / "HumanEval.jsonl.gz"
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def passages(paths: list[Path], count: int, words: int, rng: random.Random) -> list[str]:
+    """`count` passages of `words` words, cut at random places from the documents of `paths`."""
+    texts = [t for p in paths for t in pq.read_table(p, columns=["text"])["text"].to_pylist() if t]
+    out = []
+    while len(out) < count:
+        w = rng.choice(texts).split()
+        if len(w) < words:
+            continue
+        start = rng.randrange(len(w) - words + 1)
+        out.append(" ".join(w[start:start + words]))
+    return out
+
+
+def big_set(path: Path, items: int) -> None:
+    rng = random.Random(29)
+    held = sorted(CORPUS.glob("*/val.parquet"))
+    train = sorted(CORPUS.glob("*/train_000.parquet"))
+    texts = passages(train, items // 100, 110, rng) + passages(held, items - items // 100, 110, rng)
+    rng.shuffle(texts)
+    with path.open("w") as f:
+        for i, text in enumerate(texts):
+            half = len(text) // 2
+            f.write(json.dumps({"id": f"synthetic/{i}", "question": text[:half], "answer": text[half:]}) + "\n")
+
+
+def recipe(tokenizer: Path, section: str, name: str) -> Path:
+    text = (CORPUS / "bench.toml").read_text()
+    key = "tiktoken" if tokenizer.suffix == ".tiktoken" else "path"
+    text = text.replace("[tokenizer.train]\nvocab_size = 32000", f'[tokenizer]\n{key} = "{tokenizer}"')
+    split = json.loads((CORPUS / "file_splits.json").read_text())  # its paths are relative to the corpus
+    split = {d: {part: [str(CORPUS / f) for f in files] for part, files in parts.items()} for d, parts in split.items()}
+    (WORK / "file_splits.json").write_text(json.dumps(split, indent=1))
+    text = text.replace('splits = "file_splits.json"', f'splits = "{WORK / "file_splits.json"}"')
+    for stream in ("web", "edu", "code_py", "code_other"):
+        text = text.replace(f'files = ["{stream}/*.parquet"]', f'files = ["{CORPUS / stream}/*.parquet"]')
+    path = WORK / f"{name}.toml"
+    path.write_text(text + section)
+    return path
+
+
+def sections(items_file: Path) -> dict[str, str]:
+    return {
+        "none": "",
+        "humaneval": ('\n[decontaminate]\n[decontaminate.benchmarks.humaneval]\n'
+                      f'files = ["{HUMANEVAL}"]\nfields = ["prompt", "canonical_solution"]\nid_field = "task_id"\n'),
+        "100k": ('\n[decontaminate]\n[decontaminate.benchmarks.synthetic]\n'
+                 f'files = ["{items_file}"]\nfields = ["question", "answer"]\nid_field = "id"\n'),
+    }
+
+
+def run(recipe_path: Path, workers: int) -> dict:
+    out = WORK / f"out-{recipe_path.stem}"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe_path), "--out", str(out),
+                             "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+
+    def poll() -> None:
+        me = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+            except psutil.Error:
+                continue
+            peak[0] = max(peak[0], rss)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    output = proc.communicate()[0]
+    watcher.join()
+    if proc.returncode:
+        raise SystemExit(f"{recipe_path.name}: tokmix run failed:\n{output[-3000:]}")
+    timings = json.loads((out / "tokmix-state" / "timings.json").read_text())
+    index = json.loads((out / "index.json").read_text())
+    entry = index.get("benchmark_decontamination", {})
+    result = {"streams": timings["streams"], "peak_mib": peak[0] / 2**20, "load": load(),
+              "documents": entry.get("documents", 0), "tokens": entry.get("tokens", 0),
+              "ngrams": sum(b["ngrams"] for b in entry.get("benchmarks", {}).values()),
+              "items_found": sum(b["items_found"] for b in entry.get("benchmarks", {}).values()),
+              "train_tokens": index["total"]["tokens"]}
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--only", nargs="*", default=["none", "humaneval", "100k"])
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    items_file = WORK / f"synthetic-{args.items}.jsonl"
+    if not items_file.exists():
+        big_set(items_file, args.items)
+    recipes = {name: recipe(args.tokenizer.resolve(), text, name) for name, text in sections(items_file).items()
+               if name in args.only}
+    results: dict[str, list[dict]] = {name: [] for name in recipes}
+    for r in range(args.repeat):
+        order = list(recipes) if r % 2 == 0 else list(reversed(recipes))
+        for name in order:
+            got = run(recipes[name], args.workers)
+            results[name].append(got)
+            print(f"{name:10s} streams {got['streams']:7.2f} s  peak tree RSS {got['peak_mib']:6.0f} MiB  "
+                  f"dropped {got['documents']:,} docs / {got['tokens']:,} tokens  load {got['load']}", flush=True)
+    base = statistics.median(g["streams"] for g in results.get("none", [])) if "none" in results else None
+    for name, got in results.items():
+        med = statistics.median(g["streams"] for g in got)
+        ratio = f"{med / base:.3f}x" if base else "-"
+        print(f"{name:10s} median streams {med:.2f} s ({ratio} of none), peak tree RSS "
+              f"{max(g['peak_mib'] for g in got):.0f} MiB, n-grams {got[0]['ngrams']:,}, items found "
+              f"{got[0]['items_found']:,}, documents {got[0]['documents']:,}, tokens {got[0]['tokens']:,} of "
+              f"{got[0]['train_tokens']:,} train tokens")
+
+
+if __name__ == "__main__":
+    main()
