@@ -65,6 +65,26 @@ def _owner_refusal(where: str, old: Any, new: Any, changes: list[str]) -> str:
             "run it from there (--work), or, if no run is writing this prefix, run again with --break-lock")
 
 
+def benchmark_changes(old: Any, new: Any) -> list[str]:
+    """What changed in [decontaminate]'s inputs: the normalization's version, a benchmark's files or their bytes."""
+    (rules_was, files_was), (rules_now, files_now) = old, new
+    lines = [] if rules_was == rules_now else [f"n-gram normalization {rules_was} -> {rules_now}"]
+    for name in sorted(set(files_was) | set(files_now)):
+        was, now = files_was.get(name, {}), files_now.get(name, {})
+        if list(was) != list(now):
+            lines.append(f"benchmark {name}: its files are now {', '.join(now) or 'none'}, not "
+                         f"{', '.join(was) or 'none'}")
+            continue
+        lines += [f"benchmark {name}: file {path}: changed since this run started (sha256 {was[path][:12]}..., now "
+                  f"{now[path][:12]}...)" for path in was if was[path] != now[path]]
+    return lines
+
+
+def _benchmark_refusal(where: str, old: Any, new: Any, changes: list[str]) -> str:
+    return (f"{changes[0]}; what is already written was decontaminated against the first: restore it, or "
+            f"{RESTART}")
+
+
 @dataclass(frozen=True)
 class Pin:
     """One key of the run's identity: the state file that records it (`record`, a Layout path) and the key(s) of
@@ -101,6 +121,9 @@ PINS = {pin.name: pin for pin in (
     Pin("unit size", lambda layout: layout.unit_bytes, ("unit_bytes",), on_change="keep", sealed=True),
     # the backend, checked once per run: restarts reuse the decision while what it was made for is the same
     Pin("backend", lambda layout: layout.backend_choice, ("key",), on_change="redo", remade=True, value_first=True),
+    # [decontaminate]: the normalization's version and every benchmark file's sha256 (tokmix.stages.decontam)
+    Pin("benchmarks", lambda layout: layout.benchmark_identity, ("normalization", "files"),
+        changes=benchmark_changes, refusal=_benchmark_refusal),
 )}
 
 

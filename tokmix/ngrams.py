@@ -23,7 +23,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _STEP = np.uint64(0x100000001B3)
-_POSITIONS = 32  # a word's byte j is hashed by the table of position j mod 32
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -35,30 +35,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-# a random 64-bit value per (position in the word mod 32, byte): a word's hash is the sum of its bytes' values
-_BYTE_VALUES = _mix(np.arange(_POSITIONS * 256, dtype=np.uint64) * np.uint64(0x2545F4914F6CDD1D))
-_BYTE_VALUES[::256] = 0  # byte 0, a separator, adds nothing
-
-
 def _punctuation(data: np.ndarray) -> np.ndarray:
-    """Where the non-ASCII punctuation is that NFKC leaves (as UTF-8 bytes): U+0080-U+00BF (Latin-1 controls,
-    punctuation, signs), U+2000-U+206F (General Punctuation: dashes, curly quotes, odd spaces, bullets) and
-    U+3000-U+303F (CJK punctuation). A lead byte never occurs inside another character."""
-    out = np.zeros(len(data), bool)
-    if len(data) < 2:
-        return out
-    a, b = data[:-1], data[1:]
-    two = (a == 0xC2) & (b >= 0x80) & (b <= 0xBF)
-    out[:-1] |= two
-    out[1:] |= two
-    if len(data) >= 3:
-        c = data[2:]
-        three = ((a[:-1] == 0xE2) & ((b[:-1] == 0x80) | ((b[:-1] == 0x81) & (c <= 0xAF)))) \
-            | ((a[:-1] == 0xE3) & (b[:-1] == 0x80))
-        out[:-2] |= three
-        out[1:-1] |= three
-        out[2:] |= three
-    return out
+    """The positions of the bytes of non-ASCII punctuation that NFKC leaves (as UTF-8): U+0080-U+00BF (Latin-1
+    controls, punctuation, signs), U+2000-U+206F (General Punctuation: dashes, curly quotes, odd spaces,
+    bullets) and U+3000-U+303F (CJK punctuation). A lead byte never occurs inside another character."""
+    lead = np.flatnonzero((data == 0xC2) | (data == 0xE2) | (data == 0xE3))
+    lead = lead[lead + 2 < len(data)]  # the joined texts end with a separator: a lead byte has its followers
+    second, third = data[lead + 1], data[lead + 2]
+    kind = data[lead]
+    two = lead[(kind == 0xC2) & (second >= 0x80) & (second <= 0xBF)]
+    three = lead[((kind == 0xE2) & ((second == 0x80) | ((second == 0x81) & (third <= 0xAF))))
+                 | ((kind == 0xE3) & (second == 0x80))]
+    return np.concatenate([two, two + 1, three, three + 1, three + 2])
 
 
 def normalized_bytes(text: str) -> bytes:
@@ -66,7 +54,9 @@ def normalized_bytes(text: str) -> bytes:
     lowercased by the map)."""
     if text.isascii():
         return text.encode()
-    return unicodedata.normalize("NFKC", text).lower().encode("utf-8", "replace")
+    if not unicodedata.is_normalized("NFKC", text):  # the quick check: most text is in NFKC form already
+        text = unicodedata.normalize("NFKC", text)
+    return text.lower().encode("utf-8", "replace")
 
 
 @dataclass
@@ -75,6 +65,7 @@ class Words:
     word's first byte and end, its hash, and each text's first word (`first`, one more entry: the end)."""
 
     data: np.ndarray  # uint8, mapped
+    offsets: np.ndarray  # each text's first byte in data (one more entry: the end)
     starts: np.ndarray
     ends: np.ndarray
     hashes: np.ndarray
@@ -86,13 +77,23 @@ class Words:
     def text_words(self, t: int) -> list[bytes]:
         return [self.word(w) for w in range(int(self.first[t]), int(self.first[t + 1]))]
 
-    def grams(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(hash, first word) of every run of `n` words inside one text; runs of different lengths hash apart."""
-        hashes = gram_hashes(self.hashes, n)
-        at = np.arange(len(hashes))
-        text = np.searchsorted(self.first, at, side="right") - 1
-        inside = at + n <= self.first[text + 1]
-        return hashes[inside], at[inside]
+    def grams(self, n: int, member: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(hash, first word) of every run of `n` words inside one text whose words are all `member`s (all
+        runs without it); runs of different lengths hash apart."""
+        count = len(self.hashes) - n + 1
+        if count <= 0:
+            return np.empty(0, np.uint64), np.empty(0, np.int64)
+        # the words a run may not have before its last: a text's last word, a non-member
+        outside = np.zeros(len(self.hashes) + 1, np.int32)
+        outside[self.first[1:] - 1] = 1  # (-1 for texts before the first word: the spare last entry)
+        if member is not None:
+            outside[:-1] += ~member
+        before = np.concatenate([[0], np.cumsum(outside[:-1], dtype=np.int64)])
+        # words i..i+n-1 are a run when none of i..i+n-2 is outside, and the last is a member
+        at = np.flatnonzero(before[n - 1:n - 1 + count] - before[:count] == 0)
+        if member is not None:
+            at = at[member[at + n - 1]]
+        return gram_hashes_at(self.hashes, at, n), at
 
     def text_of(self, w: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.first, w, side="right") - 1
@@ -103,32 +104,44 @@ def split_words(texts: list[str]) -> Words:
     '_', whitespace, controls) and the non-ASCII punctuation of _punctuation separates words; a word is a
     maximal run of the rest (letters, digits, any other non-ASCII character)."""
     parts = [normalized_bytes(t) for t in texts]
-    offsets = np.cumsum([0] + [len(p) + 1 for p in parts])  # each text's first byte in the joined bytes
-    raw = np.frombuffer(b"\0".join(parts) + b"\0", np.uint8)
+    # each text's first byte in the joined bytes, which start and end with a separator
+    offsets = np.cumsum([1] + [len(p) + 1 for p in parts])
+    raw = np.frombuffer(b"\0" + b"\0".join(parts) + b"\0", np.uint8)
     data = _BYTE_MAP[raw]
-    if len(raw) and raw.max() >= 0x80:
+    if not all(t.isascii() for t in texts):
         data[_punctuation(raw)] = 0
     letter = data != 0
-    edge = np.diff(letter.view(np.int8), prepend=0, append=0)
-    starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)
+    starts = np.flatnonzero(letter[1:] & ~letter[:-1]) + 1
+    ends = np.flatnonzero(letter[:-1] & ~letter[1:]) + 1
     first = np.searchsorted(starts, offsets)
-    return Words(data, starts, ends, word_hashes(data, starts, ends), first)
+    return Words(data, offsets, starts, ends, word_hashes(data, starts, ends), first)
 
 
 def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """One 64-bit value per word data[starts[i]:ends[i]] (separators are 0): its bytes' values by position in
-    the word, summed, and its length, mixed. Computed over all bytes at once: a separator's value is 0."""
+    """One 64-bit value per word data[starts[i]:ends[i]]: its first 8 bytes, its last 8 and its length, mixed.
+    Per word, not per byte: two long words that differ only inside have the same value, which the word-for-word
+    check of every candidate tells apart."""
     if not len(starts):
         return np.empty(0, np.uint64)
-    index = np.arange(len(data))
-    mark = np.zeros(len(data), np.int64)
-    mark[starts] = starts
-    word_start = np.maximum.accumulate(mark)  # each byte's word's first byte (separators: the one before)
-    values = _BYTE_VALUES[((index - word_start) & (_POSITIONS - 1)) * 256 + data]
+    padded = np.concatenate([np.zeros(8, np.uint8), data, np.zeros(8, np.uint8)])
+    # every 8 bytes from each offset, as one little-endian uint64 (an unaligned view, no copy)
+    eights = np.ndarray((len(padded) - 7,), "<u8", buffer=padded, strides=(1,))
+    lengths = (ends - starts).astype(np.uint64)
+    short = np.minimum(lengths, np.uint64(8))
+    keep = np.where(short == 8, _M64, (np.uint64(1) << (short * np.uint64(8))) - np.uint64(1))
+    head = eights[starts + 8] & keep  # the word's first bytes, the rest masked off
+    tail = eights[ends] >> ((np.uint64(8) - short) * np.uint64(8))  # its last bytes, ending where the word does
     with np.errstate(over="ignore"):
-        total = np.cumsum(values)
-        before = np.where(starts > 0, total[starts - 1], np.uint64(0))
-        return _mix(total[ends - 1] - before + (ends - starts).astype(np.uint64) * _STEP)
+        return _mix(_mix(head ^ lengths * _STEP) + tail)
+
+
+def gram_hashes_at(hashes: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """gram_hashes at the runs starting at `at` only."""
+    acc = np.full(len(at), np.uint64(n), np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(n):
+            acc = acc * _STEP ^ hashes[at + i]
+    return _mix(acc)
 
 
 def gram_hashes(hashes: np.ndarray, n: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from tokmix.format.records import Index, TokenFileEntry
 from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
+from tokmix.ngrams import NORMALIZATION
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
@@ -44,7 +45,7 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
 from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
-from tokmix.stages.decontam import build_set, prepare_set, write_contamination
+from tokmix.stages.decontam import benchmark_checksums, build_set, prepare_set, write_contamination
 from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
@@ -329,6 +330,7 @@ def run_pipeline(ctx: Context, timings: Timings) -> Index:
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     if ctx.recipe.decontaminate is not None:  # built in a process of its own: its arrays leave with it
+        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, benchmark_checksums(ctx.recipe, ctx.mirrors)))
         ctx.benchmarks = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
                                      build=lambda *args: in_fresh_process(build_set, *args))
     metas = run_streams(ctx)

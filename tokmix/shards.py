@@ -243,6 +243,7 @@ class Layout:
     # every shard's sha256 as derived from the committed units and the seed (tokmix.stages.expected)
     expected = _In("state", EXPECTED_NAME)
     benchmark_set = _In("state", "benchmarks")  # the benchmarks' n-grams, built once (tokmix.stages.decontam)
+    benchmark_identity = _In("state", "benchmarks.json")  # their files' sha256 and the normalization
     contamination = _In("root", CONTAMINATION_NAME)
 
     def holdout_state(self, domain: str, kind: str) -> Path:

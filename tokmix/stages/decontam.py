@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.errors import TokmixError
-from tokmix.ngrams import NORMALIZATION, Words, gram_hashes, split_words
+from tokmix.ngrams import NORMALIZATION, Words, gram_hashes_at, split_words
 from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_npy, write_record
 from tokmix.sources import HugeText
@@ -28,89 +27,113 @@ FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams re
 MIN_FILTER_BITS = 1 << 16
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
 ITEM_SETS_KEPT = 1024  # items' n-gram sets a process keeps for checking candidates (~10-100 kB each)
-ARRAYS = ("grams", "items", "filter", "words", "word_starts")
+ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter")
 
 
 def set_files(directory: Path) -> dict[str, Path]:
     return {kind: directory / f"{kind}.npy" for kind in ARRAYS}
 
 
-def _item_grams(item: Words, n: int) -> np.ndarray:
-    """An item's distinct n-gram hashes; fewer words than n: the hash of all of them; none: nothing."""
-    count = len(item.hashes)
-    return np.unique(gram_hashes(item.hashes, min(n, count))) if count else np.empty(0, np.uint64)
-
-
-def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
-    """Read every benchmark, hash its items' n-grams, write the arrays and the sealed record (`set.json`, the
-    last file written: the commit). Items are hashed one at a time: memory holds the hashes, not the words."""
-    spec = recipe.decontaminate
-    n = spec.ngram
-    directory.mkdir(parents=True, exist_ok=True)
-    grams, owners, blobs, starts, benchmarks, ids, short_lengths = [], [], [], [0], {}, [], set()
-    total = 0
-    for name, bench in spec.benchmarks.items():
-        items, checksums = read_items(name, [recipe.resolve(f) for f in bench.files], bench.fields,
-                                      bench.id_field, mirrors)
-        first, count, short, empty = len(ids), 0, 0, 0
-        for item in items:
-            item_words = split_words([item.text])
-            hashes = _item_grams(item_words, n)
-            if 0 < len(item_words.hashes) < n:
-                short += 1
-                short_lengths.add(len(item_words.hashes))
-            empty += not len(item_words.hashes)
-            grams.append(hashes)
-            owners.append(np.full(len(hashes), len(ids), np.uint32))
-            blob = b" ".join(item_words.text_words(0))
-            blobs.append(blob)
-            total += len(blob) + 1
-            starts.append(total)
-            ids.append(item.id)
-            count += len(hashes)
-        benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
-                            "items": len(items), "first_item": first, "ngrams": count, "short_items": short,
-                            "empty_items": empty}
-    hashes = np.concatenate(grams) if grams else np.empty(0, np.uint64)
-    items = np.concatenate(owners) if owners else np.empty(0, np.uint32)
-    del grams, owners
-    order = np.argsort(hashes, kind="stable")
-    hashes, items = hashes[order], items[order]
-    del order
+def bit_filter(hashes: np.ndarray) -> tuple[int, np.ndarray]:
+    """A bit per slot of FILTER_BITS_PER_GRAM per hash (a power of two), set where a hash's top bits fall: (the
+    shift that gives a hash's slot, the bits)."""
     bits = max(MIN_FILTER_BITS, 1 << int(np.ceil(np.log2(max(1, len(hashes)) * FILTER_BITS_PER_GRAM))))
     shift = 64 - int(np.log2(bits))
     filt = np.zeros(bits // 8, np.uint8)
     slots = hashes >> np.uint64(shift)
     np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64), (1 << (slots & np.uint64(7))).astype(np.uint8))
-    del slots
-    word_blob = np.frombuffer(b"\n".join(blobs) + b"\n", np.uint8) if blobs else np.empty(0, np.uint8)
+    return shift, filt
+
+
+def in_filter(filt: np.ndarray, shift: np.uint64, hashes: np.ndarray) -> np.ndarray:
+    """Whether each hash's slot is set: True for every hash of the filter, and for a few others."""
+    slots = hashes >> shift
+    return ((filt[(slots >> np.uint64(3)).astype(np.int64)] >> (slots & np.uint64(7)).astype(np.uint8)) & 1) == 1
+
+
+ITEMS_PER_GROUP = 1024  # benchmark items normalized and hashed together
+
+
+def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
+    """One group of items: their n-gram hashes and the item of each (an item of fewer words: the hash of all of
+    them), their distinct word hashes, their mapped bytes (the words, separated by zeros) and where each starts."""
+    group = split_words(texts)
+    counts = np.diff(group.first)
+    hashes, at = group.grams(n)
+    owner = group.text_of(at)
+    short = (counts > 0) & (counts < n)
+    for k in np.unique(counts[short]).tolist():  # the short items of k words: the hash of all of them
+        out["short_lengths"].add(k)
+        mine = np.flatnonzero(counts == k)
+        hashes = np.concatenate([hashes, gram_hashes_at(group.hashes, group.first[mine], k)])
+        owner = np.concatenate([owner, mine])
+    out["grams"].append(hashes)
+    out["owners"].append((owner + first).astype(np.uint32))
+    out["vocabulary"].append(np.unique(group.hashes))
+    base = out["bytes"]
+    out["blobs"].append(group.data)
+    out["starts"].append(base + group.offsets[:-1])
+    out["bytes"] = base + len(group.data)
+    out["short"] += int(short.sum())
+    out["empty"] += int((counts == 0).sum())
+
+
+def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
+    """Read every benchmark, hash its items' n-grams, write the arrays and the sealed record (`set.json`, the
+    last file written: the commit)."""
+    spec = recipe.decontaminate
+    n = spec.ngram
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {"grams": [], "owners": [], "vocabulary": [], "blobs": [], "starts": [], "bytes": 0,
+           "short_lengths": set(), "short": 0, "empty": 0}
+    benchmarks, ids = {}, []
+    for name, bench in spec.benchmarks.items():
+        items, checksums = read_items(name, [recipe.resolve(f) for f in bench.files], bench.fields,
+                                      bench.id_field, mirrors)
+        first, before, out["short"], out["empty"] = len(ids), sum(map(len, out["grams"])), 0, 0
+        for i in range(0, len(items), ITEMS_PER_GROUP):
+            _hash_items([item.text for item in items[i:i + ITEMS_PER_GROUP]], n, len(ids) + i, out)
+        ids += [item.id for item in items]
+        benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
+                            "items": len(items), "first_item": first, "short_items": out["short"],
+                            "empty_items": out["empty"], "ngrams": sum(map(len, out["grams"])) - before}
+    hashes = np.concatenate(out["grams"]) if out["grams"] else np.empty(0, np.uint64)
+    items = np.concatenate(out["owners"]) if out["owners"] else np.empty(0, np.uint32)
+    order = np.lexsort((items, hashes))
+    hashes, items = hashes[order], items[order]
+    distinct = np.ones(len(hashes), bool)  # an n-gram an item has twice is one entry
+    distinct[1:] = (hashes[1:] != hashes[:-1]) | (items[1:] != items[:-1])
+    hashes, items = hashes[distinct], items[distinct]
+    for bench in benchmarks.values():  # distinct n-grams of each benchmark's items
+        mine = (items >= bench["first_item"]) & (items < bench["first_item"] + bench["items"])
+        bench["ngrams"] = int(mine.sum())
+    del order, distinct
+    vocabulary = np.unique(np.concatenate(out["vocabulary"])) if out["vocabulary"] else hashes[:0]
+    word_blob = np.concatenate(out["blobs"]) if out["blobs"] else np.empty(0, np.uint8)
+    starts = np.concatenate([*out["starts"], [len(word_blob)]]).astype(np.int64)
+    short_lengths = out["short_lengths"]
+    shift, filt = bit_filter(hashes)
+    word_shift, word_filt = bit_filter(vocabulary)
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": word_blob,
-              "word_starts": np.array(starts, np.int64)}
+              "word_starts": np.array(starts, np.int64), "word_filter": word_filt}
     files = set_files(directory)
     checksums = {kind: write_npy(files[kind], array) for kind, array in arrays.items()}
     fingerprint = hashlib.sha256(
         f"{NORMALIZATION} {n} {spec.min_matches} {spec.action}".encode() + hashes.tobytes() + items.tobytes()
     ).hexdigest()
     record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
-              "filter_shift": shift, "short_lengths": sorted(short_lengths), "benchmarks": benchmarks, "ids": ids,
+              "filter_shift": shift, "word_filter_shift": word_shift, "short_lengths": sorted(short_lengths),
+              "benchmarks": benchmarks, "ids": ids,
               "arrays": checksums, "fingerprint": fingerprint}
     write_record(directory / "set.json", record)
     return record
 
 
-def _file_changes(record: dict, recipe: Recipe, mirrors) -> str | None:
-    """The first benchmark file whose bytes (or list of files) are not the ones the run started with."""
-    for name, bench in recipe.decontaminate.benchmarks.items():
-        was = record["benchmarks"].get(name, {}).get("files", {})
-        now = benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors)
-        if list(was) != now:
-            return f"benchmark {name}: its files are now {', '.join(now)}, not {', '.join(was)}"
-        for path in now:
-            checksum = file_sha256(path, name, mirrors)
-            if checksum != was[path]:
-                return (f"benchmark {name}: file {path}: changed since this run started (sha256 "
-                        f"{was[path][:12]}..., now {checksum[:12]}...)")
-    return None
+def benchmark_checksums(recipe: Recipe, mirrors) -> dict[str, dict[str, str]]:
+    """Every benchmark's files and the sha256 of each: with NORMALIZATION, the run identity's "benchmarks" key."""
+    return {name: {path: file_sha256(path, name, mirrors)
+                   for path in benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors)}
+            for name, bench in recipe.decontaminate.benchmarks.items()}
 
 
 def arrays_damage(directory: Path, record: dict) -> str | None:
@@ -123,20 +146,11 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
 
 
 def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set) -> dict:
-    """The run's benchmark set, built the first time (by `build`, which the pipeline runs in a fresh process),
-    checked on every later start: a benchmark file that changed, or another normalization, is refused (what
-    is written was decontaminated against the first); damaged arrays are built again from the same files."""
+    """The run's benchmark set, built the first time (by `build`, which the pipeline runs in a fresh process)
+    from the files the run's identity pinned (tokmix.identity, "benchmarks"); damaged arrays are built again."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
     if record is not None:
-        if record.get("normalization") != NORMALIZATION:
-            raise TokmixError(f"{directory}: built with n-gram normalization {record.get('normalization')}, this "
-                              f"tokmix uses {NORMALIZATION}: finish the run with the tokmix that started it, or "
-                              "use --restart to start over")
-        changed = _file_changes(record, recipe, mirrors)
-        if changed:
-            raise TokmixError(f"{changed}; what is already written was decontaminated against the first: "
-                              "restore it, or use --restart to start over")
         damage = arrays_damage(directory, record)
         if damage is None:
             return record
@@ -160,17 +174,20 @@ class BenchmarkSet:
         files = set_files(Path(directory))
         self.n, self.min_matches = record["ngram"], record["min_matches"]
         self.shift = np.uint64(record["filter_shift"])
+        self.word_shift = np.uint64(record["word_filter_shift"])
         self.grams = np.load(files["grams"], mmap_mode="r")
         self.items = np.load(files["items"], mmap_mode="r")
         self.filter = np.load(files["filter"], mmap_mode="r")
         self.words = np.load(files["words"], mmap_mode="r")
         self.word_starts = np.load(files["word_starts"], mmap_mode="r")
+        self.word_filter = np.load(files["word_filter"], mmap_mode="r")
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._item_sets: dict[tuple[int, int], set] = {}
 
     def item_words(self, item: int) -> list[bytes]:
-        blob = bytes(self.words[int(self.word_starts[item]):int(self.word_starts[item + 1]) - 1])
-        return blob.split(b" ") if blob else []
+        """An item's words, as normalized (its mapped bytes: words separated by zeros)."""
+        blob = bytes(self.words[int(self.word_starts[item]):int(self.word_starts[item + 1])])
+        return [w for w in blob.split(b"\0") if w]
 
     def _item_set(self, item: int, k: int) -> set:
         key = (item, k)
@@ -186,9 +203,7 @@ class BenchmarkSet:
         """Indices of the hashes that are in the set."""
         if not len(hashes) or not len(self.grams):
             return np.empty(0, np.int64)
-        slots = hashes >> self.shift
-        maybe = np.flatnonzero((self.filter[(slots >> np.uint64(3)).astype(np.int64)]
-                                >> (slots & np.uint64(7)).astype(np.uint8)) & 1)
+        maybe = np.flatnonzero(in_filter(self.filter, self.shift, hashes))
         if not len(maybe):
             return maybe
         at = np.searchsorted(self.grams, hashes[maybe])
@@ -199,8 +214,9 @@ class BenchmarkSet:
     def _matches(self, group: Words, found: dict) -> None:
         """Add to `found[(text, item)]` the distinct n-grams (as word tuples) each text of the group shares with
         an item, every candidate compared word for word."""
+        member = in_filter(self.word_filter, self.word_shift, group.hashes)  # words of some item (or a few more)
         for k in self.lengths:
-            hashes, at = group.grams(k)
+            hashes, at = group.grams(k, member)
             for j in self.candidates(hashes).tolist():
                 lo = int(np.searchsorted(self.grams, hashes[j], side="left"))
                 hi = int(np.searchsorted(self.grams, hashes[j], side="right"))
