@@ -86,8 +86,8 @@ MUTATIONS = [
       f"{FAULT_KILL}[streams:unit-before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:4]",
       equivalent="a record counts only with its .tok and .len beside it (streams._committed, itself mutated above)"),
     m("a unit counts as committed without its .len", "atomic commit", "tokmix/stages/passes.py",
-      '    for part in ("tok", "len", "src"):\n        path = unit_file(directory, name, part)',
-      '    for part in ("tok", "src"):\n        path = unit_file(directory, name, part)',
+      'record.get(f"{part}_sha256")) for part in ("tok", "len", "src")',
+      'record.get(f"{part}_sha256")) for part in ("tok", "src")',
       f"{FAULT_KILL}[streams:unit-before-record:1]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
     m("a shard on disk counts as done whatever its size", "atomic commit", ASSEMBLE,
       "    if not (shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):",
@@ -96,8 +96,8 @@ MUTATIONS = [
       equivalent="the shard's bytes are then checked against its record's checksum, which a shard of another size "
                  "fails: the size check only saves reading it"),
     m("a shard's record is written before the shard", "atomic commit", ASSEMBLE,
-      '            records[k] = executor.result(future)\n            fault_point("assemble:after-rename")',
-      '            records[k] = executor.result(future)\n            write_json(_record_path(ctx, k), records[k])\n'
+      '            records[k] = record\n            fault_point("assemble:after-rename")',
+      '            records[k] = record\n            write_json(_record_path(ctx, k), records[k])\n'
       '            fault_point("assemble:after-rename")',
       f"{FAULT_KILL}[assemble:after-rename:1]",
       equivalent="the shard is committed inside write_shard before its result reaches this loop: the order is unchanged"),

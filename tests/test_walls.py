@@ -64,7 +64,9 @@ ONLY = {
     "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
     "tokmix.backends": {"tokmix.errors", "tokmix.text"},
     "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards"},
-    **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", *members("tokmix.sources")}
+    "tokmix.mirrors": {"tokmix.errors"},
+    **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", "tokmix.mirrors",
+           *members("tokmix.sources")}
        for m in members("tokmix.sources")},
 }
 

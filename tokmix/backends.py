@@ -261,7 +261,7 @@ class TiktokenEncoder:
 
     def _encode(self, text: str) -> np.ndarray:
         # tiktoken's regex gives up on a whitespace run of ~1M characters before a non-space (999,523 spaces pass):
-        # encode_to_numpy raises ValueError within ~0.03 s, encode_ordinary panics. Either way HF takes the document.
+        # encode_to_numpy raises ValueError at once, encode_ordinary panics. Either way HF takes the document.
         try:
             return self._enc.encode_to_numpy(text, disallowed_special=())  # "<|endoftext|>" is plain text
         except (KeyboardInterrupt, SystemExit):

@@ -31,8 +31,7 @@ NO_RAY = "the Ray executor needs Ray: pip install 'tokmix[ray]'"
 RAY_MAX_RETRIES = 3  # reruns of a task whose worker process or node died; its writes are idempotent
 RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minutes: check it first
 # What one local worker process may hold at its peak: interpreter, numpy, pyarrow, its encoder and a 16 MiB
-# unit's text and ids. Measured ~115 MiB more in the tree per process than one process of threads (2 workers,
-# the bench recipe, 4 MiB units: 545 against 431 MiB at the peak); the rest is headroom for larger units.
+# unit's text and ids; what was measured of it, and the headroom for larger units: docs/benchmarks.md.
 WORKER_PROCESS_BYTES = 256 << 20
 STAGE_PROCESS_BYTES = 256 << 20  # the stage process itself, in the streams and assemble stages
 

@@ -13,24 +13,16 @@ import re
 from fsspec.utils import glob_translate
 
 from tokmix.errors import TokmixError
+from tokmix.mirrors import mirror_pairs, remap
 from tokmix.recipe import Recipe
 from tokmix.shards import LOCK_NAME, WRITERS_NAME, Layout
 
 MAGIC = "*?["
 
 
-def mirror_pairs(specs: list[str]) -> list[tuple[str, str]]:
-    """`PREFIX=LOCAL_DIR` specs as pairs (malformed ones are left to the stage process to name)."""
-    return [(prefix.rstrip("/"), local.rstrip("/")) for prefix, sep, local in (s.partition("=") for s in specs)
-            if sep and prefix and local]
-
-
 def _where_read(path: str, mirrors: list[tuple[str, str]]) -> str:
     """Where a recipe path is read from: through a mirror, a file:// URL as the path it names."""
-    for prefix, local in mirrors:
-        if path == prefix or path.startswith(prefix + "/"):
-            path = local + path[len(prefix):]
-            break
+    path = remap(path, mirrors)
     path = path[len("file://"):] if path.startswith("file://") else path
     return path if "://" in path else os.path.abspath(path)
 

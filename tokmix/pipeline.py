@@ -36,7 +36,8 @@ from tokmix.shards import (
     TOKENIZER_NAME,
     DamagedFile,
     Layout,
-    file_checksum,
+    Part,
+    first_damage,
     read_json,
     tokens_in_shard,
     write_bytes,
@@ -73,7 +74,7 @@ def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: 
     Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
     are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
     watches this process, the driver, alone. RSS as top shows it, file-backed mapped pages included."""
-    # The supervisor is counted when it is the tokmix command (~55 MiB), so that the guard's figure is the
+    # The supervisor is counted when it is the tokmix command (docs/benchmarks.md), so that the guard's figure is the
     # whole command's, as the docs and benchmarks report it; under the Python API it is the caller's own
     # process (a notebook, a test runner), whose memory is not the run's.
     me = psutil.Process()
@@ -158,11 +159,10 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
 def _damage(layout: Layout, entry: TokenFileEntry) -> str | None:
     """Why a finished run's token file must be made again: it, or its provenance index (made with it), is not
     what index.json's checksum says."""
-    if file_checksum(layout.root / entry.file) != entry.checksum:
+    if first_damage([Part(layout.root / entry.file, entry.checksum)]) is not None:
         return f"{entry.file}: damaged (sha256 differs from index.json)"
     docs = entry.provenance
-    if docs is not None and not ((layout.root / docs.file).exists()
-                                 and file_checksum(layout.root / docs.file) == docs.checksum):
+    if docs is not None and first_damage([Part(layout.root / docs.file, docs.checksum)]) is not None:
         return f"{docs.file}: missing or damaged (sha256 differs from index.json)"
     return None
 

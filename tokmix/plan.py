@@ -41,7 +41,7 @@ from tokmix.stages.passes import passes_needed
 from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_file, vocab_size
 
-SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); ~25 ms with fastokens, ~1 s with HF
+SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
 MAX_SAMPLE_FILES = 64  # ... and opens at most this many (small text files: one document each)
 GUESS_BYTES_PER_TOKEN = 4.0  # the run trains its tokenizer: nothing to sample with yet

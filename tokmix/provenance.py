@@ -29,8 +29,8 @@ PLACE_LIMIT = np.iinfo(np.uint32).max  # rows or lines of one file a place can n
 
 
 def text_crc32(texts: list) -> np.ndarray:
-    """CRC-32 of each text's UTF-8 bytes (a HugeText's own bytes). CRC-32 runs at ~2.5 GB/s here, blake2b at
-    ~0.75: hashing every document costs ~1% of the tokenizer's CPU, not ~4%."""
+    """CRC-32 of each text's UTF-8 bytes (a HugeText's own bytes): the cheapest hash of every document
+    (docs/benchmarks.md)."""
     return np.fromiter((zlib.crc32(t.utf8() if hasattr(t, "utf8") else t.encode("utf-8")) for t in texts),
                        np.uint32, len(texts))
 

@@ -20,6 +20,7 @@ from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.lock import RunLock
+from tokmix.mirrors import absolute_mirror
 from tokmix.outdir import check_output_dir
 from tokmix.process import RunOptions, interrupt, log
 from tokmix.recipe import Recipe
@@ -91,7 +92,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     recipe = recipe.with_blocks(blocks).with_backend(backend)
     # the stage process runs elsewhere (see STAGE_BOOT): every local path it is given is absolute
     recipe = recipe.model_copy(update={"base_dir": Path(os.path.abspath(recipe.base_dir))})
-    options = replace(options, mirrors=[_absolute_mirror(spec) for spec in options.mirrors])
+    options = replace(options, mirrors=[absolute_mirror(spec) for spec in options.mirrors])
     if is_url(out):
         url = str(out).rstrip("/")
         check_store_url(url)
@@ -147,12 +148,6 @@ def check_store_options(recipe: Recipe) -> None:
 # entry before importing anything. The process also runs in the run's state directory, a folder tokmix made
 # that holds no code: it is the directory Ray adds to its workers' sys.path (the driver's working directory).
 STAGE_BOOT = "import sys\nif sys.path[0] == '':\n    del sys.path[0]\nfrom tokmix.pipeline import main\nmain()"
-
-
-def _absolute_mirror(spec: str) -> str:
-    """`PREFIX=LOCAL_DIR` with LOCAL_DIR made absolute (a URL is left as it is)."""
-    prefix, sep, local = spec.partition("=")
-    return f"{prefix}={os.path.abspath(local)}" if sep and local and "://" not in local else spec
 
 
 def _run_child(layout: Layout, lock: RunLock) -> tuple[int, str]:

@@ -277,23 +277,9 @@ class UnitRecord(Record):
 
 
 @dataclass(frozen=True)
-class StreamRecord(Record):
+class StreamRecord(StreamSummary):
     """A finished stream's record (stream.json, sealed): its summary in index.json, and its units."""
 
-    name: str = ""
-    tokens: int = 0
-    docs: int = 0
-    budget: int = 0
-    seconds_last_run: float = 0.0
-    tok_s_end_to_end: int = 0
-    tok_s_tokenizer_capacity: int = 0
-    num_proc: int = 0
-    backend: str = ""
-    dropped_holdout_duplicates: int = 0
-    passes: int = 1
-    pass_tokens: int | None = None
-    pass_docs: int | None = None
-    benchmark_contamination: dict[str, Any] | None = None  # with [decontaminate], its places too
     units: list[dict[str, Any]] = field(default_factory=list)
     last_unit_docs: int = 0
 

@@ -6,7 +6,8 @@ import os
 
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # glibc gives arrow buffers back; jemalloc hoards
 
-from tokmix.sources.files import expand, file_size, open_file, parse_mirrors, remap  # noqa: E402
+from tokmix.mirrors import parse_mirrors, remap  # noqa: E402
+from tokmix.sources.files import expand, file_size, open_file  # noqa: E402
 from tokmix.sources.parquet import HEAVY_ROW_GROUP_BYTES  # noqa: E402
 from tokmix.sources.pieces import HugeText, Piece, Places, SourceError  # noqa: E402
 from tokmix.sources.split import Split, create_split, load_or_create_split, stream_files  # noqa: E402

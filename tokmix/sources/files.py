@@ -12,24 +12,7 @@ import fsspec
 from fsspec.utils import glob_translate
 
 from tokmix.errors import TokmixError
-
-
-def parse_mirrors(specs: list[str] | None) -> list[tuple[str, str]]:
-    """`hf://datasets/ORG/NAME=LOCAL_DIR` pairs: files under the prefix are read from the local copy."""
-    mirrors = []
-    for spec in specs or []:
-        prefix, sep, local = spec.partition("=")
-        if not sep or not prefix or not local:
-            raise TokmixError(f"--mirror {spec!r}: expected PREFIX=LOCAL_DIR, e.g. hf://datasets/org/name=/data/name")
-        mirrors.append((prefix.rstrip("/"), local.rstrip("/")))
-    return mirrors
-
-
-def remap(url: str, mirrors: list[tuple[str, str]]) -> str:
-    for prefix, local in mirrors:
-        if url == prefix or url.startswith(prefix + "/"):
-            return local + url[len(prefix) :]
-    return url
+from tokmix.mirrors import remap
 
 
 def _is_remote(url: str) -> bool:

@@ -48,10 +48,10 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
 
 
 def json_text(line: bytes, field: str, stream: str, path: str, where) -> str:
-    # orjson parses UTF-8 text ~3x faster than json, and a string it gives is valid UTF-8: no lone surrogate to
-    # clean. It rejects what json would turn into one (an escape \ud800, surrogate bytes), a BOM, NaN and
-    # more: any line it does not take to a dict whose field is a string goes to json, whose result and error
-    # messages are the ones kept.
+    # orjson parses UTF-8 text faster than json (docs/benchmarks.md), and a string it gives is valid UTF-8: no
+    # lone surrogate to clean. It rejects what json would turn into one (an escape \ud800, surrogate bytes), a
+    # BOM, NaN and more: any line it does not take to a dict whose field is a string goes to json, whose result
+    # and error messages are the ones kept.
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ class Context:
     huge_doc_chars: int = HUGE_DOC_CHARS
     tokenizer_sha256: str = ""  # of the tokenizer file's bytes, recorded in index.json
     # UTF-8 bytes each token id stands for (tokmix.tokenizer.token_byte_lengths), for the holdouts' bits per byte;
-    # taken from the tokenizer build_context loads anyway (loading it again cost the holdout stage ~0.07 s)
+    # taken from the tokenizer build_context loads anyway (not loaded again: docs/benchmarks.md)
     token_bytes: np.ndarray | None = None
     delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
     writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
@@ -79,6 +79,31 @@ ENCODER_THREADS = 1
 # Units (or shards) dispatched per worker and not yet committed: the streams and assemble stages' window, which
 # bounds their memory and what a kill loses.
 UNITS_IN_FLIGHT_PER_WORKER = 2
+
+
+class Window:
+    """Tasks on an executor (tokmix.executors: threads, processes or Ray), at most `size` in flight: the one
+    scheduler of the streams and assemble stages. `submit` while there is `room`; `finished` waits for at least
+    one task and yields (key, result) of each that finished."""
+
+    def __init__(self, executor: Any, size: int):
+        self.executor, self.size = executor, size
+        self.pending: dict[Any, Any] = {}
+
+    @property
+    def room(self) -> int:
+        return self.size - len(self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def submit(self, fn: Callable, task: Any, key: Any) -> None:
+        self.pending[self.executor.submit(fn, task)] = key
+
+    def finished(self) -> Iterator[tuple[Any, Any]]:
+        for future in self.executor.wait_any(set(self.pending)):
+            key = self.pending.pop(future)
+            yield key, self.executor.result(future)
 
 
 _cache: dict[tuple, Any] = {}  # per process (the stage process, or a Ray worker): what tasks build once
@@ -100,8 +125,8 @@ def shared_encoder(tokenizer_path: str, backend: str) -> Encoder:
 
 
 def drop_cached() -> None:
-    """Free the encoder and its caches (~100-300 MiB once it has tokenized) when tokenizing is over. Nothing
-    cached is in a reference cycle, so clearing frees it: no gc.collect (~35 ms on a stage process's heap)."""
+    """Free the encoder and its caches (hundreds of MiB once it has tokenized: docs/benchmarks.md) when tokenizing
+    is over. Nothing cached is in a reference cycle, so clearing frees it: no gc.collect."""
     with _cache_lock:
         if not _cache:
             return

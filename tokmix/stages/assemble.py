@@ -26,9 +26,10 @@ from tokmix.shards import (
     LENGTH_DTYPE,
     BlockFingerprinter,
     DamagedFile,
+    Part,
     TokenFileWriter,
-    file_checksum,
     fingerprints_path,
+    first_damage,
     open_read,
     read_json,
     tokens_in_shard,
@@ -38,7 +39,7 @@ from tokmix.shards import (
     write_record,
     write_tokens,
 )
-from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, drop_cached
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, drop_cached
 from tokmix.store import ObjectPath, as_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
@@ -516,12 +517,12 @@ def _done(ctx: Context, k: int, n_tokens: int) -> dict | None:
     except DamagedFile as e:
         ctx.log(f"{shard.name}: its record is damaged ({e.why}); rewritten")
         return None
-    if record is not None and file_checksum(shard) != record["checksum"]:
+    if record is not None and first_damage([Part(shard, record["checksum"])]) is not None:
         ctx.log(f"{shard.name}: damaged (sha256 differs from its record); rewritten")
         return None
     if record is not None and ctx.recipe.layout.provenance:
         docs = ctx.layout.docs(shard)  # committed before its shard: a shard on disk has had its index
-        if not docs.exists() or file_checksum(docs) != record.get("provenance", {}).get("checksum"):
+        if first_damage([Part(docs, record.get("provenance", {}).get("checksum"))]) is not None:
             ctx.log(f"{docs.name}: missing or damaged (sha256 differs from its record); {shard.name} rewritten")
             return None
     return record
@@ -562,16 +563,14 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     if origins is not None:  # the index's table of sources, for tokmix.manifest.build_index
         write_record(sources_path, {"sources": [entry for o in origins for entry in o.sources()]})
     tasks = {k: replace(tasks[k], writer=ctx.writer) for k in todo}
-    executor, queue, pending = ctx.pool, iter(tasks.items()), {}
-    window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
+    queue, window = iter(tasks.items()), Window(ctx.pool, UNITS_IN_FLIGHT_PER_WORKER * ctx.workers)
     while True:
-        for k, task in itertools.islice(queue, window - len(pending)):
-            pending[executor.submit(write_shard, task)] = k
-        if not pending:
+        for k, task in itertools.islice(queue, window.room):
+            window.submit(write_shard, task, k)
+        if not window:
             break
-        for future in executor.wait_any(set(pending)):
-            k = pending.pop(future)
-            records[k] = executor.result(future)
+        for k, record in window.finished():
+            records[k] = record
             fault_point("assemble:after-rename")
             write_record(_record_path(ctx, k), records[k])
             fault_point("assemble:after-record")

@@ -24,7 +24,8 @@ from tokmix.shards import (
     CHECKSUM,
     DamagedFile,
     Delimiters,
-    file_checksum,
+    Part,
+    damage,
     read_json,
     write_bytes,
     write_npy,
@@ -54,28 +55,18 @@ def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None
     """Why a committed holdout cannot be used, or None: its val file, hashes and lengths must be the bytes whose
     checksums were recorded (index.json, the domain's record)."""
     val = ctx.layout.val(domain)
-    if not val.exists():
-        return f"{val.name} is missing"
-    if file_checksum(val) != entry.checksum:
-        return f"sha256 of {val.name} differs from index.json"
+    parts = [Part(val, entry.checksum, "index.json")]
     if ctx.recipe.layout.provenance:
-        docs = ctx.layout.docs(val)
-        if not docs.exists():
-            return f"{docs.name} is missing"
-        if file_checksum(docs) != (entry.provenance.checksum if entry.provenance is not None else None):
-            return f"sha256 of {docs.name} differs from index.json"
+        parts.append(Part(ctx.layout.docs(val), entry.provenance.checksum if entry.provenance else None, "index.json"))
+    if (why := damage(parts)) is not None:
+        return why
     try:
         record = read_json(record_path(ctx, domain), sealed=True)
     except DamagedFile as e:
         return f"its record {e.path.name}: {e.why}"
     if record is None:
         return f"{record_path(ctx, domain).name} is missing"
-    for path in (hashes_path(ctx, domain), lengths_path(ctx, domain)):
-        if not path.exists():
-            return f"{path.name} is missing"
-        if file_checksum(path) != record.get(path.name):
-            return f"sha256 of {path.name} differs from its record"
-    return None
+    return damage([Part(path, record.get(path.name)) for path in (hashes_path(ctx, domain), lengths_path(ctx, domain))])
 
 
 def _union(paths: list, dtype) -> np.ndarray:

@@ -20,11 +20,12 @@ from tokmix.provenance import UNIT_DOC_DTYPE
 from tokmix.shards import (
     LENGTH_DTYPE,
     DamagedFile,
+    Part,
     TokenFileWriter,
-    file_checksum,
+    damage,
     read_array,
-    read_json,
     read_tokens,
+    sealed_record,
     unit_file,
     unit_name,
     write_bytes,
@@ -64,21 +65,14 @@ def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, s
 
 
 def _check(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
-    try:
-        record = read_json(unit_file(directory, name, "json"), sealed=True)
-    except DamagedFile as e:
-        return None, e.why
+    record, why = sealed_record(unit_file(directory, name, "json"))
     if record is None:
-        return None, "its record is missing"
-    for part in ("tok", "len", "src"):
-        path = unit_file(directory, name, part)
-        if part == "src" and "src_sha256" not in record:
-            continue  # a unit of a run without provenance
-        if not path.exists():
-            return None, f"{path.name} is missing"
-        if file_checksum(path) != record.get(f"{part}_sha256"):
-            return None, f"sha256 of {path.name} differs from its record"
-    return record, None
+        return None, why
+    # the places file only for a unit of a run with provenance
+    parts = [Part(unit_file(directory, name, part), record.get(f"{part}_sha256")) for part in ("tok", "len", "src")
+             if part != "src" or "src_sha256" in record]
+    why = damage(parts)
+    return (record, None) if why is None else (None, why)
 
 
 def checked_unit(directory: Path | ObjectPath, name: str) -> dict:

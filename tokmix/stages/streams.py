@@ -38,7 +38,7 @@ from tokmix.shards import (
     write_record,
 )
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, cached, shared_encoder
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cached, shared_encoder
 from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
@@ -547,8 +547,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
     stays busy until the last budget is reached (a stream's tail overlaps the next stream's start)."""
     runs = [StreamRun(ctx, name) for name in names]
     metas: dict[str, dict] = {}
-    pending: dict = {}
-    window = UNITS_IN_FLIGHT_PER_WORKER * ctx.workers
+    window = Window(executor, UNITS_IN_FLIGHT_PER_WORKER * ctx.workers)
     while True:
         for run in runs:
             if run.name not in metas and run.advance():
@@ -557,19 +556,18 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
         if not active:
             return metas
         for run in active:
-            while len(pending) < window and run.wants_more() and (task := run.next_task()):
+            while window.room > 0 and run.wants_more() and (task := run.next_task()):
                 # a unit of pass 1 is tokenized from its files, one of a later pass copied from pass 1's (each
                 # function submitted by name: Ray titles its worker by it)
                 work = repeat_unit if isinstance(task, RepeatTask) else tokenize_unit
-                pending[executor.submit(work, task)] = (run, task.unit)
-        if not pending:
+                window.submit(work, task, (run, task.unit))
+        if not window:
             failed = next((e for e in map(StreamRun.out_of_source, active) if e), None)
             if failed:
                 raise failed
             continue  # committed units alone reached a budget: finish it above
-        for future in executor.wait_any(set(pending)):
-            run, unit = pending.pop(future)
-            run.committed(unit, executor.result(future))
+        for (run, unit), result in window.finished():
+            run.committed(unit, result)
             fault_point("streams:after-unit", run.name)
             ctx.progress.update(run.name, run.committed_tokens, run.budget)
 
