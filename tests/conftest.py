@@ -16,6 +16,10 @@ from tests.ray_nodes import RUN, RayNode
 # wheel is several GB, so torch (and megatron-core, which needs it) is not in the test extras; a bare clone has
 # no reference script beside it (the golden conformance tests still run). Everything else a test needs (Ray
 # included) is installed by the test command, and must run.
+# The token cache is on by default in the user's cache folder: the suite never writes there. Its own tests
+# (tests/test_cache.py, and the store and Ray tests that use one) name a cache of their own.
+os.environ["TOKMIX_CACHE"] = "off"
+
 ALLOWED_SKIPS = ("torch is not installed", "megatron-core is not installed",
                  "the reference script is not beside this clone")
 

@@ -62,6 +62,7 @@ ONLY = {
     "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.provenance", "tokmix.store",
                     "tokmix.format.records"},
     "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
+    "tokmix.cache": {"tokmix.errors", "tokmix.faults", "tokmix.shards", "tokmix.store", "tokmix.text"},
     "tokmix.backends": {"tokmix.errors", "tokmix.text"},
     "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards"},
     "tokmix.mirrors": {"tokmix.errors"},

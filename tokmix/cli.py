@@ -3,7 +3,6 @@ on stderr and a non-zero exit; --debug shows the traceback."""
 
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
 import time
@@ -16,6 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.format.records import Index
+from tokmix.text import size_bytes
 
 
 class _FlagsShownAsFlags:
@@ -51,15 +51,12 @@ app = _App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=
 console = Console(width=None if sys.stdout.isatty() else 140, markup=False)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 400, markup=False)
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
 def parse_size(text: str, option: str) -> int:
     """'1GiB', '512M', '2g', '1073741824' -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise TokmixError(f"{option} {text!r}: not a size such as 1GiB or 512MiB")
-    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
+    try:
+        return size_bytes(text)
+    except ValueError:
+        raise TokmixError(f"{option} {text!r}: not a size such as 1GiB or 512MiB") from None
 
 
 def _fail(e: Exception, debug: bool) -> None:
@@ -122,6 +119,13 @@ def run(
                                                                        "(default: RAY_ADDRESS, else a local one)"),
     work: Path | None = typer.Option(None, "--work", help="when --out is a URL: the local folder of the run's lock "
                                                           "and bookkeeping (default: under ~/.cache/tokmix)"),
+    cache: str | None = typer.Option(None, "--cache", help="the token cache shared by runs: a folder or URL "
+                                                           "(default: TOKMIX_CACHE, else ~/.cache/tokmix/units)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="tokenize every unit, neither using nor filling the "
+                                                            "token cache"),
+    cache_size: str | None = typer.Option(None, "--cache-size", help="the token cache's cap (default: "
+                                                                     "TOKMIX_CACHE_SIZE, else 50GiB or a quarter of "
+                                                                     "its disk)"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
 ) -> None:
     """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate.
@@ -140,6 +144,10 @@ def run(
                              guard_counts_supervisor=True)
         if workers is not None:
             options.workers = workers
+        from tokmix.cache import resolve as resolve_cache
+
+        options.cache = resolve_cache(cache, no_cache)
+        options.cache_size = parse_size(cache_size, "--cache-size") if cache_size else None
         t0 = time.perf_counter()
         index = run_recipe(load_recipe(recipe), out_url or out, blocks=blocks, backend=backend, restart=restart,
                            work=work, options=options, break_lock=break_lock)
@@ -370,6 +378,81 @@ def report(
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     console.print(f"report -> {path}")
+
+
+cache_app = _App(cls=_Group, help="The token cache shared by runs: its size and entries, pruning, verifying.")
+app.add_typer(cache_app, name="cache")
+CACHE_OPTION = typer.Option(None, "--cache", help="the cache: a folder or URL (default: TOKMIX_CACHE, else "
+                                                  "~/.cache/tokmix/units)")
+
+
+def _the_cache(cache: str | None):
+    from tokmix.cache import UnitCache, resolve
+
+    root = resolve(cache)
+    if root is None:
+        raise TokmixError("the token cache is turned off (TOKMIX_CACHE=off): name one with --cache")
+    return UnitCache(root)
+
+
+@cache_app.callback(invoke_without_command=True)
+def cache(
+    ctx: typer.Context,
+    cache: str | None = CACHE_OPTION,
+    max_size: str | None = typer.Option(None, "--max-size", help="evict least recently used entries down to this "
+                                                                 "size (e.g. 20GiB)"),
+    older_than: float | None = typer.Option(None, "--older-than", help="remove entries not used for this many "
+                                                                       "days"),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="remove the entries of the tokenizer whose "
+                                                                   "sha256 starts with this"),
+    debug: bool = typer.Option(False, "--debug"),
+) -> None:
+    """Show the token cache's size and entries by tokenizer and source; prune it. Entries a running run holds
+    are never removed."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.table import Table
+
+    from tokmix.cache import gib, summary
+
+    try:
+        unit_cache = _the_cache(cache)
+        if max_size is not None or older_than is not None or tokenizer is not None:
+            cap = parse_size(max_size, "--max-size") if max_size is not None else 1 << 62
+            removed, freed = unit_cache.evict(cap, older_than=None if older_than is None else older_than * 86400,
+                                              tokenizer=tokenizer)
+            console.print(f"removed {removed:,} entries ({gib(freed)})")
+        found = summary(list(unit_cache.entries()))
+    except (TokmixError, OSError) as e:
+        _fail(e, debug)
+    console.print(f"{unit_cache}: {gib(found['bytes'])} in {found['entries']:,} entries ({found['tokens']:,} tokens; "
+                  f"{found['held']:,} held by runs)")
+    for title, rows in (("tokenizer", found["by_tokenizer"]), ("source", found["by_source"])):
+        if not rows:
+            continue
+        table = Table(title=f"by {title}")
+        table.add_column(title)
+        table.add_column("entries", justify="right")
+        table.add_column("size", justify="right")
+        for name, (count, size) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:20]:
+            table.add_row(name, f"{count:,}", gib(size))
+        if len(rows) > 20:
+            table.add_row(f"... {len(rows) - 20:,} more", "", "")
+        console.print(table)
+
+
+@cache_app.command("verify")
+def cache_verify(cache: str | None = CACHE_OPTION, debug: bool = typer.Option(False, "--debug")) -> None:
+    """Check every entry of the token cache against its sha256; a damaged one is removed (exit 1)."""
+    try:
+        whole, problems = _the_cache(cache).verify()
+    except (TokmixError, OSError) as e:
+        _fail(e, debug)
+    for problem in problems:
+        err.print(problem, highlight=False, soft_wrap=True)
+    console.print(f"{whole:,} entries whole, {len(problems):,} damaged (removed)")
+    if problems:
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover

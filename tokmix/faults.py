@@ -27,6 +27,8 @@ POINTS = (
     "streams:unit-before-rename",  # a unit's tokens written under the temporary name
     "streams:unit-before-record",  # tokens and lengths committed, the unit's record not yet
     "streams:after-unit",  # the coordinator got a committed unit
+    "cache:after-take-file",  # a file of a token cache entry linked or copied into the run's units folder
+    "cache:fill-before-rename",  # a cache entry made in the cache's tmp/, not yet renamed into entries/
     "streams:before-meta",
     "streams:after-meta",
     "assemble:mid-write",  # half of a gathered part of a shard written

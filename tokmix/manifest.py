@@ -18,6 +18,9 @@ from tokmix.shards import block_tokens
 from tokmix.stages import Context
 from tokmix.stages.passes import passes_used
 
+# what a stream's record holds for the other stages, not for index.json's summary of it (the cache's has its key)
+NOT_IN_SUMMARY = ("units", "last_unit_docs", "units_from_cache", "tokens_from_cache")
+
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int],
                 provenance: dict | None = None, balance: dict | None = None,
@@ -31,7 +34,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
     by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
     total = sum(by_stream.values())
     by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
-    summary = {n: {k: v for k, v in metas[n].items() if k not in ("units", "last_unit_docs")} for n in names}
+    summary = {n: {k: v for k, v in metas[n].items() if k not in NOT_IN_SUMMARY} for n in names}
     for n in names:  # what the benchmarks took from the stream; where, in contamination.json
         if "benchmark_contamination" in metas[n]:
             summary[n]["benchmark_contamination"] = {k: v for k, v in metas[n]["benchmark_contamination"].items()
@@ -90,6 +93,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "backend": ctx.backend,
         },
         val={d: e if isinstance(e, HoldoutEntry) else HoldoutEntry.from_json(e) for d, e in val.items()},
+        cache=_cache_entry(ctx, metas) if ctx.cache is not None else None,
         provenance=Provenance.from_json(provenance) if provenance is not None else None,
         benchmark_decontamination=benchmarks,
     )
@@ -148,3 +152,13 @@ def phases_entry(recipe, balance: dict) -> list[dict]:
             "share_by_stream": {n: r / tokens for n, r in zip(names, realized)},
         })
     return out
+
+
+def _cache_entry(ctx: Context, metas: dict[str, dict]) -> dict:
+    """What the streams took from the token cache (tokmix.cache): units and their tokens, per stream and in all."""
+    by_stream = {n: {"units": len(m["units"]), "units_from_cache": m.get("units_from_cache", 0),
+                     "tokens_from_cache": m.get("tokens_from_cache", 0)} for n, m in metas.items()}
+    return {"location": ctx.cache, "units": sum(s["units"] for s in by_stream.values()),
+            "units_from_cache": sum(s["units_from_cache"] for s in by_stream.values()),
+            "tokens_from_cache": sum(s["tokens_from_cache"] for s in by_stream.values()),
+            "by_stream": by_stream}

@@ -21,6 +21,7 @@ import psutil
 
 from tokmix import identity
 from tokmix.backends import can_cut_documents, choose_backend, installed_backends
+from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import exit_for_restart, fault_point
@@ -316,11 +317,30 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
                    tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok), delimiters=delimiters,
-                   writer=RunWriter.of(layout))
+                   writer=RunWriter.of(layout), cache=options.cache)
 
 
-def run_pipeline(ctx: Context, timings: Timings) -> Index:
-    """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed."""
+def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None:
+    """What the streams took from the token cache, and the cache held to its cap (LRU; never an entry a running
+    run holds). A cache that cannot be pruned (read-only, unreachable) is said, and the run goes on."""
+    units = sum(m.get("units_from_cache", 0) for m in metas.values())
+    tokens = sum(m.get("tokens_from_cache", 0) for m in metas.values())
+    used = sum(len(m["units"]) for m in metas.values())
+    log(f"token cache: {units:,} of {used:,} units ({tokens:,} tokens) taken from {ctx.cache}")
+    cache = UnitCache(ctx.cache)
+    try:
+        removed, freed = cache.evict(cap if cap is not None else default_cap(ctx.cache))
+        size, entries = cache.size()
+    except OSError as e:
+        log(f"token cache: {ctx.cache}: cannot prune it ({os_error_message(e)})")
+        return
+    evicted = f"; {removed:,} least recently used entries ({gib(freed)}) evicted to its cap" if removed else ""
+    log(f"token cache: {gib(size)} in {entries:,} entries{evicted}")
+
+
+def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
+    """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed.
+    `options_cap`: the token cache's cap (RunOptions.cache_size)."""
     t0 = time.perf_counter()
     val = run_holdout(ctx)
     if ctx.executor == "local":
@@ -335,6 +355,8 @@ def run_pipeline(ctx: Context, timings: Timings) -> Index:
                                      build=lambda *args: in_fresh_process(build_set, *args))
     metas = run_streams(ctx)
     drop_cached()
+    if ctx.cache is not None:
+        _report_cache(ctx, metas, options_cap)
     timings.add("streams", time.perf_counter() - t0)
     t0 = time.perf_counter()
     shards, used = run_assemble(ctx, metas)
@@ -398,7 +420,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
                            (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
             try:
-                run_pipeline(ctx, timings)
+                run_pipeline(ctx, timings, options.cache_size)
             finally:
                 ctx.progress.stop()
         write_json(layout.done, {"fingerprint": recipe.fingerprint()})

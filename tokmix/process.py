@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from tokmix.cache import resolve as resolve_cache
 from tokmix.shards import UNIT_BYTES
 
 ERROR_EXIT_CODE = 2
@@ -31,6 +32,9 @@ class RunOptions:
     # under the Python API the supervisor is the caller's process, whose memory is not the run's
     guard_counts_supervisor: bool = False
     store: str | None = None  # the output is this store's URL; the run's state is in its local working folder
+    # the token cache (tokmix.cache): a folder or URL, None for none; default TOKMIX_CACHE or ~/.cache/tokmix/units
+    cache: str | None = field(default_factory=resolve_cache)
+    cache_size: int | None = None  # the cache's cap in bytes (default: tokmix.cache.default_cap)
 
 
 def log(msg: str) -> None:

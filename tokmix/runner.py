@@ -16,6 +16,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tokmix import identity
+from tokmix.cache import default_cap, gib
+from tokmix.cache import resolve as resolve_cache
 from tokmix.errors import TokmixError
 from tokmix.executors import check_executor
 from tokmix.faults import RESTART_EXIT_CODE, fault_point
@@ -92,7 +94,8 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     recipe = recipe.with_blocks(blocks).with_backend(backend)
     # the stage process runs elsewhere (see STAGE_BOOT): every local path it is given is absolute
     recipe = recipe.model_copy(update={"base_dir": Path(os.path.abspath(recipe.base_dir))})
-    options = replace(options, mirrors=[absolute_mirror(spec) for spec in options.mirrors])
+    options = replace(options, mirrors=[absolute_mirror(spec) for spec in options.mirrors],
+                      cache=resolve_cache(options.cache) if options.cache is not None else None)
     if is_url(out):
         url = str(out).rstrip("/")
         check_store_url(url)
@@ -116,6 +119,10 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         _record_run(layout, recipe)
         write_json(layout.options, asdict(options))
         (layout.error).unlink(missing_ok=True)
+        if options.cache is not None:
+            cap = options.cache_size if options.cache_size is not None else default_cap(options.cache)
+            log(f"token cache: {options.cache} (cap {gib(cap)}; --cache DIR or TOKMIX_CACHE to move it, "
+                "--no-cache to turn it off)")
         fruitless = 0
         while True:
             before = _progress_marker(layout)

@@ -85,3 +85,14 @@ def utf8_pieces(data, piece_bytes: int = HUGE_DOC_CHARS) -> Iterator[str]:
         except UnicodeDecodeError as e:
             raise UnicodeDecodeError(e.encoding, e.object, start + e.start, start + e.end, e.reason) from None
         start = end
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def size_bytes(text: str) -> int:
+    """'1GiB', '512M', '2g', '1073741824' -> bytes (binary units); ValueError for anything else."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(text)
+    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))

@@ -233,6 +233,7 @@ class Index(Record):
     decontamination: dict[str, Any] | None = None
     throughput: dict[str, Any] | None = None
     val: dict[str, HoldoutEntry] = field(default_factory=dict, metadata=_many(HoldoutEntry, dict))
+    cache: dict[str, Any] | None = None  # what the streams took from the token cache (docs/cache.md)
     provenance: Provenance | None = field(default=None, metadata=_one(Provenance))
     # with [decontaminate]: the benchmarks, what they took per stream, and contamination.json (docs/format.md)
     benchmark_decontamination: dict[str, Any] | None = None

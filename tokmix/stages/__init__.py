@@ -69,6 +69,7 @@ class Context:
     delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
     writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
     benchmarks: dict | None = None  # the record of the run's benchmark n-grams ([decontaminate])
+    cache: str | None = None  # the token cache's folder or URL (tokmix.cache), None without one
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

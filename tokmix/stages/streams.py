@@ -11,6 +11,7 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix import identity
+from tokmix.cache import UnitCache, source_identity, unit_key
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
@@ -67,6 +69,9 @@ class UnitTask:
     writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
     benchmarks: str | None = None  # the run's benchmark n-grams ([decontaminate], tokmix.stages.decontam)
     drop_contaminated: bool = True  # action "drop"; False: "report" (kept and counted)
+    cache: str | None = None  # the token cache (tokmix.cache) the unit is taken from or added to
+    cache_key: str | None = None
+    cache_parts: dict | None = None  # what `tokmix cache` lists the entry by: tokenizer, stream, source files
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -179,12 +184,60 @@ def _document_tokens(encoder, text, delimiters: Delimiters) -> int:
 
 
 def tokenize_unit(task: UnitTask) -> dict:
-    """Tokenize one unit and commit it, while its run holds the directory; returns its record."""
+    """Tokenize one unit and commit it, while its run holds the directory; returns its record. With a cache,
+    the unit is taken from it when it holds it (checked), and added to it once tokenized."""
     with writing(task.writer):
-        return _tokenize_unit(task)
+        if task.cache_key is None:
+            return _tokenize_unit(task)[0]
+        cache = UnitCache(task.cache)
+        record, rejected = _from_cache(task, cache)
+        if record is not None:
+            return record
+        record, complete, copies = _tokenize_unit(task)
+        if cache.problem is not None:  # told by the coordinator; not in the unit's sealed record
+            record = {**record, "cache_problem": f"{cache.entry_dir(task.cache_key)}: damaged ({cache.problem}); "
+                      "removed, the unit tokenized again"}
+        try:
+            cache.fill(task.cache_key, as_path(task.unit_dir), task.unit.name, _entry_unit(record), complete,
+                       task.cache_parts or {}, copies, replace=rejected)
+        except (OSError, DamagedFile):  # a full or read-only cache: the run goes on without adding to it
+            pass
+        return record
 
 
-def _tokenize_unit(task: UnitTask) -> dict:
+# a unit record's fields that are the run's, not the cached unit's
+RUN_FIELDS = ("index", "name", "pieces", "size", "file_bytes", "limit", "from_cache", "cache_problem")
+
+
+def _entry_unit(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in RUN_FIELDS}
+
+
+def _from_cache(task: UnitTask, cache: UnitCache) -> tuple[dict | None, bool]:
+    """The unit's record, its files taken from the cache, or None when the cache cannot give it; and whether an
+    entry was there that this run's holdout set rejects (the unit's new entry then replaces it). A complete
+    entry serves any limit (the stream is cut at the document that reaches its budget wherever the unit ends);
+    a partial one, a limit it reaches."""
+    unit, unit_dir = task.unit, as_path(task.unit_dir)
+    accept, verdict = _same_copies(task), []
+    judged = None if accept is None else lambda entry, read: verdict.append(accept(entry, read)) or verdict[-1]
+    try:
+        cached_unit = cache.take(task.cache_key, unit_dir, unit.name, task.limit, judged)
+    except OSError:  # an unreadable cache: tokenized as without one
+        return None, False
+    if cached_unit is None:
+        return None, verdict == [False]
+    complete = cached_unit.pop("complete", True)
+    record = {"index": unit.index, "name": unit.name, "pieces": unit.describe(), "size": unit.size,
+              "file_bytes": unit.file_bytes(), "limit": None if complete else cached_unit["tokens"],
+              **cached_unit, "from_cache": True}
+    fault_point("streams:unit-before-record")
+    write_record(unit_file(unit_dir, unit.name, "json"), record)
+    return record, False
+
+
+def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
+    """The unit's record, and whether it holds every document of its pieces (not cut at its limit)."""
     unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
@@ -199,6 +252,11 @@ def _tokenize_unit(task: UnitTask) -> dict:
     places, found = (Places(), deque()) if task.provenance or bench else (None, None)
     contaminated: list[list] = []  # [kept documents before it, piece, place, tokens, items...] of each
     documents = UnitDocuments(unit)
+    complete = True
+    # for the cache: every kept document's hash and the dropped ones', so that a run with another holdout set can
+    # tell whether this unit's bytes are its own (_same_copies)
+    kept_hashes = [] if task.cache_key is not None and hashes is not None else None
+    dropped_hashes: list[int] = []
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
     try:
         for batch in batches(texts if places is None else _placed(texts, places, found), huge,
@@ -208,6 +266,8 @@ def _tokenize_unit(task: UnitTask) -> dict:
                 is_copy = holdout_copies(batch, hashes, held_lengths)
                 if is_copy.any():
                     dropped_at += (kept + np.cumsum(~is_copy)[is_copy]).tolist()
+                    if kept_hashes is not None:
+                        dropped_hashes += text_hashes([t for t, c in zip(batch, is_copy.tolist()) if c]).tolist()
                     batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]
                     where = [w for w, c in zip(where, is_copy.tolist()) if not c] if where else where
             if bench is not None:
@@ -223,16 +283,20 @@ def _tokenize_unit(task: UnitTask) -> dict:
                 if task.limit is not None and writer.tokens + int(lens.sum()) >= task.limit:
                     # the stream ends in this batch: keep it up to the document that reaches the limit
                     keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1
+                    complete &= keep == len(batch)
                     batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep * extra]
                     where = where[:keep]
                 writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
             if task.provenance:
                 documents.add(where, batch)
+            if kept_hashes is not None:
+                kept_hashes.append(text_hashes(batch))
             lengths.append(lens.astype(LENGTH_DTYPE))
             kept += len(batch)
             chars[0] += sum(map(len, batch))
             if task.limit is not None and writer.tokens >= task.limit:
+                complete = False  # stopped at its limit (had it read all, it cannot tell without reading on)
                 break
     except BaseException:
         writer.abort()
@@ -270,10 +334,35 @@ def _tokenize_unit(task: UnitTask) -> dict:
         **src,
     }
     write_record(unit_file(unit_dir, unit.name, "json"), record)
-    return record
+    copies = None
+    if kept_hashes is not None:
+        copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
+                  "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
+    return record, complete, copies
+
+
+def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], bool] | None:
+    """Whether a cached unit is this run's under its holdout set: none of its kept documents is a holdout
+    document now, and every one it dropped still is. (Another holdout set, e.g. other shares of a domain's
+    streams, mostly leaves a unit's bytes as they were: the set is checked per unit, not put in the key.)"""
+    if task.hashes_path is None:
+        return None
+
+    def accept(entry: dict, read: Callable[[str], bytes]) -> bool:
+        held = _holdout_array(task.hashes_path)
+        kept, dropped = (np.frombuffer(read(part), np.uint64) for part in ("hash", "dropped"))
+        return not np.isin(kept, held).any() and bool(np.isin(dropped, held).all())
+
+    return accept
 
 
 # ---------------------------------------------------------------------------- coordinator side
+def cache_oracle() -> str:
+    """The cache key's oracle part: the library whose ids a tokenizer.json's are (HF tokenizers) and its version:
+    another version may give other ids, so its units are not this one's."""
+    return cached(("cache oracle",), lambda: f"tokenizers {importlib.metadata.version('tokenizers')}")
+
+
 def meta_path(ctx: Context, stream: str) -> Path:
     return ctx.layout.stream_meta(stream)
 
@@ -387,6 +476,8 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         **({"pass_tokens": sum(r["tokens"] for r in tokenized), "pass_docs": sum(r["docs"] for r in tokenized)}
            if passes > 1 else {}),
         **({"benchmark_contamination": contamination} if contamination is not None else {}),
+        **({"units_from_cache": sum(1 for r in used if r.get("from_cache")),
+            "tokens_from_cache": sum(r["tokens"] for r in used if r.get("from_cache"))} if ctx.cache else {}),
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
@@ -512,15 +603,33 @@ class StreamRun:
         if isinstance(unit, RepeatUnit):
             return RepeatTask(unit, str(self.directory), self.ctx.dtype.str, self.ctx.recipe.seed,
                               self.pass_units, limit, self.ctx.recipe.layout.provenance, self.ctx.writer)
+        key, parts = self._cache_key(unit)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters,
                         provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
                         benchmarks=self.benchmarks,
-                        drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop")
+                        drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop",
+                        cache=self.ctx.cache, cache_key=key, cache_parts=parts)
+
+    def _cache_key(self, unit: Unit) -> tuple[str | None, dict | None]:
+        """The unit's key in the token cache (tokmix.cache.unit_key) and what `tokmix cache` lists it by."""
+        if self.ctx.cache is None:
+            return None, None
+        ctx = self.ctx
+        key = unit_key(tokenizer=ctx.tokenizer_sha256, oracle=cache_oracle(), delimiters=ctx.delimiters.to_index(),
+                       dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars,
+                       provenance=ctx.recipe.layout.provenance, text_field=ctx.recipe.streams[self.name].text_field,
+                       unit_index=unit.index, pieces=unit.describe(),
+                       sources=[source_identity(p.path, p.file_bytes) for p in unit.pieces],
+                       decontamination="holdout-exact" if self.hashes else None)
+        return key, {"tokenizer": ctx.tokenizer_sha256, "tokenizer_path": ctx.tokenizer_path, "stream": self.name,
+                     "unit": unit.name, "sources": sorted({p.path for p in unit.pieces})}
 
     def committed(self, unit: Unit, record: dict) -> None:
+        if (problem := record.pop("cache_problem", None)) is not None:
+            self.ctx.log(f"token cache: {problem}")
         self._add(record)
         self.in_flight -= 1
         self.in_flight_bytes -= unit.size

@@ -1,0 +1,211 @@
+"""The token cache (tokmix.cache), for real: two runs filling one cache at once, a remix (other shares, seed,
+interleave and blocks) that takes every unit it can from it and writes byte for byte what the same recipe writes
+with --no-cache, with worker processes, through a damaged entry, and SIGKILLed inside taking an entry and inside
+filling one; the cache checked (`tokmix cache verify`), listed and pruned, and never an entry a run holds
+evicted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tokmix
+from tests.corpus import make_inputs
+from tokmix.cache import ENTRY, UnitCache, source_identity, unit_key
+
+ROOT = Path(__file__).resolve().parents[1]
+UNIT_BYTES = 4_000  # several units per file (a row group of 8 documents each, about)
+SHARES = {"dclm": (0.45, 0.38), "edu": (0.35, 0.42), "code_py": (0.07, 0.12), "code_other": (0.13, 0.08)}
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
+
+
+def cli(*args: str, fault: str | None = None, env: dict | None = None) -> subprocess.Popen:
+    env = dict(env or {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)})
+    env.pop("TOKMIX_CACHE", None)  # the suite's "off": each run names its cache
+    if fault:
+        env["TOKMIX_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", *args, "--workers", "2",
+                             "--tokenizer-backend", "hf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+
+
+def finished(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def killed(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory) -> tuple[Path, Path]:
+    """The test recipe, and its remix: every share moved by 5-7 points, another seed, the chunked interleave
+    and more blocks (nothing of it in the cache key)."""
+    root = tmp_path_factory.mktemp("cache-inputs")
+    recipe = make_inputs(root, doc_limit=400, rows_per_group=8, decontaminate=True)
+    text = recipe.read_text()
+    for name, (was, now) in SHARES.items():
+        text = re.sub(rf'(\[streams\.{name}\]\ndomain = "\w+"\nshare = ){was}\n', rf"\g<1>{now}\n", text)
+    text = text.replace("seed = 1234", "seed = 77").replace("[layout]\n", '[layout]\ninterleave = "chunked"\n')
+    text = text.replace("steps = 40", "steps = 46")
+    assert text.count("share = ") == 4 and all(f"share = {now}" in text for _, now in SHARES.values())
+    remix = root / "remix.toml"
+    remix.write_text(text)
+    return recipe, remix
+
+
+@pytest.fixture(scope="module")
+def cold(recipes, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Two runs of the recipe started at once on one empty cache (the second keeps its units, which link the
+    cache's entries: it holds them): both fill the same entries. Returns (cache, out, out with its units)."""
+    base = tmp_path_factory.mktemp("cold")
+    cache = base / "cache"
+    first = cli(str(recipes[0]), "--out", str(base / "a"), "--cache", str(cache))
+    second = cli(str(recipes[0]), "--out", str(base / "b"), "--cache", str(cache), "--keep-streams")
+    logs = finished(first) + finished(second)
+    assert "token cache: " + str(cache) in logs
+    return cache, base / "a", base / "b"
+
+
+@pytest.fixture(scope="module")
+def remix_without_cache(recipes, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("remix-nocache")
+    tokmix.run(tokmix.load_recipe(recipes[1]), out, workers=1, cache=None, unit_bytes=UNIT_BYTES, backend="hf")
+    return out
+
+
+def test_runs_filling_one_cache_at_once_write_the_same_bytes_and_one_whole_entry_per_unit(cold):
+    cache, a, b = cold
+    assert outputs(a) == outputs(b)
+    whole, problems = UnitCache(str(cache)).verify()
+    units = len(list((b / "streams").glob("*/units/*.json")))
+    assert problems == [] and whole == units > 8
+    assert not list((cache / "tmp").iterdir()), "nothing left of the fill that lost the race"
+    index = json.loads((a / "index.json").read_text())
+    assert index["cache"]["location"] == str(cache) and index["cache"]["units"] == units
+
+
+def test_a_remix_takes_its_units_from_the_cache_and_writes_what_it_writes_without_it(
+        recipes, cold, remix_without_cache, tmp_path):
+    """Through worker processes, a damaged entry (a flipped byte: found, removed, the unit tokenized again, the
+    entry made again), a SIGKILL while taking an entry and one while filling one; every resume ends with the
+    bytes of the same recipe run with --no-cache, tokenizing no more than the budgets grew plus a unit a
+    stream."""
+    cache, _, kept = cold
+    damaged, record = next((path, record) for path in sorted((cache / "entries").glob(f"*/*/{ENTRY}"))
+                           if (record := json.loads(path.read_text()))["parts"]["stream"] == "dclm"
+                           and record["parts"]["unit"] == "000000")  # a unit every mix of the recipe uses
+    tok = damaged.parent / record["files"]["tok"]
+    tok.chmod(0o644)
+    data = bytearray(tok.read_bytes())
+    data[5] ^= 0xFF
+    tok.write_bytes(bytes(data))  # in place: the units of the run that holds it are damaged too
+    out = tmp_path / "remix"
+    args = (str(recipes[1]), "--out", str(out), "--cache", str(cache))
+    log = killed(cli(*args, fault="cache:after-take-file:2"))
+    log += killed(cli(*args, fault="cache:fill-before-rename:1"))
+    assert list((cache / "tmp").iterdir()), "the kill left an entry being filled in tmp/"
+    log += finished(cli(*args, "--executor", "processes"))
+    assert outputs(out) == outputs(remix_without_cache)
+    assert UnitCache(str(cache)).verify()[1] == [], "every entry whole, the damaged one remade"
+
+    # what the remix took and what it tokenized (over its three stage processes), from its index
+    index = json.loads((out / "index.json").read_text())
+    before = json.loads((cold[1] / "index.json").read_text())
+    took = index["cache"]
+    assert 0 < took["units_from_cache"] < took["units"]
+    assert re.search(rf"token cache: \d+ of {took['units']} units \([\d,]+ tokens\) taken from", log), log
+    grown = sum(max(0, index["mix"]["streams"][n]["budget"] - before["mix"]["streams"][n]["budget"])
+                for n in SHARES)
+    biggest = max(r["tokens"] for r in map(json.loads, map(Path.read_text, (kept / "streams").glob("*/units/*.json"))))
+    tokenized = sum(index["mix"]["streams"][n]["tokens"] for n in SHARES) - took["tokens_from_cache"]
+    assert tokenized <= grown + len(SHARES) * biggest
+
+
+def test_eviction_under_a_running_run_never_removes_an_entry_it_holds(recipes, cold, tmp_path):
+    """A run paused after taking units from the cache holds them (its units folder links the entries' files):
+    evicting everything leaves exactly those; the run then resumes to the same bytes."""
+    import shutil
+
+    cache, out, fifo = tmp_path / "cache", tmp_path / "out", tmp_path / "paused"
+    shutil.copytree(cold[0] / "entries", cache / "entries")  # a cache of its own: no other run links these
+    os.mkfifo(fifo)
+    args = (str(recipes[0]), "--out", str(out), "--cache", str(cache))
+    proc = cli(*args, fault="streams:after-unit:3:pause", env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                               "TOKMIX_UNIT_BYTES": str(UNIT_BYTES),
+                                                               "TOKMIX_PAUSE_FIFO": str(fifo)})
+    with open(fifo) as f:  # blocks until the stage process stands at the pause point
+        assert f.read() == "paused"
+    unit_cache = UnitCache(str(cache))
+    before = list(unit_cache.entries())
+    removed, _ = unit_cache.evict(0)
+    linked = {p.stat().st_ino for p in out.glob("streams/*/units/*.tok")}  # after: a take in flight has ended
+
+    def inode(entry) -> int | None:
+        path = cache / "entries" / entry.key[:2] / entry.key / entry.record["files"]["tok"]
+        return path.stat().st_ino if path.exists() else None
+
+    left = {e.key: inode(e) for e in unit_cache.entries()}
+    assert len(left) >= 3 and set(left.values()) <= linked, "what is left is what the paused run took"
+    assert removed == len(before) - len(left) > 0
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    finished(cli(*args))
+    assert outputs(out) == outputs(cold[1])
+
+
+def test_tokmix_cache_lists_verifies_and_prunes(cold, tmp_path):
+    import shutil
+
+    cache = tmp_path / "copy"
+    shutil.copytree(cold[0] / "entries", cache / "entries")  # copies: nothing links them
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+
+    def tokmix_cache(*args: str):
+        return CliRunner().invoke(app, ["cache", *args, "--cache", str(cache)])
+
+    listed = tokmix_cache()
+    count = len(list(UnitCache(str(cache)).entries()))
+    assert listed.exit_code == 0 and f"in {count:,} entries" in listed.output and "by tokenizer" in listed.output
+    assert "part-0.parquet" in listed.output
+    records = sorted((cache / "entries").glob(f"*/*/{ENTRY}"))
+    records[0].write_text(records[0].read_text()[:-9])  # truncated
+    verify = tokmix_cache("verify")
+    assert verify.exit_code == 1 and "not whole JSON" in verify.output
+    assert f"{count - 1:,} entries whole, 1 damaged (removed)" in verify.output
+    assert tokmix_cache("verify").exit_code == 0
+    pruned = tokmix_cache("--max-size", "0")
+    assert pruned.exit_code == 0 and "in 0 entries" in pruned.output
+
+
+def test_the_key_is_every_part_that_decides_a_units_bytes(tmp_path):
+    source = tmp_path / "a.parquet"
+    source.write_bytes(b"x" * 10)
+    parts = dict(tokenizer="t", oracle="tokenizers 1", delimiters={"prefix": [0], "suffix": []}, dtype="<u2",
+                 huge_doc_chars=1 << 22, provenance=True, text_field="text", unit_index=0,
+                 pieces=[[str(source), "parquet", 0, 1]], sources=[source_identity(str(source), 10)],
+                 decontamination=None, benchmarks=None)
+    key = unit_key(**parts)
+    changed = {"tokenizer": "u", "oracle": "tokenizers 2", "delimiters": {"prefix": [1], "suffix": []},
+               "dtype": "<u4", "huge_doc_chars": 1 << 62, "provenance": False, "text_field": "content",
+               "unit_index": 1, "pieces": [[str(source), "parquet", 0, 2]], "decontamination": "holdout-exact",
+               "benchmarks": "ngrams"}
+    assert all(unit_key(**{**parts, name: value}) != key for name, value in changed.items())
+    os.utime(source, ns=(1, 1))  # rewritten in place at the same size: another file
+    assert unit_key(**{**parts, "sources": [source_identity(str(source), 10)]}) != key
