@@ -79,12 +79,18 @@ def ray_corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local_run(ray_corpus, tmp_path_factory) -> Path:
-    """ray_corpus run with the local executor: the bytes every Ray run must write."""
+def ray_cache(tmp_path_factory) -> Path:
+    """A token cache (tokmix.cache) that ray_local_run fills and a Ray run reads from its workers."""
+    return tmp_path_factory.mktemp("ray-cache")
+
+
+@pytest.fixture(scope="session")
+def ray_local_run(ray_corpus, ray_cache, tmp_path_factory) -> Path:
+    """ray_corpus run with the local executor: the bytes every Ray run must write. It fills ray_cache."""
     import tokmix
 
     out = tmp_path_factory.mktemp("ray-local")
-    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), out, executor="local", **RUN)
+    tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), out, executor="local", cache=str(ray_cache), **RUN)
     return out
 
 

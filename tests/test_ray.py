@@ -33,10 +33,12 @@ def ray_address(ray_head) -> str:
 
 
 def outputs(out: Path) -> dict[str, bytes]:
-    """Every output file, with index.json's timings and throughputs (which vary run to run) left out."""
+    """Every output file, with index.json's timings and throughputs (which vary run to run) and what came from
+    the token cache left out."""
     files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
     index = json.loads((out / "index.json").read_text())
     index.pop("throughput")
+    index.pop("cache", None)
     for meta in index["mix"]["streams"].values():
         for key in ("seconds_last_run", "tok_s_end_to_end", "tok_s_tokenizer_capacity"):
             meta.pop(key)
@@ -44,11 +46,12 @@ def outputs(out: Path) -> dict[str, bytes]:
     return files
 
 
-def test_ray_writes_the_same_bytes_as_local(ray_address, ray_corpus, ray_local_run, tmp_path):
-    index = tokmix.run(
-        tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray", ray_address=ray_address, **RUN
-    )
+def test_ray_writes_the_same_bytes_as_local(ray_address, ray_corpus, ray_local_run, ray_cache, tmp_path):
+    """Its Ray tasks take every unit from the token cache that the local run filled (tokmix.cache)."""
+    index = tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray",
+                       ray_address=ray_address, cache=str(ray_cache), **RUN)
     assert len(index["shards"]) > 1
+    assert index["cache"]["units_from_cache"] == index["cache"]["units"] > 1
     assert outputs(tmp_path) == outputs(ray_local_run)
 
 

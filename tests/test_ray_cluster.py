@@ -10,6 +10,7 @@ that unit on the head. Needs the ray extra."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import tokmix
 from tests.pausing import wait_for_pause
 from tests.ray_nodes import RUN, RayNode, agent_ports
 from tests.test_ray import outputs
+from tokmix.cache import UnitCache
 
 RUN_SECONDS = 300
 
@@ -51,10 +53,12 @@ def test_a_node_lost_mid_run_changes_nothing(ray_head, second_node, ray_corpus, 
     recipe = ray_corpus / "recipe.toml"
     failure: list[BaseException] = []
 
+    cache = tmp_path / "cache"  # a token cache the workers of both nodes fill (tokmix.cache)
+
     def run() -> None:
         try:
             tokmix.run(tokmix.load_recipe(recipe), tmp_path / "ray", executor="ray",
-                       ray_address=ray_head, **RUN)
+                       ray_address=ray_head, cache=str(cache), **RUN)
         except BaseException as e:  # handed to the test's thread
             failure.append(e)
 
@@ -74,3 +78,6 @@ def test_a_node_lost_mid_run_changes_nothing(ray_head, second_node, ray_corpus, 
     assert not runner.is_alive(), "the run did not finish after the node was lost"
     assert not failure, failure
     assert outputs(tmp_path / "ray") == outputs(ray_local_run)
+    index = json.loads((tmp_path / "ray" / "index.json").read_text())
+    whole, problems = UnitCache(str(cache)).verify()  # the unit lost with the node: tokenized and filled again
+    assert problems == [] and whole >= index["cache"]["units"] > 1

@@ -25,6 +25,7 @@ boto3 = pytest.importorskip("boto3", reason="moto[server] is not installed (the 
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "tokmix-test"
+STORE_CACHE = f"s3://{BUCKET}/token-cache"
 
 
 @contextlib.contextmanager
@@ -95,7 +96,8 @@ def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
 def whole(s3, finished_run, tmp_path_factory) -> tuple[str, Path]:
     """A run of the session's test recipe to the store, uninterrupted: its URL and local working folder."""
     url, work = f"s3://{BUCKET}/whole", tmp_path_factory.mktemp("whole") / "work"
-    tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=work, workers=2)
+    # its workers fill a token cache on the store from the units they write there (tests the store cache below)
+    tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), url, work=work, workers=2, cache=STORE_CACHE)
     return url, work
 
 
@@ -106,6 +108,33 @@ def test_a_run_to_s3_writes_what_a_local_run_writes_with_nothing_staged_locally(
     assert not [n for n in found if n.startswith("streams/")], "the units are removed once the run is valid"
     assert not list(work.rglob("*.bin")) and not list(work.rglob("*.tok")), "no token file is kept locally"
     assert (work / "tokmix-state" / "lock").exists(), "the run's lock is the kernel's, in the local folder"
+
+
+def test_a_token_cache_on_the_store_gives_a_local_run_every_unit_checked_and_the_same_bytes(
+        s3, whole, finished_run, tmp_path):
+    """The cache `whole` filled on the store (tokmix.cache): every entry whole (its objects' sha256 against its
+    record, read back through boto3's view of the bucket too), and a local run of the recipe takes every unit
+    from it and writes the local run's bytes; an entry whose object is damaged on the store is found, removed
+    and made again."""
+    from tokmix.cache import UnitCache
+
+    cache = UnitCache(STORE_CACHE)
+    whole_entries, problems = cache.verify()
+    stored = objects(s3, "token-cache")
+    assert problems == [] and whole_entries == sum(1 for n in stored if n.endswith("/entry.json")) > 4
+    first = next(json.loads(data) for n, data in sorted(stored.items())
+                 if n.endswith("/entry.json") and json.loads(data)["parts"]["unit"] == "000000")  # every run uses it
+    victim = f"entries/{first['key'][:2]}/{first['key']}/{first['files']['tok']}"
+    s3.put_object(Bucket=BUCKET, Key=f"token-cache/{victim}", Body=stored[victim][:-2])  # truncated
+    index = tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), tmp_path / "out", workers=2,
+                       cache=STORE_CACHE)
+    assert index["cache"]["units_from_cache"] == index["cache"]["units"] - 1
+    same_as_local(objects_of(tmp_path / "out"), finished_run)
+    assert cache.verify() == (whole_entries, [])
+
+
+def objects_of(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
 def test_a_run_killed_inside_uploads_resumes_from_its_records_to_the_same_bytes(s3, finished_run, tmp_path):

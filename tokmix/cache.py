@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -60,6 +61,35 @@ def unit_key(*, tokenizer: str, oracle: str, delimiters: dict, dtype: str, huge_
              "unit_index": unit_index, "pieces": pieces, "sources": sources, "decontamination": decontamination,
              "benchmarks": benchmarks}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyBase:
+    """What a run's units share of their key (the tokenizer's and the recipe's parts); `key(unit, text_field)`
+    adds the unit's own. Built by the streams stage, and by `tokmix plan` to see what is cached already."""
+
+    tokenizer: str
+    oracle: str
+    delimiters: dict
+    dtype: str
+    huge_doc_chars: int
+    provenance: bool
+    decontamination: str | None
+    benchmarks: str | None = None
+
+    def key(self, unit, text_field: str) -> str:
+        """`unit`: a tokmix.sources.Unit (its index, its pieces and their files)."""
+        return unit_key(tokenizer=self.tokenizer, oracle=self.oracle, delimiters=self.delimiters, dtype=self.dtype,
+                        huge_doc_chars=self.huge_doc_chars, provenance=self.provenance, text_field=text_field,
+                        unit_index=unit.index, pieces=unit.describe(),
+                        sources=[source_identity(p.path, p.file_bytes) for p in unit.pieces],
+                        decontamination=self.decontamination, benchmarks=self.benchmarks)
+
+
+def tokenizer_oracle() -> str:
+    """The key's oracle part: the library whose ids a tokenizer.json's are (HF tokenizers) and its version:
+    another version may give other ids, so its units are not this one's."""
+    return f"tokenizers {importlib.metadata.version('tokenizers')}"
 
 
 def source_identity(path: str, file_bytes: int) -> list:
@@ -218,6 +248,17 @@ class UnitCache:
         if hashlib.new(CHECKSUM, data).hexdigest() != record["extra"][part]["sha256"]:
             raise DamagedFile(path, f"sha256 of {path.name} differs from its record")
         return data
+
+    def holds(self, key: str, limit: int | None = None) -> int:
+        """Tokens the entry would give a unit (0: none, or a partial one short of `limit`), from its record alone
+        (for `tokmix plan`; a run checks the files as it takes them)."""
+        try:
+            record = read_json(self.entry_dir(key) / ENTRY, sealed=True)
+        except (DamagedFile, OSError):
+            return 0
+        if record is None or (not record.get("complete") and (limit is None or record["unit"]["tokens"] < limit)):
+            return 0
+        return record["unit"]["tokens"]
 
     def _touch(self, key: str) -> None:
         """Mark the entry used now (LRU)."""

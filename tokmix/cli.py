@@ -240,6 +240,9 @@ def plan(
     blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     sample: str = typer.Option("1MiB", help="text tokenized per stream (train and holdout) for the estimate"),
+    cache: str | None = typer.Option(None, "--cache", help="the token cache to count (default: TOKMIX_CACHE, else "
+                                                           "~/.cache/tokmix/units)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="do not look at the token cache"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
 ) -> None:
     """Show what a run of RECIPE would do and whether its sources suffice, in seconds (exit 1 if not).
@@ -252,8 +255,10 @@ def plan(
 
     out = out or Path(f"{recipe.stem}-out")
     try:
+        from tokmix.cache import resolve as resolve_cache
+
         result = make_plan(load_recipe(recipe).with_blocks(blocks), mirror, out=out,
-                           sample_bytes=parse_size(sample, "--sample"))
+                           sample_bytes=parse_size(sample, "--sample"), cache=resolve_cache(cache, no_cache))
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     console.print(render_plan(result))

@@ -28,18 +28,19 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tokmix.backends import choose_backend, make_encoder
+from tokmix.backends import can_cut_documents, choose_backend, make_encoder
+from tokmix.cache import KeyBase, UnitCache, default_cap, tokenizer_oracle
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens_in_shard
+from tokmix.shards import UNIT_BYTES, UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
-from tokmix.sources.units import FORMATS
+from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages.decontam import BenchmarkSet, build_set
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
-from tokmix.text import clean_surrogates
-from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_file, vocab_size
+from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
+from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_checksum, tokenizer_file, vocab_size
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -87,6 +88,9 @@ class StreamPlan:
     holdout: Supply
     holdout_need: int  # tokens of this stream the holdout stage reads: its share of its domain's holdout
     max_epochs: int = 1
+    cached_units: int = 0  # of the units its budget needs (about), how many the token cache holds
+    units: int = 0
+    cached_tokens: int = 0
 
     @property
     def passes(self) -> int:
@@ -129,6 +133,14 @@ class Disk:
 
 
 @dataclass
+class CachePlan:
+    root: str
+    cap: int
+    size: int  # bytes in the cache now
+    entries: int
+
+
+@dataclass
 class Plan:
     recipe: Recipe
     out: Path
@@ -144,6 +156,7 @@ class Plan:
     seconds: float = 0.0
     # [decontaminate]: per stream, the sampled train documents and text bytes, and those a benchmark item took
     contamination: dict[str, list[int]] = field(default_factory=dict)
+    cache: CachePlan | None = None
 
     @property
     def ok(self) -> bool:
@@ -503,16 +516,41 @@ def _contamination_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def _cached(recipe: Recipe, split: Split, mirrors, tokenizer_path: str, delimiters: Delimiters, dtype: np.dtype,
+            streams: dict[str, StreamPlan], cache: UnitCache) -> None:
+    """How much of each stream's budget the token cache holds: its units in order (as a run cuts them) until the
+    budget, the cached ones counted at their tokens and the others at the sample's tokens per byte."""
+    base = KeyBase(tokenizer=tokenizer_checksum(tokenizer_path), oracle=tokenizer_oracle(),
+                   delimiters=delimiters.to_index(), dtype=dtype.str,
+                   huge_doc_chars=HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62,
+                   provenance=recipe.layout.provenance,
+                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None)
+    unit_bytes = int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES))
+    for name, s in streams.items():
+        per_byte = s.train.tokens / max(s.train.text_bytes, 1)
+        got = 0
+        for unit in plan_units(name, s.train_files, mirrors, unit_bytes):
+            if got >= s.budget:
+                break
+            tokens = cache.holds(base.key(unit, recipe.streams[name].text_field), s.budget - got)
+            s.units += 1
+            s.cached_units += tokens > 0
+            s.cached_tokens += tokens
+            got += tokens or unit.size * per_byte
+
+
 def make_plan(
     recipe: Recipe,
     mirrors: Iterable = (),
     *,
     out: str | os.PathLike | None = None,
     sample_bytes: int = SAMPLE_BYTES,
+    cache: str | None = None,
 ) -> Plan:
     """What a run of `recipe` into `out` would do and whether it is likely to succeed; reads samples of the
     source files, writes nothing. `out` decides the free space checked and lets a recipe that trains its
-    tokenizer be estimated with the tokenizer an earlier run there trained."""
+    tokenizer be estimated with the tokenizer an earlier run there trained. `cache`: the token cache whose
+    entries are counted (None: none)."""
     t0 = time.perf_counter()
     mirrors = list(mirrors)
     if mirrors and isinstance(mirrors[0], str):
@@ -547,10 +585,17 @@ def make_plan(
                                          tokenizer_path)
         for h in holdouts.values():
             h.gives = _holdout_gives(recipe, encoder, split, mirrors, delimiters, dtype, h)
+    cache_plan = None
+    if cache is not None:
+        unit_cache = UnitCache(cache)
+        size, entries = unit_cache.size()
+        cache_plan = CachePlan(cache, default_cap(cache), size, entries)
+        if encoder is not None:
+            _cached(recipe, split, mirrors, tokenizer_path, delimiters, dtype, streams, unit_cache)
     shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,
-                contamination=contamination)
+                contamination=contamination, cache=cache_plan)
     plan.problems = _problems(plan)
     plan.notes = _holdout_notes(plan) + _contamination_notes(plan)
     plan.seconds = time.perf_counter() - t0
@@ -678,7 +723,33 @@ def disk_table(plan: Plan) -> Table:
     table.add_row("needed", _bytes(d.needed))
     style = "red" if d.needed > d.free else "green"
     table.add_row(f"free on {d.path}", Text(_bytes(d.free), style=style))
+    if plan.cache is not None:
+        cached = sum(s.cached_tokens for s in plan.streams.values()) * plan.dtype.itemsize
+        new = max(0, d.intermediates - cached)
+        table.add_section()
+        table.add_row("of the intermediates, in the token cache already (linked there: no second copy)",
+                      _bytes(cached))
+        table.add_row(f"the token cache grows by (cap {_bytes(plan.cache.cap)}, now {_bytes(plan.cache.size)})",
+                      _bytes(new))
     return table
+
+
+def cache_line(plan: Plan) -> Text | None:
+    """How much of the recipe the token cache holds, by stream."""
+    c = plan.cache
+    if c is None:
+        return None
+    line = Text()
+    line.append("cache      ", style="bold").append(f"{c.root}: {c.entries:,} entries, {_bytes(c.size)}")
+    units = sum(s.units for s in plan.streams.values())
+    if units:
+        tokens = sum(s.cached_tokens for s in plan.streams.values())
+        budget = sum(s.budget for s in plan.streams.values())
+        line.append(f"; holds {sum(s.cached_units for s in plan.streams.values()):,} of the ~{units:,} units the "
+                    f"budgets need (~{min(tokens, budget) / max(budget, 1):.0%} of their tokens: "
+                    + ", ".join(f"{s.name} {min(s.cached_tokens, s.budget) / max(s.budget, 1):.0%}"
+                                for s in plan.streams.values()) + ")")
+    return line
 
 
 def render_plan(plan: Plan) -> Group:
@@ -695,7 +766,8 @@ def render_plan(plan: Plan) -> Group:
         f"{len(plan.holdouts)} x {r.holdout.tokens + 1:,} tokens, {r.holdout.eval_windows:,} eval windows each\n"
     )
     head.append("output     ", style="bold").append(f"{plan.out}")
-    parts: list = [head, streams_table(plan), holdouts_table(plan), disk_table(plan)]
+    parts: list = [head, *filter(None, [cache_line(plan)]), streams_table(plan), holdouts_table(plan),
+                   disk_table(plan)]
     for note in plan.notes:
         parts.append(Text.assemble(("note: ", "bold yellow"), note))
     for problem in plan.problems:

@@ -11,7 +11,6 @@ of units holds the budget; a resume skips committed units, so a kill loses only 
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import time
 from collections import deque
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix import identity
-from tokmix.cache import UnitCache, source_identity, unit_key
+from tokmix.cache import KeyBase, UnitCache, tokenizer_oracle
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
@@ -357,10 +356,11 @@ def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], boo
 
 
 # ---------------------------------------------------------------------------- coordinator side
-def cache_oracle() -> str:
-    """The cache key's oracle part: the library whose ids a tokenizer.json's are (HF tokenizers) and its version:
-    another version may give other ids, so its units are not this one's."""
-    return cached(("cache oracle",), lambda: f"tokenizers {importlib.metadata.version('tokenizers')}")
+def cache_key_base(ctx: Context) -> KeyBase:
+    """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
+    return KeyBase(tokenizer=ctx.tokenizer_sha256, oracle=tokenizer_oracle(), delimiters=ctx.delimiters.to_index(),
+                   dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars, provenance=ctx.recipe.layout.provenance,
+                   decontamination="holdout-exact" if ctx.recipe.holdout.decontaminate else None)
 
 
 def meta_path(ctx: Context, stream: str) -> Path:
@@ -618,12 +618,7 @@ class StreamRun:
         if self.ctx.cache is None:
             return None, None
         ctx = self.ctx
-        key = unit_key(tokenizer=ctx.tokenizer_sha256, oracle=cache_oracle(), delimiters=ctx.delimiters.to_index(),
-                       dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars,
-                       provenance=ctx.recipe.layout.provenance, text_field=ctx.recipe.streams[self.name].text_field,
-                       unit_index=unit.index, pieces=unit.describe(),
-                       sources=[source_identity(p.path, p.file_bytes) for p in unit.pieces],
-                       decontamination="holdout-exact" if self.hashes else None)
+        key = cache_key_base(ctx).key(unit, ctx.recipe.streams[self.name].text_field)
         return key, {"tokenizer": ctx.tokenizer_sha256, "tokenizer_path": ctx.tokenizer_path, "stream": self.name,
                      "unit": unit.name, "sources": sorted({p.path for p in unit.pieces})}
 
