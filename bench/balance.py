@@ -27,6 +27,9 @@ sys.path.insert(0, str(HERE.parent))
 import tokmix  # noqa: E402
 from tokmix.provenance import RunDocuments  # noqa: E402
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 WORK = HERE / "work" / "balance"
 SCHEDULE = """
 [[schedule]]

@@ -66,6 +66,9 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover

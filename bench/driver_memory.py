@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 HERE = Path(__file__).resolve().parent
 SHARES = {"dclm": 0.45, "edu": 0.35, "code_py": 0.054, "code_other": 0.146}
 SEQ_LEN, SHARD_TOKENS, SLACK = 1024, 500_000_000, 1.002

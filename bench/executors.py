@@ -43,6 +43,9 @@ ROLES = ("stage process", "workers", "ray daemons", "other")
 EXECUTOR_COSTS = """
 import os, sys, time
 from tokmix.executors import make_executor
+
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
 kind, workers, address, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4])
 
 def drain(pending, limit):

@@ -32,6 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 STAGE_MARK = "from tokmix.pipeline import"  # the stage process's command line (tokmix.runner.STAGE_BOOT)
 # the streams stage in the stage process: the coordinator, the threads executor's workers, and the process
 # pool's own threads (its manager and queue feeder); the holdout stage's reader threads are not counted, nor the

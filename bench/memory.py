@@ -21,7 +21,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import os  # noqa: E402
+
 from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split  # noqa: E402
+
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
 
 
 def peak_tree_rss(cmd: list[str]) -> tuple[int, float, int]:

@@ -40,6 +40,9 @@ import tokmix
 from tokmix.demo import build_demo_corpus
 from tokmix.provenance import DOC_DTYPE
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 WORK = Path(__file__).resolve().parent / "work" / "provenance"
 
 # the GPT-U-20M layout (recipes/gpt-u-20m.toml)

@@ -25,6 +25,9 @@ from tests.corpus import make_corpus, write_recipe, write_split  # noqa: E402
 from tests.test_faults import UNIT_BYTES, outputs  # noqa: E402
 from tokmix.faults import POINTS  # noqa: E402
 
+# measured without the token cache (a second run would take its units from it): bench/cache.py measures it
+os.environ.setdefault("TOKMIX_CACHE", "off")
+
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}
 
 

@@ -32,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# the examples are runs without the token cache (its folder and counts are this machine's), and they never
+# write into the user's one
+os.environ["TOKMIX_CACHE"] = "off"
 
 from tests.reference import GOLDEN, stable_json  # noqa: E402
 

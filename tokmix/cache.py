@@ -32,7 +32,7 @@ from pathlib import Path
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, DamagedFile, file_checksum, open_read, read_json, write_bytes, write_record
-from tokmix.store import ObjectPath, abort_upload, as_path, is_url
+from tokmix.store import ObjectPath, abort_upload, as_path, is_url, storage
 from tokmix.text import size_bytes
 
 CACHE_FORMAT = 1  # the unit-format version: what a unit's files hold; a new one makes every older entry a miss
@@ -159,7 +159,7 @@ class UnitCache:
 
     def __init__(self, root: str):
         self.root = as_path(root)
-        self.remote = isinstance(self.root, ObjectPath)
+        self.remote = storage(self.root).remote
         self.problem: str | None = None  # why the last entry taken or read could not be used (it was removed)
 
     def __str__(self) -> str:
@@ -481,7 +481,7 @@ def _place(src: Path | ObjectPath, dst: Path | ObjectPath, check: bool = True) -
     """Make `dst` hold `src`'s bytes (a hard link on one filesystem: no second copy; else a copy, committed
     under its final name whole) and return their sha256, read from what `dst` now holds (a link made without
     `check`: None, the caller knows the file's sha256)."""
-    if not isinstance(src, ObjectPath) and not isinstance(dst, ObjectPath):
+    if not storage(src).remote and not storage(dst).remote:
         tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")  # as shards' temporary names: swept by a resume
         tmp.unlink(missing_ok=True)
         try:
@@ -497,7 +497,7 @@ def _place(src: Path | ObjectPath, dst: Path | ObjectPath, check: bool = True) -
             return file_checksum(dst) if check else None
         os.replace(tmp, dst)
         return file_checksum(dst)
-    if isinstance(dst, ObjectPath):  # an upload: the object appears whole when it completes, or never
+    if storage(dst).remote:  # an upload: the object appears whole when it completes, or never
         h = hashlib.new(CHECKSUM)
         out = dst.open("wb")
         try:

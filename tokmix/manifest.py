@@ -19,7 +19,7 @@ from tokmix.stages import Context
 from tokmix.stages.passes import passes_used
 
 # what a stream's record holds for the other stages, not for index.json's summary of it (the cache's has its key)
-NOT_IN_SUMMARY = ("units", "last_unit_docs", "units_from_cache", "tokens_from_cache")
+NOT_IN_SUMMARY = ("units", "last_unit_docs", "units_from_cache", "tokens_from_cache", "tokens_tokenized")
 
 
 def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[dict], used: dict[str, int],
@@ -156,9 +156,7 @@ def phases_entry(recipe, balance: dict) -> list[dict]:
 
 def _cache_entry(ctx: Context, metas: dict[str, dict]) -> dict:
     """What the streams took from the token cache (tokmix.cache): units and their tokens, per stream and in all."""
-    by_stream = {n: {"units": len(m["units"]), "units_from_cache": m.get("units_from_cache", 0),
-                     "tokens_from_cache": m.get("tokens_from_cache", 0)} for n, m in metas.items()}
+    keys = ("units_from_cache", "tokens_from_cache", "tokens_tokenized")
+    by_stream = {n: {"units": len(m["units"]), **{k: m.get(k, 0) for k in keys}} for n, m in metas.items()}
     return {"location": ctx.cache, "units": sum(s["units"] for s in by_stream.values()),
-            "units_from_cache": sum(s["units_from_cache"] for s in by_stream.values()),
-            "tokens_from_cache": sum(s["tokens_from_cache"] for s in by_stream.values()),
-            "by_stream": by_stream}
+            **{k: sum(s[k] for s in by_stream.values()) for k in keys}, "by_stream": by_stream}

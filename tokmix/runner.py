@@ -105,6 +105,8 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     else:
         layout = Layout(os.path.abspath(local_path(out)))
     check_output_dir(recipe, str(layout.root), options.mirrors)  # before anything is written
+    if options.cache is not None:
+        _check_cache_apart(options.cache, str(layout.root))
     try:
         layout.state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -139,6 +141,15 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
             log("restarting the stage process (memory guard); resuming from committed work")
     index = layout.read_index()
     return index.to_json() if index is not None else {}
+
+
+def _check_cache_apart(cache: str, out: str) -> None:
+    """The token cache and the output directory must not hold one another: each deletes only what is its own,
+    and a cache inside a run's directory would be a file the run did not make there."""
+    a, b = cache.rstrip("/") + "/", out.rstrip("/") + "/"
+    if a.startswith(b) or b.startswith(a):
+        raise TokmixError(f"token cache {cache}: inside the output directory {out} or holding it; put it elsewhere "
+                          "(--cache DIR) or run with --no-cache")
 
 
 def check_store_options(recipe: Recipe) -> None:

@@ -477,7 +477,8 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
            if passes > 1 else {}),
         **({"benchmark_contamination": contamination} if contamination is not None else {}),
         **({"units_from_cache": sum(1 for r in used if r.get("from_cache")),
-            "tokens_from_cache": sum(r["tokens"] for r in used if r.get("from_cache"))} if ctx.cache else {}),
+            "tokens_from_cache": sum(r["tokens"] for r in used if r.get("from_cache")),
+            "tokens_tokenized": sum(r["tokens"] for r in tokenized if not r.get("from_cache"))} if ctx.cache else {}),
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
