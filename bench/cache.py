@@ -84,26 +84,46 @@ def tokenized(remixed: dict, cold: dict) -> tuple[int, int]:
     return remixed["index"]["cache"]["tokens_tokenized"], grown
 
 
+def corpus_view(corpus: Path) -> Path:
+    """WORK/corpus: links to the bench corpus's files and folders, where this benchmark writes its recipes (the
+    corpus is shared and read-only; its recipe's paths are relative to the recipe)."""
+    view = WORK / "corpus"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir(parents=True)
+    for entry in corpus.resolve().iterdir():
+        (view / entry.name).symlink_to(entry)
+    (view / "bench.toml").unlink()
+    shutil.copy(corpus / "bench.toml", view / "bench.toml")
+    return view
+
+
+def use_tokenizer(recipe: Path) -> Path:
+    """The recipe with WORK/tokenizer.json as its tokenizer, in place of [tokenizer.train]."""
+    text = re.sub(r"\[tokenizer\.train\]\n(\w+ = .*\n)*", f'[tokenizer]\npath = "{WORK / "tokenizer.json"}"\n',
+                  recipe.read_text())
+    recipe.write_text(text)
+    return recipe
+
+
 def bench(args) -> None:
-    recipe = Path(args.corpus) / "bench.toml"
     WORK.mkdir(parents=True, exist_ok=True)
+    view = corpus_view(Path(args.corpus))
+    recipe = view / "bench.toml"
     cache = WORK / "bench-cache"
     shutil.rmtree(cache, ignore_errors=True)
     flags = ("--tokenizer-backend", args.backend) if args.backend else ()
     print(f"bench-scale corpus, backend {args.backend or 'auto'}, cache {cache}")
+    if args.tokenizer:  # a tokenizer trained before (bench/fullscale.py's): the cold run does not train one
+        shutil.copy(args.tokenizer, WORK / "tokenizer.json")
+        use_tokenizer(recipe)
     cold = tokmix(recipe, WORK / "cold", cache, *flags, "--keep-streams")
     biggest = max(json.loads(p.read_text())["tokens"] for p in (WORK / "cold").glob("streams/*/units/*.json"))
-    # the remix uses the tokenizer the cold run trained (training on other shares would learn another one)
-    shutil.copy(WORK / "cold" / "tokenizer.json", WORK / "tokenizer.json")
-    mixed = remix(recipe, Path(args.corpus) / "bench-remix.toml")  # beside it: its paths are relative
-    text = re.sub(r"\[tokenizer\.train\]\n(\w+ = .*\n)*", f'[tokenizer]\npath = "{WORK / "tokenizer.json"}"\n',
-                  mixed.read_text())
-    mixed.write_text(text)
-    try:
-        fresh = tokmix(mixed, WORK / "remix-nocache", None, *flags)
-        warm = tokmix(mixed, WORK / "remix", cache, *flags)
-    finally:
-        mixed.unlink(missing_ok=True)
+    # the remix uses the tokenizer the cold run used (training on other shares would learn another one)
+    if not args.tokenizer:
+        shutil.copy(WORK / "cold" / "tokenizer.json", WORK / "tokenizer.json")
+    mixed = use_tokenizer(remix(recipe, view / "bench-remix.toml"))  # beside it: its paths are relative
+    fresh = tokmix(mixed, WORK / "remix-nocache", None, *flags)
+    warm = tokmix(mixed, WORK / "remix", cache, *flags)
     same = digest(WORK / "remix") == digest(WORK / "remix-nocache")
     done, grown = tokenized(warm, cold)
     took = warm["index"]["cache"]
@@ -113,7 +133,7 @@ def bench(args) -> None:
     print(f"remix wall {warm['wall']:,.1f} s = {warm['wall'] / fresh['wall']:.0%} of the same recipe's cold run "
           f"({fresh['wall']:,.1f} s); streams stage {warm['timings']['streams']:,.2f} s against "
           f"{fresh['timings']['streams']:,.2f} s; byte-identical to --no-cache: {same}")
-    for name in ("cold", "remix-nocache", "remix"):
+    for name in ("cold", "remix-nocache", "remix", "corpus"):
         shutil.rmtree(WORK / name, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
 
@@ -161,6 +181,8 @@ def main() -> None:
     parser.add_argument("scale", choices=("bench", "full"))
     parser.add_argument("--corpus", default=str(HERE / "work" / "corpus"))
     parser.add_argument("--backend", default=None, help="bench: --tokenizer-backend of every run (e.g. hf)")
+    parser.add_argument("--tokenizer", default=None, help="bench: a tokenizer.json for every run (default: the cold "
+                                                          "run trains the recipe's)")
     args = parser.parse_args()
     bench(args) if args.scale == "bench" else full(args)
 
