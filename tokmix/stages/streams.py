@@ -360,7 +360,9 @@ def cache_key_base(ctx: Context) -> KeyBase:
     """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
     return KeyBase(tokenizer=ctx.tokenizer_sha256, oracle=tokenizer_oracle(), delimiters=ctx.delimiters.to_index(),
                    dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars, provenance=ctx.recipe.layout.provenance,
-                   decontamination="holdout-exact" if ctx.recipe.holdout.decontaminate else None)
+                   decontamination="holdout-exact" if ctx.recipe.holdout.decontaminate else None,
+                   benchmarks=(f"{ctx.benchmarks['fingerprint']} {ctx.recipe.decontaminate.action}"
+                               if ctx.benchmarks is not None else None))
 
 
 def meta_path(ctx: Context, stream: str) -> Path:
