@@ -91,8 +91,9 @@ class Words:
         before = np.concatenate([[0], np.cumsum(outside[:-1], dtype=np.int64)])
         # words i..i+n-1 are a run when none of i..i+n-2 is outside, and the last is a member
         at = np.flatnonzero(before[n - 1:n - 1 + count] - before[:count] == 0)
-        if member is not None:
-            at = at[member[at + n - 1]]
+        if member is None:  # every run is hashed: slices of the word hashes, not gathers
+            return gram_hashes(self.hashes, n)[at], at
+        at = at[member[at + n - 1]]
         return gram_hashes_at(self.hashes, at, n), at
 
     def text_of(self, w: np.ndarray) -> np.ndarray:

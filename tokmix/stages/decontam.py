@@ -10,6 +10,7 @@ drops contaminated documents before tokenization (action "drop") or keeps and co
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +26,7 @@ from tokmix.stages import cached
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16
+WORD_FILTER_LOG2 = 24  # the items' words' filter: 2 MiB, 16 bits per word for a million distinct words
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
 ITEM_SETS_KEPT = 1024  # items' n-gram sets a process keeps for checking candidates (~10-100 kB each)
 ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter")
@@ -40,9 +42,13 @@ def bit_filter(hashes: np.ndarray) -> tuple[int, np.ndarray]:
     bits = max(MIN_FILTER_BITS, 1 << int(np.ceil(np.log2(max(1, len(hashes)) * FILTER_BITS_PER_GRAM))))
     shift = 64 - int(np.log2(bits))
     filt = np.zeros(bits // 8, np.uint8)
+    set_bits(filt, shift, hashes)
+    return shift, filt
+
+
+def set_bits(filt: np.ndarray, shift: int, hashes: np.ndarray) -> None:
     slots = hashes >> np.uint64(shift)
     np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64), (1 << (slots & np.uint64(7))).astype(np.uint8))
-    return shift, filt
 
 
 def in_filter(filt: np.ndarray, shift: np.uint64, hashes: np.ndarray) -> np.ndarray:
@@ -69,7 +75,7 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
         owner = np.concatenate([owner, mine])
     out["grams"].append(hashes)
     out["owners"].append((owner + first).astype(np.uint32))
-    out["vocabulary"].append(np.unique(group.hashes))
+    set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
     base = out["bytes"]
     out["blobs"].append(group.data)
     out["starts"].append(base + group.offsets[:-1])
@@ -84,7 +90,8 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     spec = recipe.decontaminate
     n = spec.ngram
     directory.mkdir(parents=True, exist_ok=True)
-    out = {"grams": [], "owners": [], "vocabulary": [], "blobs": [], "starts": [], "bytes": 0,
+    out = {"grams": [], "owners": [], "blobs": [], "word_shift": 64 - WORD_FILTER_LOG2,
+           "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8), "starts": [], "bytes": 0,
            "short_lengths": set(), "short": 0, "empty": 0}
     benchmarks, ids = {}, []
     for name, bench in spec.benchmarks.items():
@@ -94,11 +101,13 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
         for i in range(0, len(items), ITEMS_PER_GROUP):
             _hash_items([item.text for item in items[i:i + ITEMS_PER_GROUP]], n, len(ids) + i, out)
         ids += [item.id for item in items]
+        del items  # their texts: what stays is their hashes and mapped bytes
         benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
-                            "items": len(items), "first_item": first, "short_items": out["short"],
+                            "items": len(ids) - first, "first_item": first, "short_items": out["short"],
                             "empty_items": out["empty"], "ngrams": sum(map(len, out["grams"])) - before}
     hashes = np.concatenate(out["grams"]) if out["grams"] else np.empty(0, np.uint64)
     items = np.concatenate(out["owners"]) if out["owners"] else np.empty(0, np.uint32)
+    out["grams"] = out["owners"] = None  # the pieces: freed before the sort's copies
     order = np.lexsort((items, hashes))
     hashes, items = hashes[order], items[order]
     distinct = np.ones(len(hashes), bool)  # an n-gram an item has twice is one entry
@@ -108,19 +117,18 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
         mine = (items >= bench["first_item"]) & (items < bench["first_item"] + bench["items"])
         bench["ngrams"] = int(mine.sum())
     del order, distinct
-    vocabulary = np.unique(np.concatenate(out["vocabulary"])) if out["vocabulary"] else hashes[:0]
     word_blob = np.concatenate(out["blobs"]) if out["blobs"] else np.empty(0, np.uint8)
     starts = np.concatenate([*out["starts"], [len(word_blob)]]).astype(np.int64)
     short_lengths = out["short_lengths"]
     shift, filt = bit_filter(hashes)
-    word_shift, word_filt = bit_filter(vocabulary)
+    word_shift, word_filt = out["word_shift"], out["word_filter"]
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": word_blob,
               "word_starts": np.array(starts, np.int64), "word_filter": word_filt}
     files = set_files(directory)
     checksums = {kind: write_npy(files[kind], array) for kind, array in arrays.items()}
-    fingerprint = hashlib.sha256(
-        f"{NORMALIZATION} {n} {spec.min_matches} {spec.action}".encode() + hashes.tobytes() + items.tobytes()
-    ).hexdigest()
+    # what decides which documents go: the rules and every array (the items' words check the candidates)
+    fingerprint = hashlib.sha256(json.dumps([NORMALIZATION, n, spec.min_matches, spec.action, checksums],
+                                            sort_keys=True).encode()).hexdigest()
     record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
               "filter_shift": shift, "word_filter_shift": word_shift, "short_lengths": sorted(short_lengths),
               "benchmarks": benchmarks, "ids": ids,
