@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,6 +190,101 @@ def test_a_run_from_another_working_folder_or_with_another_recipe_is_refused(s3,
     with pytest.raises(TokmixError, match="started with another recipe.*blocks"):  # its own record of it is lost
         tokmix.run(recipe, url, work=tmp_path / "elsewhere", workers=1, break_lock=True, blocks=300)
     assert objects(s3, "whole") == before
+
+
+def test_working_folders_racing_on_one_prefix_cannot_both_write(s3, finished_run, tmp_path):
+    """Issue 31: two --work folders started at the same moment on one fresh prefix both ran (each read the
+    store's record of its working folder before the other wrote it). Four runs started at once, each killed at
+    its first unit: the store's create-if-absent lets exactly one claim the prefix; the others are refused."""
+    recipe, url = finished_run.parent / "recipe.toml", f"s3://{BUCKET}/raced"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_FAULT": "streams:after-unit:1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", url, "--work",
+                               str(tmp_path / f"work{i}"), "--workers", "1"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, start_new_session=True) for i in range(4)]
+    results = [(p.wait(), p.communicate()[1]) for p in procs]
+    wrote = [i for i, (code, _) in enumerate(results) if code == -signal.SIGKILL]
+    assert len(wrote) == 1, results
+    owner = json.loads(objects(s3, "raced")["tokmix-state/run.json"])["work"]
+    assert owner == str(tmp_path / f"work{wrote[0]}")
+    for i, (code, stderr) in enumerate(results):
+        if i not in wrote:
+            assert code == 2 and stderr.strip().startswith(f"error: {url}: written by the tokmix run working in "
+                                                           f"{owner} on host "), stderr
+
+
+def test_a_working_folder_belongs_to_one_output(s3, whole, finished_run, tmp_path):
+    """Issue 31: --work with a local --out was silently ignored, and --work pointed at a finished local run's
+    folder was accepted and its bookkeeping rewritten."""
+    recipe = tokmix.load_recipe(finished_run.parent / "recipe.toml")
+    with pytest.raises(TokmixError, match=r"^--work .*: only for an output on an object store \(s3://, gs://\); "
+                                          r"a local --out keeps its lock and bookkeeping in .*tokmix-state: "
+                                          r"drop --work$"):
+        tokmix.run(recipe, tmp_path / "local", work=tmp_path / "w", workers=1)
+    assert not (tmp_path / "local").exists() and not (tmp_path / "w").exists()
+    local = tmp_path / "finished"
+    shutil.copytree(finished_run, local)
+    before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    with pytest.raises(TokmixError, match=f"^--work {local}: the output directory of a local tokmix run"):
+        tokmix.run(recipe, f"s3://{BUCKET}/elsewhere", work=local, workers=1)
+    assert {p: p.read_bytes() for p in local.rglob("*") if p.is_file()} == before
+    _, work = whole
+    with pytest.raises(TokmixError, match=f"^--work {work}: the working folder of the run writing "
+                                          f"s3://{BUCKET}/whole; each output needs its own"):
+        tokmix.run(recipe, f"s3://{BUCKET}/another", work=work, workers=1)
+    assert not objects(s3, "another")
+
+
+def test_a_store_run_is_readable_by_every_command_and_the_loader(s3, whole, finished_run, tmp_path):
+    """Issue 31: trace, inspect, status, report, export and TrainBlocks("s3://...") turned the URL into a local path
+    `s3:/...` and said "not a tokmix output directory". Each reads the store through fsspec and says what it says
+    of the local run of the same recipe; the loader reads each step's blocks by ranged reads."""
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+    from tokmix.data import TrainBlocks
+
+    url, work = whole
+
+    def cli_in(*args):
+        result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (args, result.stdout[-1000:], result.stderr[-1000:])
+        return result.stdout
+
+    for args in (["inspect", "--shard", "1", "--block", "2"], ["trace", "--step", "3", "--json"],
+                 ["inspect", "--holdout", "edu", "--block", "1"]):
+        assert cli_in(args[0], url, *args[1:]) == cli_in(args[0], finished_run, *args[1:]), args
+    assert cli_in("validate", url).strip().endswith("valid (4 shard(s), 352 blocks, 3 holdout(s))") \
+        and "note:" not in cli_in("validate", url), "the kept digests are published beside the shards"
+    moved = tmp_path / "work-elsewhere"
+    work.rename(moved)  # read from the store alone, as from another machine
+    try:
+        assert "complete and validated" in cli_in("status", url)
+        cli_in("report", url, "--html", tmp_path / "r.html")
+        assert (tmp_path / "r.html").read_text().count("<img") >= 1
+        cli_in("export", url, "--format", "llmc", tmp_path / "s3")
+        cli_in("export", finished_run, "--format", "llmc", tmp_path / "local")
+        for f in (tmp_path / "local").glob("tokmix_*.bin"):
+            assert (tmp_path / "s3" / f.name).read_bytes() == f.read_bytes(), f.name
+        remote, local = TrainBlocks(url), TrainBlocks(finished_run)
+        for step in range(remote.steps):
+            assert all((a == b).all() for a, b in zip(remote.batch(step), local.batch(step)))
+            assert (remote.segments(step).cu_seqlens == local.segments(step).cu_seqlens).all()
+    finally:
+        moved.rename(work)
+
+
+def test_store_failures_are_one_line_saying_what_is_wrong(s3, finished_run, tmp_path):
+    """Issue 31: missing credentials were reported as "bucket does not exist"."""
+    recipe = finished_run.parent / "recipe.toml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        env.pop(key)
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", f"s3://{BUCKET}/creds",
+                           "--work", str(tmp_path / "w")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: output s3://{BUCKET}/creds: the store refused the credentials (NoCredentialsError: Unable to locate "
+        "credentials): check them (AWS_* / GOOGLE_APPLICATION_CREDENTIALS, or fsspec's config); nothing was written")
 
 
 def test_file_urls_are_local_paths(finished_run, tmp_path):

@@ -15,6 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.format.records import Index
+from tokmix.store import is_url
 from tokmix.text import size_bytes
 
 
@@ -82,6 +83,15 @@ def _options(
                                  help="print tokmix's version and exit"),
 ) -> None:
     pass  # the options of `tokmix` itself, before a command; the help text is the Typer's
+
+
+def warn_if_tokenizer_changed(out: str | Path) -> None:
+    """Commands that read a finished run without decoding it say, in one line, when its tokenizer file is not the
+    one its shards were made with (inspect, which decodes, refuses)."""
+    from tokmix.shards import read_index, tokenizer_change
+
+    if (changed := tokenizer_change(out, read_index(out))) is not None:
+        err.print(Text.assemble(("warning:", "bold red"), " ", changed), highlight=False, soft_wrap=True)
 
 
 def print_summary(out: Path, index: Index) -> None:
@@ -172,6 +182,8 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
 
     try:
         problems = validate_dir(out)
+    except TokmixError as e:  # a file that is not what it should be (a FIFO in a shard's place, ...), named
+        _fail(e, debug)
     except (OSError, KeyError, ValueError) as e:
         _fail(TokmixError(f"{out}: cannot validate ({e})"), debug)
     for problem in problems:
@@ -217,16 +229,22 @@ def demo(
 
 @app.command()
 def export(
-    out: Path = typer.Argument(..., help="tokmix output directory"),
+    out: str = typer.Argument(..., help="tokmix output directory or URL (s3://bucket/run, gs://...)"),
     fmt: str = typer.Option(..., "--format", "-f", help="megatron | llmc"),
     dest: Path = typer.Argument(..., help="megatron: output prefix; llmc: output directory"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the files an earlier export wrote there "
+                                                              "(never a file tokmix did not export)"),
     debug: bool = typer.Option(False, "--debug"),
 ) -> None:
-    """Export the shards for another trainer: Megatron-LM indexed dataset or llm.c shards."""
+    """Export the shards for another trainer: Megatron-LM indexed dataset or llm.c shards.
+
+    Every shard and holdout is checked against its sha256 in index.json as it is read; nothing is written inside
+    the run's directory or over a file tokmix did not export (tokmix-export.json beside them names those).
+    """
     from tokmix.export import export as export_run
 
     try:
-        written = export_run(out, fmt, dest)
+        written = export_run(out, fmt, dest, overwrite=overwrite)
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     for path in written or []:
@@ -267,7 +285,7 @@ def plan(
 
 
 @app.command()
-def status(out: Path = typer.Argument(..., help="output directory"),
+def status(out: str = typer.Argument(..., help="output directory or URL (s3://bucket/run, gs://...)"),
            debug: bool = typer.Option(False, "--debug")) -> None:
     """What a run directory holds and what remains, from its files alone (safe while a run writes)."""
     from tokmix.status import render_status
@@ -281,7 +299,7 @@ def status(out: Path = typer.Argument(..., help="output directory"),
 
 @app.command()
 def inspect(
-    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    out: str = typer.Argument(..., help="output directory (or URL: s3://bucket/run, gs://...) of a finished run"),
     shard: int | None = typer.Option(None, "--shard", "-s", help="decode a block of train shard K (with --block)"),
     block: int = typer.Option(0, "--block", "-b", help="block J of the shard (or window J of --holdout)"),
     holdout: str | None = typer.Option(None, "--holdout", help="decode eval window --block of this holdout"),
@@ -313,7 +331,7 @@ def inspect(
 
 @app.command()
 def trace(
-    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    out: str = typer.Argument(..., help="output directory (or URL: s3://bucket/run, gs://...) of a finished run"),
     step: int | None = typer.Option(None, "--step", help="the blocks of training step N (see --rank)"),
     rank: int = typer.Option(0, "--rank", help="with --step: this rank's blocks"),
     world_size: int = typer.Option(1, "--world-size", help="with --step: ranks sharing each step"),
@@ -355,6 +373,7 @@ def trace(
         traced = trace_blocks(out, blocks, text, mirrors)
         if marked is not None:
             traced[0].token = marked
+        warn_if_tokenizer_changed(out)
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     if as_json:
@@ -368,7 +387,7 @@ def trace(
 
 @app.command()
 def report(
-    out: Path = typer.Argument(..., help="output directory of a finished run"),
+    out: str = typer.Argument(..., help="output directory (or URL: s3://bucket/run, gs://...) of a finished run"),
     html: Path | None = typer.Option(None, "--html", "-o", help="where to write the report (default: OUT/report.html)"),
     scan: bool | None = typer.Option(None, "--scan/--no-scan",
                                      help="read the shards for document lengths and bytes per token "
@@ -379,7 +398,10 @@ def report(
     from tokmix.report import write_report
 
     try:
-        path = write_report(out, html or out / "report.html", scan=scan)
+        if html is None and is_url(out):
+            raise TokmixError(f"{out}: a run on a store: name the report's local file with --html")
+        path = write_report(out, html or Path(out) / "report.html", scan=scan)
+        warn_if_tokenizer_changed(out)
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     console.print(f"report -> {path}")

@@ -21,6 +21,7 @@ from tokmix import shards
 from tokmix.errors import TokmixError
 from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import RunDocuments
+from tokmix.store import as_path, storage
 
 BATCH_DTYPE = np.int64
 STATE_VERSION = 1
@@ -100,7 +101,7 @@ class TrainBlocks:
     their order do not depend on the world size. After `skip(n)`, logical step s reads physical step s + n."""
 
     def __init__(self, out_dir: str | os.PathLike, rank: int = 0, world_size: int = 1):
-        self.root = Path(out_dir)
+        self.root = as_path(out_dir)  # a local directory, or a store's URL (s3://, gs://) read through fsspec
         self.index = index = read_run_index(self.root)
         for key in ("shards", "seqs_per_step", "train_steps"):
             if not getattr(index, key):
@@ -144,10 +145,17 @@ class TrainBlocks:
         k = int(np.searchsorted(self.first_block, j, side="right")) - 1
         return k, (j - int(self.first_block[k])) * self.seq_len
 
+    def _span(self, k: int, start: int, count: int) -> np.ndarray:
+        """`count` tokens of shard k from token `start`: a slice of the local file's mapping, or one ranged read
+        of the object on a store (a shard is never fetched whole: a step reads the bytes of its blocks only)."""
+        if storage(self.files[k]).remote:
+            return shards.read_array(self.files[k], self.dtype, start, count)
+        return self._shard(k)[start : start + count]
+
     def block(self, j: int) -> np.ndarray:
         """Global block j as stored: seq_len + 1 tokens of the shard dtype."""
         k, start = self.locate(j)
-        return np.array(self._shard(k)[start : start + shards.block_tokens(self.seq_len)])
+        return np.array(self._span(k, start, shards.block_tokens(self.seq_len)))
 
     def _fill(self, first: int, count: int, x: np.ndarray, y: np.ndarray) -> None:
         """Blocks [first, first + count) into x and y. Consecutive blocks of one shard are one contiguous span of
@@ -156,7 +164,7 @@ class TrainBlocks:
         while j < end:
             k, start = self.locate(j)
             n = min(end, int(self.first_block[k + 1])) - j
-            span = self._shard(k)[start : start + n * S + 1]
+            span = self._span(k, start, n * S + 1)
             x[row : row + n] = span[:-1].reshape(n, S)
             y[row : row + n] = span[1:].reshape(n, S)
             row, j = row + n, j + n
@@ -317,7 +325,7 @@ class HoldoutWindows:
     `domain` given here is the default for the methods below."""
 
     def __init__(self, out_dir: str | os.PathLike, domain: str | None = None):
-        self.root = Path(out_dir)
+        self.root = as_path(out_dir)
         index = read_run_index(self.root)
         self.val: dict[str, HoldoutEntry] = index.val or {}
         if not self.val:

@@ -18,9 +18,10 @@ llm.c: each train shard and holdout is copied token for token behind llm.c's 256
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import struct
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -29,9 +30,9 @@ import numpy as np
 from tokmix import shards
 from tokmix.data import TrainBlocks, check_token_file, read_run_index
 from tokmix.errors import TokmixError
-from tokmix.format.commit import commit, tmp_name
-from tokmix.format.records import TokenFileEntry
+from tokmix.format.records import Index, TokenFileEntry
 from tokmix.provenance import file_documents, sources_of
+from tokmix.store import storage
 
 FORMATS = ("megatron", "llmc")
 
@@ -56,33 +57,107 @@ LLMC_MAGIC_VERSION = {np.dtype(np.uint16): (20240520, 1), np.dtype(np.uint32): (
 LLMC_PREFIX = "tokmix_"
 
 
-class _AtomicFile:
-    """A file written under a temporary name and renamed into place on a clean exit; removed on an error."""
+EXPORT_RECORD = "tokmix-export.json"  # beside the exported files: the names tokmix exported there (sealed)
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.tmp = tmp_name(path)
+
+class _AtomicFile:
+    """A file written under a fresh temporary name (created exclusively: never a file of the user's) and moved
+    into place on a clean exit; removed on an error. Into place means linked in, which fails if anything is there
+    (the user's file put there meanwhile), unless `replace`: an earlier export's own file, with --overwrite."""
+
+    def __init__(self, path: Path, replace: bool = False):
+        self.path, self.replace = path, replace
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.tmp, "wb")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tokmix-tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        self.f = os.fdopen(fd, "wb")
         return self.f
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.f.close()
-        if exc_type is None:
-            commit(self.tmp, self.path)
-        else:
+        if exc_type is not None:
             self.tmp.unlink(missing_ok=True)
+            return
+        with open(self.tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        shards.place(self.tmp, self.path, self.replace)
 
 
-def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES) -> Iterator[np.ndarray]:
+def _claim_targets(out_dir: Path, targets: list[Path], overwrite: bool) -> set[Path]:
+    """Check where an export writes, before anything is written, and record it: never inside the run's own
+    directory, never over a file tokmix did not export there (the record beside them, tokmix-export.json, names
+    what earlier exports wrote; only those are replaced, and only with `overwrite`). Returns the targets that
+    replace an earlier export's file."""
+    run = None if storage(out_dir).remote else Path(os.path.realpath(out_dir))
+    replaced: set[Path] = set()
+    by_folder: dict[Path, list[Path]] = {}
+    for path in targets:
+        folder = Path(os.path.realpath(path.parent))
+        if run is not None and (folder == run or run in folder.parents):
+            raise TokmixError(f"{path}: inside the run's directory {out_dir}, whose files are the run's: export "
+                              "somewhere outside it")
+        by_folder.setdefault(path.parent, []).append(path)
+    for folder, paths in by_folder.items():
+        record = folder / EXPORT_RECORD
+        if record.is_symlink() or (record.exists() and not record.is_file()):
+            raise TokmixError(f"{record}: not the record tokmix export writes; move it away")
+        kept = shards.read_json(record, sealed=True, remedy="move it away: tokmix export replaces nothing it names")
+        if kept is not None and not isinstance(kept.get("files"), list):
+            raise shards.DamagedFile(record, "not the record tokmix export writes", "move it away")
+        exported = set(kept["files"]) if kept else set()
+        for path in paths:
+            if not (path.exists() or path.is_symlink()):
+                continue
+            if path.name not in exported or path.is_symlink() or not path.is_file():
+                raise TokmixError(f"{path}: exists and tokmix did not export it; export never writes over it: "
+                                  "choose another target")
+            if not overwrite:
+                raise TokmixError(f"{path}: exists (an earlier export's); run again with --overwrite to replace "
+                                  "it, or choose another target")
+            replaced.add(path)
+        folder.mkdir(parents=True, exist_ok=True)  # recorded before any of them is created
+        shards.write_record(record, {"files": sorted(exported | {p.name for p in paths})})
+    return replaced
+
+
+def _settle_records(targets: list[Path]) -> None:
+    """After a failed export: each record names only what is there (or is removed, naming nothing), so a failed
+    export leaves its target as it found it."""
+    for folder in {p.parent for p in targets}:
+        record = folder / EXPORT_RECORD
+        kept = shards.read_json(record, sealed=True) if record.is_file() else None
+        if kept is None:
+            continue
+        there = [name for name in kept.get("files", []) if (folder / name).is_file()]
+        if there:
+            shards.write_record(record, {"files": there})
+        else:
+            record.unlink()
+
+
+def _checked(path: Path, chunks: Iterable[np.ndarray], checksum: str | None) -> Iterator[np.ndarray]:
+    """`chunks` of a shard or holdout as read, then its sha256 against the index's: a damaged file fails the
+    export before its output is committed (the caller's _AtomicFile removes it)."""
+    h = hashlib.new(shards.CHECKSUM)
+    for chunk in chunks:
+        h.update(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+        yield chunk
+    if checksum is not None and h.hexdigest() != checksum:
+        raise TokmixError(f"{path}: damaged (sha256 differs from {shards.INDEX_NAME}); not exported (the "
+                          "run's `tokmix run` command, run again, remakes it)")
+
+
+def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES,
+                 checksums: list[str | None] | None = None) -> Iterator[np.ndarray]:
     """The run's train tokens in order, each once: the overlap token heading shard k+1 is checked against the
-    last token of shard k and dropped."""
+    last token of shard k and dropped; each shard's sha256 against `checksums` (the index's) once it is read."""
     last = None
-    for path in blocks.files:
+    for k, path in enumerate(blocks.files):
         first = True
-        for chunk in shards.iter_token_chunks(path, blocks.dtype, chunk_bytes):
+        chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
+        for chunk in _checked(path, chunks, checksums[k] if checksums else None):
             tail = int(chunk[-1])
             if first and last is not None:
                 if int(chunk[0]) != last:
@@ -97,15 +172,19 @@ def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES
             last = tail
 
 
-def _holdout_files(out_dir: Path) -> list[tuple[str, Path, int]]:
+def _holdout_files(out_dir: Path) -> list[tuple[str, Path, int, str | None]]:
     index = read_run_index(out_dir)
     dtype = np.dtype(index.dtype)
     out = []
     for domain, entry in index.val.items():
         path = out_dir / entry.file
         check_token_file(path, int(entry.tokens), dtype)
-        out.append((domain, path, int(entry.tokens)))
+        out.append((domain, path, int(entry.tokens), entry.checksum))
     return out
+
+
+def _shard_checksums(run: Index) -> list[str | None]:
+    return [shard.checksum for shard in run.shards]
 
 
 # ---------------------------------------------------------------------- Megatron-LM
@@ -168,16 +247,20 @@ def index_lengths(out_dir: Path, entries: list[TokenFileEntry], sources: list) -
 
 
 def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: shards.Delimiters, prefix: Path,
-                    chunk_bytes: int, documents: Iterator[np.ndarray] | None = None) -> list[Path]:
+                    chunk_bytes: int, documents: Iterator[np.ndarray] | None = None,
+                    replace: frozenset[Path] = frozenset()) -> list[Path]:
     """The .bin and .idx of a token stream: one sequence per document, its documents' lengths from `documents`
     (the provenance index) or, without, cut where the delimiters say."""
     bin_path, idx_path = prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
     limit = np.iinfo(dtype).max
     # document lengths are spooled to disk, 4 bytes a document, so a corpus of any size exports in bounded memory
-    spool = idx_path.with_name(f"{idx_path.name}.lengths.tmp-{os.getpid()}")
+    fd, spool_name = tempfile.mkstemp(prefix=f".{idx_path.name}.", suffix=".lengths.tokmix-tmp",
+                                      dir=idx_path.parent)
+    os.close(fd)
+    spool = Path(spool_name)
     splitter = _DocumentSplitter(delimiters)
     try:
-        with _AtomicFile(bin_path) as f, open(spool, "wb") as lengths:
+        with _AtomicFile(bin_path, bin_path in replace) as f, open(spool, "wb") as lengths:
             written = 0
             for chunk in chunks:
                 if chunk.dtype != dtype and int(chunk.max()) > limit:
@@ -196,17 +279,18 @@ def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: s
                 if held != written:
                     raise TokmixError(f"{prefix}: the provenance index's documents hold {held:,} tokens, the "
                                       f"token stream {written:,}")
-        _write_megatron_index(idx_path, spool, splitter.documents, dtype, chunk_bytes // 8 or 1)
+        _write_megatron_index(idx_path, spool, splitter.documents, dtype, chunk_bytes // 8 or 1, idx_path in replace)
     finally:
         spool.unlink(missing_ok=True)
     return [bin_path, idx_path]
 
 
-def _write_megatron_index(idx_path: Path, spool: Path, count: int, dtype: np.dtype, chunk: int) -> None:
+def _write_megatron_index(idx_path: Path, spool: Path, count: int, dtype: np.dtype, chunk: int,
+                          replace: bool = False) -> None:
     """The .idx: header, then int32 sequence lengths, int64 byte pointers, int64 document indices (count+1).
     One sequence per document, so the document indices are 0..count. Written `chunk` entries at a time."""
     lengths = np.memmap(spool, dtype="<i4", mode="r")
-    with _AtomicFile(idx_path) as f:
+    with _AtomicFile(idx_path, replace) as f:
         f.write(MEGATRON_MAGIC)
         f.write(struct.pack("<Q", MEGATRON_VERSION))
         f.write(struct.pack("<B", MEGATRON_DTYPE_CODE[np.dtype(dtype.name)]))
@@ -226,31 +310,45 @@ def _write_megatron_index(idx_path: Path, spool: Path, count: int, dtype: np.dty
 
 
 def export_megatron(
-    out_dir: str | os.PathLike, out_prefix: str | os.PathLike, chunk_bytes: int = shards.READ_CHUNK_BYTES
+    out_dir: str | os.PathLike, out_prefix: str | os.PathLike, chunk_bytes: int = shards.READ_CHUNK_BYTES,
+    overwrite: bool = False,
 ) -> list[Path]:
     """`<out_prefix>.bin/.idx` from the train shards, `<out_prefix>_val_<domain>.bin/.idx` from each holdout.
     Returns the files written."""
-    out_dir, prefix = Path(out_dir), Path(out_prefix)
+    out_dir, prefix = shards.as_path(out_dir), Path(out_prefix)
     blocks = TrainBlocks(out_dir)
     index = read_run_index(out_dir)
+    prefixes = [prefix, *(prefix.with_name(f"{prefix.name}_val_{d}") for d in index.val)]
+    targets = [p.with_name(p.name + ext) for p in prefixes for ext in (".bin", ".idx")]
+    replace = frozenset(_claim_targets(out_dir, targets, overwrite))
+    try:
+        return _export_megatron(out_dir, blocks, index, prefix, chunk_bytes, replace)
+    except BaseException:
+        _settle_records(targets)
+        raise
+
+
+def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, chunk_bytes: int,
+                     replace: frozenset[Path]) -> list[Path]:
     # an index without vocab_size: the largest vocabulary the run's dtype holds
     dtype = megatron_token_dtype(index.vocab_size or np.iinfo(blocks.dtype).max + 1)
     delimiters = shards.Delimiters.from_index(index)
     # documents where the provenance index says they are; a run without one is cut at its delimiters
     traced = index.provenance is not None
     documents = index_lengths(out_dir, index.shards, sources_of(index.provenance.sources)) if traced else None
-    written = _write_megatron(train_stream(blocks, chunk_bytes), dtype, delimiters, prefix, chunk_bytes, documents)
-    for domain, path, _ in _holdout_files(out_dir):
-        chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
+    written = _write_megatron(train_stream(blocks, chunk_bytes, _shard_checksums(index)), dtype, delimiters, prefix,
+                              chunk_bytes, documents, replace)
+    for domain, path, _, checksum in _holdout_files(out_dir):
+        chunks = _checked(path, shards.iter_token_chunks(path, blocks.dtype, chunk_bytes), checksum)
         entry = index.val[domain]
         documents = index_lengths(out_dir, [entry], sources_of(entry.provenance.sources)) if traced else None
         written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
-                                   chunk_bytes, documents)
+                                   chunk_bytes, documents, replace)
     return written
 
 
 # ---------------------------------------------------------------------- llm.c
-def _write_llmc(src: Path, dst: Path, tokens: int, dtype: np.dtype) -> Path:
+def _write_llmc(src: Path, dst: Path, tokens: int, dtype: np.dtype, checksum: str | None, replace: bool) -> Path:
     if dtype not in LLMC_MAGIC_VERSION:
         raise TokmixError(f"llm.c has no token format for {dtype.name}")
     if tokens >= 2**31:
@@ -258,31 +356,47 @@ def _write_llmc(src: Path, dst: Path, tokens: int, dtype: np.dtype) -> Path:
     magic, version = LLMC_MAGIC_VERSION[dtype]
     header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
     header[:3] = magic, version, tokens
-    with _AtomicFile(dst) as f, open(src, "rb") as s:
+    with _AtomicFile(dst, replace) as f:
         f.write(header.tobytes())
-        shutil.copyfileobj(s, f, shards.READ_CHUNK_BYTES)  # shard tokens are already llm.c's little-endian ints
+        for chunk in _checked(src, shards.iter_token_chunks(src, dtype), checksum):
+            f.write(memoryview(chunk).cast("B"))  # shard tokens are already llm.c's little-endian ints
     return dst
 
 
-def export_llmc(out_dir: str | os.PathLike, llmc_dir: str | os.PathLike) -> list[Path]:
+def export_llmc(out_dir: str | os.PathLike, llmc_dir: str | os.PathLike, overwrite: bool = False) -> list[Path]:
     """`tokmix_train_XXX.bin` per train shard and `tokmix_val_<domain>.bin` per holdout in llmc_dir. Each shard
     keeps its overlap token: llm.c reads every file on its own and needs B*T + 1 tokens for B*T targets."""
-    out_dir, llmc_dir = Path(out_dir), Path(llmc_dir)
+    out_dir, llmc_dir = shards.as_path(out_dir), Path(llmc_dir)
     blocks = TrainBlocks(out_dir)
+    index = read_run_index(out_dir)
+    holdouts = _holdout_files(out_dir)
+    trains = [llmc_dir / (LLMC_PREFIX + shards.train_name(k)) for k in range(len(blocks.files))]
+    vals = [llmc_dir / (LLMC_PREFIX + shards.val_name(domain)) for domain, *_ in holdouts]
+    replace = _claim_targets(out_dir, trains + vals, overwrite)
+    try:
+        return _export_llmc(blocks, index, holdouts, trains, vals, replace)
+    except BaseException:
+        _settle_records(trains + vals)
+        raise
+
+
+def _export_llmc(blocks: TrainBlocks, index: Index, holdouts: list, trains: list[Path], vals: list[Path],
+                 replace: set[Path]) -> list[Path]:
     written = []
-    for k, path in enumerate(blocks.files):
+    for path, dst, checksum in zip(blocks.files, trains, _shard_checksums(index)):
         tokens = path.stat().st_size // blocks.dtype.itemsize
-        written.append(_write_llmc(path, llmc_dir / (LLMC_PREFIX + shards.train_name(k)), tokens, blocks.dtype))
-    for domain, path, tokens in _holdout_files(out_dir):
-        written.append(_write_llmc(path, llmc_dir / (LLMC_PREFIX + shards.val_name(domain)), tokens, blocks.dtype))
+        written.append(_write_llmc(path, dst, tokens, blocks.dtype, checksum, dst in replace))
+    for (_, path, tokens, checksum), dst in zip(holdouts, vals):
+        written.append(_write_llmc(path, dst, tokens, blocks.dtype, checksum, dst in replace))
     return written
 
 
-def export(out_dir: str | os.PathLike, fmt: str, out: str | os.PathLike) -> list[Path]:
+def export(out_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> list[Path]:
     """What `tokmix export DIR --format megatron|llmc OUT` runs: OUT is a path prefix for megatron, a directory
-    for llmc. Returns the files written."""
+    for llmc. Returns the files written. Nothing is written over a file tokmix did not export; an earlier
+    export's files are replaced only with `overwrite`; every shard and holdout is checked against its sha256."""
     if fmt == "megatron":
-        return export_megatron(out_dir, out)
+        return export_megatron(out_dir, out, overwrite=overwrite)
     if fmt == "llmc":
-        return export_llmc(out_dir, out)
+        return export_llmc(out_dir, out, overwrite)
     raise TokmixError(f"unknown export format {fmt!r}: one of {', '.join(FORMATS)}")

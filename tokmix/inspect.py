@@ -17,7 +17,18 @@ from rich.text import Text
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.provenance import Source
-from tokmix.shards import TOKENIZER_NAME, Delimiters, block_tokens, read_index, read_json, read_tokens
+from tokmix.shards import (
+    TOKENIZER_NAME,
+    Delimiters,
+    as_path,
+    block_tokens,
+    read_array,
+    read_bytes_of,
+    read_index,
+    read_json,
+    run_tokenizer_path,
+    tokenizer_change,
+)
 from tokmix.summary import holdout_table, mix_table
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
@@ -117,11 +128,13 @@ def run_tokenizer(out_dir: Path, index: Index):
     """The run's tokenizer: the path index.json records, or, for a moved directory, its own tokenizer.json."""
     from tokenizers import Tokenizer
 
-    recorded = Path(index.tokenizer)
-    for path in (recorded, out_dir / TOKENIZER_NAME, out_dir / recorded.name):
-        if path.is_file():
-            return Tokenizer.from_file(str(path))
-    raise TokmixError(f"tokenizer {recorded} not found (nor {out_dir / TOKENIZER_NAME}); it decodes the tokens")
+    path = run_tokenizer_path(out_dir, index)
+    if path is not None and (changed := tokenizer_change(out_dir, index)) is not None:
+        raise TokmixError(changed)  # another file's ids would decode the shards wrongly
+    if path is not None:  # a local file, or the run's own beside its index on a store
+        return Tokenizer.from_str(read_bytes_of(path).decode("utf-8"))
+    raise TokmixError(f"tokenizer {index.tokenizer} not found (nor {out_dir / TOKENIZER_NAME}); it decodes the "
+                      "tokens")
 
 
 def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:
@@ -141,7 +154,7 @@ def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list
 
 def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     """Block `block` of train shard `shard`: tokens[block * seq_len : block * seq_len + seq_len + 1]."""
-    out_dir, index = Path(out_dir), _index(out_dir)
+    out_dir, index = as_path(out_dir), _index(out_dir)
     shards = index.shards
     if not 0 <= shard < len(shards):
         raise TokmixError(f"shard {shard}: the run has shards 0..{len(shards) - 1}")
@@ -149,11 +162,11 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     if not 0 <= block < entry.blocks:
         raise TokmixError(f"block {block}: {entry.file} has blocks 0..{entry.blocks - 1}")
     seq_len = index.seq_len
-    tokens = read_tokens(out_dir / entry.file, index.dtype)
     start = block * seq_len
+    tokens = read_array(out_dir / entry.file, index.dtype, start, block_tokens(seq_len))  # the block only
     first = sum(s.blocks for s in shards[:shard]) + block
     title = f"{entry.file} block {block} (block {first:,} of the run): tokens {start:,} to {start + seq_len:,}"
-    view = _view(out_dir, index, entry.file, title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    view = _view(out_dir, index, entry.file, title, start, tokens)
     if index.provenance is not None:
         from tokmix.trace import trace_blocks
 
@@ -163,7 +176,7 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
 
 def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockView:
     """Eval window `window` of holdout `domain`, laid out as the train blocks are."""
-    out_dir, index = Path(out_dir), _index(out_dir)
+    out_dir, index = as_path(out_dir), _index(out_dir)
     val = index.val
     if domain not in val:
         raise TokmixError(f"holdout {domain!r}: the run has {', '.join(val) or 'none'}")
@@ -171,10 +184,10 @@ def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockVi
     windows = (entry.tokens - 1) // seq_len
     if not 0 <= window < windows:
         raise TokmixError(f"window {window}: {entry.file} has windows 0..{windows - 1}")
-    tokens = read_tokens(out_dir / entry.file, index.dtype)
     start = window * seq_len
+    tokens = read_array(out_dir / entry.file, index.dtype, start, block_tokens(seq_len))
     title = f"{entry.file} window {window}: tokens {start:,} to {start + seq_len:,}"
-    return _view(out_dir, index, entry.file, title, start, np.array(tokens[start : start + block_tokens(seq_len)]))
+    return _view(out_dir, index, entry.file, title, start, tokens)
 
 
 def _view(out_dir: Path, index: Index, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:

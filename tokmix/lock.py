@@ -7,7 +7,6 @@ process makes it refuse; one that had not started writing finds another token an
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import secrets
@@ -20,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from tokmix.errors import TokmixError
-from tokmix.shards import LOCK_NAME, WRITERS_NAME, Layout
+from tokmix.shards import LOCK_NAME, WRITERS_NAME, Layout, NotAFile, open_regular, read_regular
 
 
 def flock_holders(path: Path) -> list[int] | None:
@@ -48,22 +47,26 @@ def flock_holders(path: Path) -> list[int] | None:
 def _open(path: Path) -> int:
     """A lock file of tokmix's own, never followed through a link: the run writes its name into the lock file,
     and a link there would have it truncate whatever file the link names."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise TokmixError(f"{path}: is a link, not tokmix's lock file; remove the link (tokmix makes the file "
-                          "itself)") from None
+    try:  # non-blocking: a FIFO put in its place opens at once, and is refused
+        return open_regular(path, follow=False, flags=os.O_RDWR | os.O_CREAT)
+    except NotAFile as e:
+        raise _not_the_lock(path, e.kind) from None
+
+
+def _not_the_lock(path: Path, kind: str) -> TokmixError:
+    return TokmixError(f"{path}: is {kind}, not tokmix's lock file; remove {'the link' if kind == 'a link' else 'it'} "
+                       "(tokmix makes the file itself)")
 
 
 def read_holder(path: Path) -> tuple[list[str], str | None]:
     """What the lock file names: host, the supervisor's pid and, once started, the stage process's; and the run's
     token."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        lines = read_regular(path, follow=False).decode(errors="replace").splitlines()
     except FileNotFoundError:
         return [], None
+    except NotAFile as e:
+        raise _not_the_lock(path, e.kind) from None
     holder = lines[0].split()[:3] if lines else []
     token = lines[1].removeprefix("run ").strip() if len(lines) > 1 and lines[1].startswith("run ") else None
     return holder, token

@@ -14,7 +14,7 @@ from tokmix.format.records import (
     StreamSummary,
     Total,
 )
-from tokmix.shards import block_tokens
+from tokmix.shards import EXPECTED_NAME, STATE_DIR, block_tokens
 from tokmix.stages import Context
 from tokmix.stages.passes import passes_used
 
@@ -96,6 +96,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         cache=_cache_entry(ctx, metas) if ctx.cache is not None else None,
         provenance=Provenance.from_json(provenance) if provenance is not None else None,
         benchmark_decontamination=benchmarks,
+        derived_digests=f"{STATE_DIR}/{EXPECTED_NAME}",  # what validate checks the shards against (on a store too)
     )
 
 

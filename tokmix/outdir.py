@@ -15,7 +15,8 @@ from fsspec.utils import glob_translate
 from tokmix.errors import TokmixError
 from tokmix.mirrors import mirror_pairs, remap
 from tokmix.recipe import Recipe
-from tokmix.shards import LOCK_NAME, WRITERS_NAME, Layout
+from tokmix.shards import LOCK_NAME, STATE_DIR, STORE_RUN_NAME, WRITERS_NAME, Layout
+from tokmix.store import store_problem
 
 MAGIC = "*?["
 
@@ -100,15 +101,21 @@ def _check_store_ours(layout: Layout) -> None:
     """A prefix on a store tokmix may write: one that holds nothing yet, or a tokmix run's (its record of what it
     created is there). The lock is not: it is in the run's local working folder (tokmix.store)."""
     bucket = layout.root.parents[-1] if layout.root.parents else layout.root
-    try:
+    try:  # a listing first: fsspec's exists() answers False for refused credentials and lost networks too
+        bucket.iterdir()
         there = bucket.exists()
-    except OSError as e:  # no credentials, or none that may read it
-        raise TokmixError(f"output {layout.root}: cannot reach bucket {bucket} ({e})") from None
+    except FileNotFoundError:
+        there = False
+    except Exception as e:  # no credentials, none that may read it, no network: said as such
+        if (problem := store_problem(e)) is None:
+            raise
+        raise TokmixError(f"output {layout.root}: {problem}; nothing was written") from None
     if not there:
         raise TokmixError(f"output {layout.root}: bucket {bucket} does not exist (tokmix writes into a bucket, it "
                           "does not create one)")
     found = layout.root.iterdir()
-    if found and not layout.is_run():
+    claimed = (layout.root / STATE_DIR / STORE_RUN_NAME).is_file()  # a run claimed it and is making its record
+    if found and not layout.is_run() and not claimed:
         raise TokmixError(f"output {layout.root}: not empty and not a tokmix run (it holds {found[0].name}); "
                           "choose a new or empty prefix")
 

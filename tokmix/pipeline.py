@@ -34,6 +34,7 @@ from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.shards import (
+    STATE_DIR,
     TOKENIZER_NAME,
     DamagedFile,
     Layout,
@@ -52,6 +53,7 @@ from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
+from tokmix.store import store_problem
 from tokmix.text import HUGE_DOC_CHARS
 from tokmix.tokenizer import (
     document_delimiters,
@@ -397,6 +399,8 @@ def publish_index(layout: Layout) -> None:
         return
     if layout.tokenizer.exists():
         write_bytes(layout.root / TOKENIZER_NAME, layout.tokenizer.read_bytes())
+    if layout.expected.exists():  # the kept digests beside the shards, for `tokmix validate s3://...`
+        write_bytes(layout.root / STATE_DIR / layout.expected.name, layout.expected.read_bytes())
     fault_point("publish:before-index")
     write_bytes(layout.published_index, layout.index.read_bytes())
     log(f"index.json published to {layout.root}")
@@ -405,6 +409,8 @@ def publish_index(layout: Layout) -> None:
 def run_stages(layout: Layout, options: RunOptions) -> None:
     recipe = load_recorded_recipe(layout)
     if (complete := verified_complete(layout, recipe)) is not None:
+        if (path := tokenizer_file(recipe, layout.tokenizer)) is not None:
+            _same_tokenizer(layout, path)  # a finished run's tokenizer changed is named, not called complete
         log(f"{layout.root}: already complete: sha256 of {complete[0]} shard(s) and {complete[1]} holdout(s) "
             "verified; nothing to do")
         if layout.remote and not layout.published_index.exists():  # stopped between validation and publishing
@@ -435,6 +441,8 @@ def _failure_message(e: BaseException, layout: Layout) -> str:
         return str(e)
     if isinstance(e, KeyboardInterrupt):
         return f"interrupted; committed work is kept: run the same command again to resume ({layout.root})"
+    if layout.remote and (problem := store_problem(e)) is not None:  # the store went away, or refused us
+        return f"output {layout.root}: {problem}; committed work is kept: run the same command again once it is fixed"
     if isinstance(e, OSError):  # a full disk, a permission: the file and the reason
         return os_error_message(e, layout.root)
     # a bug, not bad input: say so, with the traceback on --debug

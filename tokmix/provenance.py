@@ -17,7 +17,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
-from tokmix.shards import INDEX_NAME, read_array
+from tokmix.shards import INDEX_NAME, as_path, read_array
 
 DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
 # a unit's documents as the streams stage writes them (NNNNNN.src beside its .tok and .len): the pass-1 unit and
@@ -127,7 +127,7 @@ class RunDocuments:
     index.json."""
 
     def __init__(self, root: str | Path, index: Index):
-        self.root, self.index = Path(root), index
+        self.root, self.index = as_path(root), index
         if index.provenance is None:
             raise TokmixError(f"{self.root / INDEX_NAME}: no provenance index (the run was made with [layout] "
                               "provenance = false, or by a tokmix before it)")

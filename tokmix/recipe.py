@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokmix.errors import TokmixError
-from tokmix.shards import EOT_TOKEN, shard_blocks, tokens_in_shard
+from tokmix.shards import EOT_TOKEN, check_input_file, shard_blocks, tokens_in_shard
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -536,6 +536,8 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; relative paths in it are relative to its directory."""
     path = Path(path)
     try:
+        if not path.is_dir():  # a FIFO or a device is named, never opened (reading it could block or never end)
+            check_input_file(path)
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TokmixError(f"{path}: recipe file not found") from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,17 +26,24 @@ from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
 from tokmix.shards import (
     LENGTH_DTYPE,
+    REMAKE_REMEDY,
     DamagedFile,
     Delimiters,
     Layout,
+    NotAFile,
+    as_path,
     iter_token_chunks,
+    publish_new,
     read_index,
     read_json,
+    read_regular,
+    reader_layout,
     unit_file,
-    write_bytes,
 )
+from tokmix.store import storage
 from tokmix.summary import passes
 
+REPORT_MARK = '<meta name="generator" content="tokmix report">'  # in its first bytes: a report tokmix wrote
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
 HIST_BINS = 40
 
@@ -153,14 +159,16 @@ def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | 
     """The stream's committed unit records (with their commit time) and the lengths of the documents it
     gave the run, when the intermediates were kept."""
     meta_path = layout.stream_meta(name)
-    if not meta_path.exists():
+    meta = read_json(meta_path, sealed=True)  # the run's records are checked like any state a command reads
+    if meta is None:
         return None
-    meta = json.loads(meta_path.read_text())
     folder = layout.stream(name) / "units"
     records = []
     for unit in meta["units"]:
         path = unit_file(folder, unit["name"], "json")
-        record = json.loads(path.read_text())
+        record = read_json(path, sealed=True)
+        if record is None:
+            raise TokmixError(f"{path}: missing, but {meta_path} lists it; run the same command again to remake it")
         record["committed_at"] = path.stat().st_mtime
         records.append(record)
     per_unit = [np.fromfile(unit_file(folder, u["name"], "len"), dtype=LENGTH_DTYPE) for u in meta["units"]]
@@ -171,7 +179,7 @@ def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | 
 def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[Index, dict[str, StreamFacts]]:
     """index.json and per-stream facts; `scan` forces (True) or skips (False) the pass over the shards,
     which by default runs only when the intermediates are gone."""
-    layout = Layout(out_dir)
+    layout = reader_layout(out_dir)
     index = read_index(layout.root)
     if not index or not index.shards:
         raise TokmixError(f"{layout.root}: no index.json with shards (not a finished tokmix run)")
@@ -519,10 +527,11 @@ def _length_rows(facts: dict[str, StreamFacts]) -> list[list]:
 
 
 def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt) -> str:
-    layout = Layout(out_dir)
+    layout = reader_layout(out_dir)
+    where = out_dir if storage(out_dir).remote else out_dir.resolve()
     done = layout.done
     timings = layout.timings
-    validated = done.exists() and json.loads(done.read_text()).get("fingerprint") == index.recipe_fingerprint
+    validated = (read_json(done, remedy=REMAKE_REMEDY) or {}).get("fingerprint") == index.recipe_fingerprint
     bpt = bytes_per_token(index, facts)
     sources = {f.lengths_from for f in facts.values()}
     lengths_note = (
@@ -535,10 +544,10 @@ def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt)
     )
     parts = [
         "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        f'<html lang="en"><head><meta charset="utf-8">{REPORT_MARK}',
         f"<title>tokmix report: {_e(out_dir)}</title><style>{CSS}</style></head><body>",
         f"<h1>tokmix report: {_e(out_dir.name or out_dir)}</h1>",
-        f'<p class="sub">{_e(out_dir.resolve())} &middot; written {_e(time.strftime("%Y-%m-%d %H:%M:%S"))}</p>',
+        f'<p class="sub">{_e(where)} &middot; written {_e(time.strftime("%Y-%m-%d %H:%M:%S"))}</p>',
         _facts_table(
             [
                 ("recipe fingerprint", index.recipe_fingerprint or ""),
@@ -710,8 +719,7 @@ def _throughput_table(index: Index, timings: Path) -> str:
         if n in thr.get("tok_s_end_to_end_by_stream", {})
     ]
     html_ = _table(["stream", "tokens/s end to end", "tokenizer capacity (tokens/s)", "seconds (last run)"], rows)
-    if timings.exists():
-        seconds = json.loads(timings.read_text())
+    if (seconds := read_json(timings, remedy=REMAKE_REMEDY)):
         html_ += _table(
             ["stage", "seconds"],
             [[k, f"{v:,.1f}"] for k, v in seconds.items()],
@@ -723,9 +731,28 @@ def _throughput_table(index: Index, timings: Path) -> str:
 def write_report(out_dir: str | os.PathLike, path: str | os.PathLike, *, scan: bool | None = None) -> Path:
     """Write the HTML report of the run in `out_dir` to `path`; returns the path."""
     plt = _pyplot()
-    out_dir, path = Path(out_dir), Path(path)
+    out_dir, path = as_path(out_dir), Path(path)
+    replace = _report_target(out_dir, path)  # before the work: a target refused costs nothing
     index, facts = gather(out_dir, scan)
     page = render_html(out_dir, index, facts, plt)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path, page.encode("utf-8"))
+    publish_new(path, page.encode("utf-8"), replace)
     return path
+
+
+def _report_target(out_dir: Path, path: Path) -> bool:
+    """Where a report may go: never one of the run's own files (index.json, a shard, its state), never over a
+    file that is not an earlier report of tokmix's (its first bytes say so). Returns whether it replaces one."""
+    if not storage(out_dir).remote and Layout(out_dir).owns(path):
+        raise TokmixError(f"{path}: one of the run's own files or folders; write the report elsewhere (default: "
+                          f"{out_dir / 'report.html'})")
+    if not (path.exists() or path.is_symlink()):
+        return False
+    try:
+        head = read_regular(path, follow=False)[:4096]
+    except NotAFile as e:
+        raise TokmixError(f"{path}: exists and is {e.kind}; the report is never written over it") from None
+    if REPORT_MARK.encode() not in head:
+        raise TokmixError(f"{path}: exists and is not a report tokmix wrote; the report is never written over it: "
+                          "choose another --html")
+    return True

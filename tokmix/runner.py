@@ -6,6 +6,7 @@ while the stage process works."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -26,8 +27,10 @@ from tokmix.mirrors import absolute_mirror
 from tokmix.outdir import check_output_dir
 from tokmix.process import RunOptions, interrupt, log
 from tokmix.recipe import Recipe
-from tokmix.shards import Layout, write_json
-from tokmix.store import check_store_url, is_url, local_path, work_dir
+from tokmix.shards import STATE_DIR, Layout, read_json, write_bytes, write_json
+from tokmix.store import check_store_url, claim_object, is_url, local_path, work_dir
+
+WORK_OUTPUT_NAME = "output.json"  # in a working folder's tokmix-state/: the one store output it works for
 
 MAX_FRUITLESS_RESTARTS = 3
 
@@ -42,10 +45,36 @@ def _same_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -
     if not restart:
         identity.check(layout, "recipe", recipe.output_fields(), where)
     if layout.remote:
+        _own_work_folder(layout)
+        if identity.recorded(layout, "store owner") is None:  # a fresh prefix: claimed by a create-if-absent
+            claim_object(layout.store_run, json.dumps(_store_owner(layout, recipe), indent=2).encode())
         if not break_lock:
             identity.check(layout, "store owner", (socket.gethostname(), str(layout.work)), where)
         if not restart:
             identity.check(layout, "store recipe", recipe.output_fields(), where)
+
+
+def _store_owner(layout: Layout, recipe: Recipe) -> dict:
+    """The store's record of the working folder that writes it (identity's "store owner" and "store recipe")."""
+    return {"host": socket.gethostname(), "work": str(layout.work), "output_fields": recipe.output_fields()}
+
+
+def _own_work_folder(layout: Layout) -> None:
+    """A working folder belongs to one store output: it records the URL, and one that works for another, or that
+    is a local run's output directory (its bookkeeping would be rewritten), is refused. Of working folders
+    started on one fresh prefix at once, the store's create-if-absent of its record (tokmix-state/run.json)
+    lets one claim it; the others find it, and are refused by the "store owner" check, before either writes."""
+    record = layout.state / WORK_OUTPUT_NAME
+    if Layout(layout.work).is_run():
+        raise TokmixError(f"--work {layout.work}: the output directory of a local tokmix run (its {STATE_DIR} is that "
+                          "run's bookkeeping): choose a folder of its own for the store's run")
+    found = read_json(record)
+    if found is None:
+        write_json(record, {"out": str(layout.root)})
+    elif not isinstance(found, dict) or found.get("out") != str(layout.root):
+        other = found.get("out") if isinstance(found, dict) else None
+        raise TokmixError(f"--work {layout.work}: the working folder of the run writing {other}; each output needs "
+                          "its own: choose another --work")
 
 
 def _record_run(layout: Layout, recipe: Recipe) -> None:
@@ -53,6 +82,8 @@ def _record_run(layout: Layout, recipe: Recipe) -> None:
     if layout.remote:
         identity.record(layout, "store owner", (socket.gethostname(), str(layout.work)),
                         output_fields=recipe.output_fields())
+        # a copy of the recorded recipe on the store, for the commands that read the run from elsewhere (status)
+        write_bytes(layout.root / STATE_DIR / layout.recorded_recipe.name, layout.recorded_recipe.read_bytes())
 
 
 def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
@@ -62,6 +93,10 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     shards = len(recipe.shard_blocks)
     paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched,
                              recipe.layout.provenance, recipe.decontaminate is not None)
+    for path in paths:  # a recorded folder swapped for a link: the run would write (and --restart remove) there
+        if (link := layout.link_on_the_way(path)) is not None:
+            raise TokmixError(f"{link}: is a link (to {os.path.realpath(link)}); tokmix writes only inside its "
+                              "output directory: remove the link, or choose another --out")
     taken = layout.not_created(paths)
     if taken:
         how = "write there" if taken[0].is_dir() else "overwrite it"
@@ -103,6 +138,10 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
         layout = Layout(url, work=work_dir(url, work))
         options = replace(options, store=url)
     else:
+        if work is not None:  # a local run keeps its lock and bookkeeping in its own directory
+            raise TokmixError(f"--work {work}: only for an output on an object store (s3://, gs://); a local --out "
+                              f"keeps its lock and bookkeeping in {os.path.join(local_path(out), STATE_DIR)}: drop "
+                              "--work")
         layout = Layout(os.path.abspath(local_path(out)))
     check_output_dir(recipe, str(layout.root), options.mirrors)  # before anything is written
     if options.cache is not None:

@@ -22,13 +22,22 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.format.commit import (
+from tokmix.format.commit import (  # noqa: F401 (NotAFile, check_*, open_regular, read_regular: used through shards)
     PUBLISHED_DIR,
     STATE_DIR,
     TMP,
+    NotAFile,
+    check_input_file,
+    check_regular,
     mark_of,
     mark_published,
+    not_regular,
+    open_regular,
+    place,
+    publish_new,
+    read_regular,
     tmp_name,
+    tmp_recorded,
     write_in_halves,
 )
 from tokmix.format.records import EOT_ID, Index
@@ -45,6 +54,10 @@ DOCS_SUFFIX = ".docs"  # beside a train shard or holdout: its provenance index (
 INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
+RECORD_SEAL_LINE = "# sha256 "  # the record's last line: the sha256 of every line before it (Layout.recorded)
+SEALED_RECORD_HEADER = RECORD_HEADER + " (sealed: the last line is their sha256)"
+OWN_FILES_REMEDY = ("tokmix removes nothing through it: move away what you want to keep and delete the directory "
+                    "yourself, or choose another --out")
 LOCK_NAME = "lock"
 STORE_RUN_NAME = "run.json"  # on a store, in its tokmix-state/: the working folder that writes it, the recipe
 WRITERS_NAME = "writers"  # in STATE_DIR: every task that writes holds a shared flock on it (tokmix.lock)
@@ -174,6 +187,14 @@ def unit_file(units_dir: str | os.PathLike | ObjectPath, unit: int | str, kind: 
 
 
 _UNIT_FILE = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units folder holds
+# every path the record of what tokmix created may name (Layout.run_paths): anything else is an edit
+_RECORDABLE = re.compile(rf"{re.escape(INDEX_NAME)}|{re.escape(TOKENIZER_NAME)}|{re.escape(CONTAMINATION_NAME)}|"
+                         rf"(?:val_[^/]+|train_\d{{3,}})"
+                         rf"\.(?:bin|{DOCS_SUFFIX[1:]})|{STREAMS_DIR}(?:/[^/]+(?:/{UNITS_DIR})?)?")
+
+
+def _lines_digest(lines: list[str]) -> str:
+    return hashlib.new(CHECKSUM, ("\n".join(lines) + "\n").encode()).hexdigest()
 
 
 class _In:
@@ -204,7 +225,7 @@ class Layout:
         self.root = as_path(out_dir)
         self.remote = storage(self.root).remote
         # where the state lives: the output directory itself, or for a store the local working folder
-        self.work = Path(work) if work is not None else self.root
+        self.work = as_path(work) if work is not None else self.root
 
     @property
     def index(self) -> Path:
@@ -298,21 +319,69 @@ class Layout:
         stream = self.stream("s")
         return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.recorded_recipe,
                 self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
-                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)), tmp_name(self.train(0))]
+                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)),
+                self.train(0).with_name(f"{self.train(0).name}.tmp-{os.getpid()}")]
 
     def is_run(self) -> bool:
         """Whether this directory holds a tokmix run's record (a run in progress, stopped or finished)."""
         if self.remote:
             return self.record.is_file()
         # a real folder and file: a link to another run's state would make its bookkeeping this run's
+        if self.state.is_dir() and not self.state.is_symlink() and os.path.lexists(self.record) \
+                and (kind := not_regular(os.lstat(self.record).st_mode)) and kind != "a link":
+            raise DamagedFile(self.record, f"{kind}, not the record tokmix writes", OWN_FILES_REMEDY)
         return self.state.is_dir() and not self.state.is_symlink() and self.record.is_file() \
             and not self.record.is_symlink()
 
+    def owns(self, path: str | os.PathLike) -> bool:
+        """Whether `path` is one of the run's own files or folders (however it is spelled, through links): its
+        state and intermediates' folders and all they hold, a name tokmix gives at the top level, or one it
+        recorded. Another command (report, export) never writes there."""
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root))
+        if rel == "." or rel.startswith(".."):
+            return rel == "."
+        return rel.split("/")[0] in (STATE_DIR, STREAMS_DIR) or bool(_RECORDABLE.fullmatch(rel)) \
+            or self.root / rel in self.recorded()
+
     def recorded(self) -> set[Path]:
-        if not self.record.is_file():
-            return set()
-        lines = self.record.read_text().splitlines()
-        return {self.root / line for line in lines[1:] if line and not line.startswith("#")}
+        """The paths the record names. The record is input like any file a run reads back: it must be sealed (its
+        last line the sha256 of the lines before it; a record of a tokmix before the seal has none) and each
+        path must be one tokmix gives, inside the output directory: an edited record is named (DamagedFile),
+        never acted on, so nothing outside the run is ever removed through it."""
+        if self.remote:
+            if not self.record.is_file():
+                return set()
+            text = self.record.read_text()
+        else:
+            try:
+                text = read_regular(self.record, follow=False).decode("utf-8")
+            except FileNotFoundError:
+                return set()
+            except NotAFile as e:
+                raise DamagedFile(self.record, e.kind + ", not the record tokmix writes", OWN_FILES_REMEDY) from None
+            except UnicodeDecodeError:
+                raise DamagedFile(self.record, "not text: overwritten", OWN_FILES_REMEDY) from None
+        lines = text.splitlines()
+        if not lines or lines[0] not in (RECORD_HEADER, SEALED_RECORD_HEADER):
+            raise DamagedFile(self.record, "not the record tokmix writes: truncated or overwritten", OWN_FILES_REMEDY)
+        # each path first: one that leads out of the run is named, sealed or not (an unkeyed seal can be redone)
+        paths = {self._recorded_path(line) for line in lines[1:] if line and not line.startswith("#")}
+        if lines[0] == SEALED_RECORD_HEADER:
+            if not lines[-1].startswith(RECORD_SEAL_LINE):
+                raise DamagedFile(self.record, "its record has no checksum: truncated or edited", OWN_FILES_REMEDY)
+            if lines[-1] != RECORD_SEAL_LINE + _lines_digest(lines[:-1]):
+                raise DamagedFile(self.record, "its record was changed", OWN_FILES_REMEDY)
+        return paths
+
+    def _recorded_path(self, line: str) -> Path:
+        """A line of the record as a path of this output directory; DamagedFile naming it when it is not one that
+        tokmix creates here (absolute, with `..`, a name tokmix never gives)."""
+        parts = line.split("/")
+        if line.startswith("/") or any(p in ("", ".", "..") for p in parts) or not _RECORDABLE.fullmatch(line):
+            where = "outside the output directory" if line.startswith("/") or ".." in parts else \
+                "not a path tokmix creates there"
+            raise DamagedFile(self.record, f"it names {line!r}, {where}", OWN_FILES_REMEDY)
+        return self.root / line
 
     def not_created(self, paths: list[Path]) -> list[Path]:
         """Those of `paths` that are there but not in the record: the user's, never to be written over."""
@@ -327,7 +396,8 @@ class Layout:
             self._write_record(sorted(known | set(new)))
 
     def _write_record(self, paths: list[Path]) -> None:
-        lines = [RECORD_HEADER, *(str(p.relative_to(self.root)) for p in paths)]
+        lines = [SEALED_RECORD_HEADER, *(str(p.relative_to(self.root)) for p in paths)]
+        lines.append(RECORD_SEAL_LINE + _lines_digest(lines))
         write_bytes(self.record, ("\n".join(lines) + "\n").encode())
         if self.remote:  # an object is durable once its upload completes
             return
@@ -356,17 +426,35 @@ class Layout:
         recorded = self.recorded()
         targets = recorded if paths is None else {p for p in paths if p in recorded}
         left: list[Path] = []
-        if paths is None:
-            left += self._empty_state(keep)
         for path in sorted(targets, key=lambda p: len(p.parts), reverse=True):
             left += self._remove_one(path)
+        if paths is None:  # after the paths: their temporary files' records are in it
+            left += self._empty_state(keep)
         gone = {p for p in targets if not (p.exists() or p.is_symlink())}
         if gone:  # forgotten: a file of the user's made later under such a name is not tokmix's
             self._write_record(sorted(recorded - gone))
         return left
 
+    def confined(self, path: Path) -> bool:
+        """Whether `path` is where its name says, in this output directory: no link on the way from the root to its
+        folder (a stream's folder swapped for a link elsewhere would have its units removed there)."""
+        if self.remote:
+            return True
+        real = os.path.normpath(os.path.join(os.path.realpath(self.root), os.path.relpath(path.parent, self.root)))
+        return os.path.realpath(path.parent) == real
+
+    def link_on_the_way(self, path: Path) -> Path | None:
+        """The link at `path` or on the way to it from the root, if any: tokmix makes none, so one there leads
+        out of the run (what is done through it would be done elsewhere)."""
+        if self.remote:
+            return None
+        for step in [*reversed(path.relative_to(self.root).parents[:-1]), path.relative_to(self.root)]:
+            if (self.root / step).is_symlink():
+                return self.root / step
+        return None
+
     def _remove_one(self, path: Path) -> list[Path]:
-        if path.is_symlink():  # tokmix makes no links: someone put this here
+        if path.is_symlink() or not self.confined(path):  # tokmix makes no links: someone put this here
             return [path]
         if path.is_dir():
             left = [p for p in path.iterdir() if not self._removable_child(path, p)]
@@ -381,9 +469,19 @@ class Layout:
             return [path]
         path.unlink(missing_ok=True)
         for tmp in path.parent.glob(f"{path.name}.tmp-*"):
-            if tmp.is_file() and not tmp.is_symlink():
+            if self._own_tmp(path.parent, tmp, {path}) and tmp.is_file() and not tmp.is_symlink():
                 tmp.unlink()
         return []
+
+    def _own_tmp(self, folder: Path, tmp: Path, recorded: set[Path]) -> bool:
+        """Whether a temporary file is tokmix's: at the top level, one tmp_name recorded (the user's own
+        `index.json.tmp-77777` is not); in a recorded folder, one named as tokmix names files there."""
+        name = TMP.fullmatch(tmp.name)
+        if name is None:
+            return False
+        if folder == self.root:
+            return folder / name.group(1) in recorded and tmp_recorded(tmp).is_file()
+        return self._removable_child(folder, tmp)
 
     def _removable_child(self, folder: Path, child: Path) -> bool:
         """Whether `child` of a recorded folder is tokmix's to remove: a file named as tokmix names files there
@@ -426,8 +524,7 @@ class Layout:
         for folder in folders:
             for tmp in folder.glob("*.tmp-*"):
                 name = TMP.fullmatch(tmp.name)
-                if name and (folder / name.group(1) in recorded or self._removable_child(folder, tmp)) \
-                        and tmp.is_file() and not tmp.is_symlink():
+                if name and self._own_tmp(folder, tmp, recorded) and tmp.is_file() and not tmp.is_symlink():
                     tmp.unlink()
         for tmp in self.state.rglob("*.tmp-*"):
             if tmp.is_file():
@@ -450,6 +547,51 @@ class Layout:
 
     def write_index(self, index: Index) -> None:
         write_json(self.index, index.to_json())
+
+
+def reader_layout(out: str | os.PathLike | ObjectPath) -> Layout:
+    """The Layout a command that reads a run (status, inspect, trace, report, export) sees: a local directory, or
+    a store's URL, whose state folder is the local working folder the store names (tokmix-state/run.json) when it
+    is on this machine, and what the store holds of it otherwise."""
+    root = as_path(out)
+    if not storage(root).remote:
+        return Layout(root)
+    found = read_json(root / STATE_DIR / STORE_RUN_NAME, remedy=REMAKE_REMEDY)
+    import socket
+
+    work = found.get("work") if isinstance(found, dict) and found.get("host") == socket.gethostname() else None
+    if work and Path(work, STATE_DIR).is_dir():
+        return Layout(root, work=work)
+    return Layout(root, work=root)  # the state the store holds: the run's record, its recipe, its index
+
+
+def read_bytes_of(path: Path | ObjectPath) -> bytes:
+    """A whole file's bytes: a local regular file (read_regular), or an object on a store."""
+    return path.read_bytes() if storage(path).remote else read_regular(path)
+
+
+def run_tokenizer_path(out_dir: str | os.PathLike | ObjectPath, index: Index) -> Path | ObjectPath | None:
+    """The tokenizer file of a finished run: the path index.json records, or, for a moved directory (or a store),
+    the run's own tokenizer.json beside its index; None when neither is there."""
+    recorded = Path(str(index.tokenizer or TOKENIZER_NAME))
+    root = as_path(out_dir)
+    for path in (recorded, root / TOKENIZER_NAME, root / recorded.name):
+        if path.is_file():
+            return path
+    return None
+
+
+def tokenizer_change(out_dir: str | os.PathLike | ObjectPath, index: Index) -> str | None:
+    """The one line saying that the run's tokenizer file is not the one its shards were made with (its sha256
+    differs from index.json's `tokenizer_sha256`); None when it is, or when there is none to compare."""
+    path = run_tokenizer_path(out_dir, index)
+    if path is None or not index.tokenizer_sha256:
+        return None
+    now = file_checksum(path)
+    if now == index.tokenizer_sha256:
+        return None
+    return (f"tokenizer {path}: changed since this run wrote its shards (sha256 {index.tokenizer_sha256[:12]}... in "
+            f"index.json, now {now[:12]}...); its ids are not the shards' ids: restore it")
 
 
 def read_index_file(path: Path | ObjectPath) -> Index | None:
@@ -495,10 +637,13 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
 def read_json(path: Path, sealed: bool = False, remedy: str = RESTART_REMEDY) -> Any:
     """A JSON file tokmix wrote, None when there is none. DamagedFile when it is not whole JSON or, `sealed`, its
     seal is missing or does not match its content (the seal is not returned)."""
-    try:
-        data = as_path(path).read_bytes()
+    path = as_path(path)
+    try:  # a state file is tokmix's own: a link, FIFO or device in its place is named, never opened
+        data = read_regular(path, follow=False) if not storage(path).remote else path.read_bytes()
     except FileNotFoundError:
         return None
+    except NotAFile as e:
+        raise DamagedFile(path, f"{e.kind}, not a file tokmix wrote", remedy) from None
     try:
         value = json.loads(data)
     except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError

@@ -4,7 +4,6 @@ validated, and whether a live process holds the directory's lock. Safe to call w
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -21,7 +20,19 @@ from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.lock import flock_holders, read_holder
 from tokmix.recipe import Recipe, recipe_from_dict
-from tokmix.shards import Layout, read_index, tokens_in_shard, unit_file
+from tokmix.shards import (
+    DamagedFile,
+    Layout,
+    NotAFile,
+    read_index,
+    read_json,
+    read_regular,
+    reader_layout,
+    tokenizer_change,
+    tokens_in_shard,
+    unit_file,
+)
+from tokmix.store import storage
 
 
 @dataclass
@@ -49,6 +60,7 @@ class Status:
     validated: bool
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    tokenizer_changed: str | None = None  # the line saying the tokenizer is not the one the shards were made with
 
     @property
     def complete(self) -> bool:
@@ -75,7 +87,9 @@ def _recorded_recipe(layout: Layout) -> Recipe:
     path = layout.recorded_recipe
     if not path.exists():
         raise TokmixError(f"{layout.root}: no tokmix run here ({path} not found)")
-    data = json.loads(path.read_text())
+    data = read_json(path)  # damaged: one line naming it, as `run` says
+    if not isinstance(data, dict) or not isinstance(data.get("recipe"), dict) or "base_dir" not in data:
+        raise DamagedFile(path, "not the recipe record tokmix writes")
     return recipe_from_dict(data["recipe"], Path(data["base_dir"]), str(path))
 
 
@@ -85,6 +99,8 @@ def _lock(layout: Layout) -> tuple[tuple[str, int] | None, bool]:
     was killed), never by probing it with flock, which would make a run starting at that moment refuse. Where the
     kernel does not say, by the pids the file names; a lock of another host counts as held (it cannot be
     checked from here)."""
+    if storage(layout.work).remote:  # read from a store, far from its working folder's kernel lock
+        return None, False
     holder = read_holder(layout.lock)[0]
     host = holder[0] if holder else socket.gethostname()
     pids = [int(p) for p in holder[1:] if p.isdigit()]  # the supervisor's, then its stage process's
@@ -108,18 +124,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _json(path: Path) -> dict | None:
-    """A committed JSON file, or None; a file that a writer is replacing right now reads as absent."""
+def _json(path: Path, sealed: bool = False) -> dict | None:
+    """A committed JSON file, or None: absent, or damaged (not whole JSON, a FIFO or a link in its place: what the
+    next run remakes, as it would remake it); never opened unless it is a regular file."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
+        value = read_json(path, sealed=sealed, remedy="")
+    except DamagedFile:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _error_line(path: Path) -> str | None:
+    if storage(path).remote:
+        return None
+    try:
+        return read_regular(path, follow=False).decode(errors="replace").strip()
+    except (FileNotFoundError, NotAFile):
         return None
 
 
 def _stream_status(layout: Layout, recipe: Recipe, name: str, index: Index | None, validated: bool) -> StreamStatus:
     spec, budget = recipe.streams[name], recipe.budget(name)
     folder = layout.stream(name)
-    meta = _json(layout.stream_meta(name))
+    meta = _json(layout.stream_meta(name), sealed=True)
     if meta is not None:
         return StreamStatus(name, spec.domain, budget, meta["tokens"], meta["docs"], len(meta["units"]), True)
     if validated and not folder.exists():  # intermediates removed after validation
@@ -129,7 +156,7 @@ def _stream_status(layout: Layout, recipe: Recipe, name: str, index: Index | Non
     tokens = docs = units = 0
     units_dir = layout.units(name)
     for path in units_dir.glob("*.json"):
-        record = _json(path)
+        record = _json(path, sealed=True)
         if record and all(unit_file(units_dir, path.stem, kind).exists() for kind in ("tok", "len")):
             tokens, docs, units = tokens + record["tokens"], docs + record["docs"], units + 1
     return StreamStatus(name, spec.domain, budget, tokens, docs, units, False)
@@ -147,11 +174,15 @@ def _shards_written(layout: Layout, plan: list[int], seq_len: int, itemsize: int
 
 def status(out_dir: str | os.PathLike) -> Status:
     """The state of the run in `out_dir`, read from its files."""
-    layout = Layout(out_dir)
+    layout = reader_layout(out_dir)  # a store's run: its local working folder, or what the store holds
     recipe = _recorded_recipe(layout)
-    index = read_index(layout.root) if layout.index.exists() else None
+    index = (read_index(layout.work) if layout.index.exists() else
+             read_index(layout.root) if layout.published_index.exists() else None)
     done = _json(layout.done) or {}
     validated = done.get("fingerprint") == recipe.fingerprint()
+    if storage(layout.work).remote:  # read from the store alone: its index.json is published once it is valid
+        validated = index is not None and layout.published_index.exists() \
+            and index.recipe_fingerprint == recipe.fingerprint()
     lock, running = _lock(layout)
     val = index.val if index is not None else {}
     holdouts = {d: (val[d].tokens if d in val and layout.val(d).exists() else None) for d in recipe.domains}
@@ -171,8 +202,9 @@ def status(out_dir: str | os.PathLike) -> Status:
         shards_planned=plan,
         shards_written=_shards_written(layout, plan, recipe.layout.seq_len, itemsize),
         validated=validated,
-        error=error.read_text().strip() if error.exists() and not running else None,
+        error=_error_line(error) if not running else None,
         timings=_json(layout.timings) or {},
+        tokenizer_changed=tokenizer_change(layout.root, index) if index is not None and index.shards else None,
     )
 
 
@@ -228,6 +260,8 @@ def render_status(st: Status) -> Group:
     parts: list = [head, table]
     if st.error:
         parts.append(Text.assemble(("last error: ", "bold red"), st.error))
+    if st.tokenizer_changed:
+        parts.append(Text.assemble(("warning: ", "bold red"), st.tokenizer_changed))
     if st.complete:
         parts.append(Text("complete and validated", style="bold green"))
     else:

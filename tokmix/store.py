@@ -16,7 +16,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tokmix.format.commit import commit, publish, start_writeback, tmp_name, write_in_halves
+from tokmix.format.commit import (
+    check_regular,
+    commit,
+    drop_tmp,
+    open_regular,
+    publish,
+    start_writeback,
+    tmp_name,
+    write_in_halves,
+)
 
 # Bytes an upload buffers before it sends them as one part of a multipart upload (S3 takes parts of 5 MiB to
 # 5 GiB, GCS multiples of 256 KiB): a writer holds at most this much of an object in memory.
@@ -51,6 +60,43 @@ def work_dir(url: str, work: str | os.PathLike | None) -> Path:
         return Path(os.path.abspath(work))
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "tokmix" / "runs" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def store_problem(e: BaseException) -> str | None:
+    """What a store's failure means, in the user's words (credentials, permissions, unreachable, no bucket), from
+    the exception botocore, s3fs, aiohttp, gcsfs or google-auth raised; None when it is not a store's failure."""
+    kinds = " ".join(c.__name__ for c in type(e).__mro__)
+    text = f"{kinds} {e}"
+    detail = (str(e).splitlines() or [""])[0][:160] or type(e).__name__
+    if any(k in text for k in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError",
+                               "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                               "Unable to locate credentials", "RefreshError")):
+        return f"the store refused the credentials ({type(e).__name__}: {detail}): check them (AWS_* / " \
+               "GOOGLE_APPLICATION_CREDENTIALS, or fsspec's config)"
+    if isinstance(e, PermissionError) or any(k in text for k in ("AccessDenied", "Forbidden", " 403")):
+        return f"permission denied ({type(e).__name__}: {detail}): the credentials may not read and write there"
+    if isinstance(e, (ConnectionError, TimeoutError)) or any(k in kinds for k in (
+            "EndpointConnectionError", "ConnectionError", "ClientConnectorError", "ConnectTimeout", "ReadTimeout",
+            "ServerDisconnectedError", "ClientOSError")):
+        return f"the store is unreachable ({type(e).__name__}: {detail})"
+    if "NoSuchBucket" in text:
+        return f"no such bucket ({detail})"
+    return None
+
+
+def claim_object(path: ObjectPath, data: bytes) -> bool:
+    """Create the object only if there is none (S3's If-None-Match, GCS's generation match: the store decides, so
+    of writers racing to create it exactly one does); False when it already exists."""
+    fs, key = path._fresh()
+    try:
+        fs.pipe_file(key, data, mode="create")
+    except FileExistsError:
+        return False
+    except Exception as e:  # a store that answers the condition with its own error type
+        if "PreconditionFailed" in f"{type(e).__name__} {e}" or getattr(e, "code", None) == 412:
+            return False
+        raise
+    return True
 
 
 def check_store_url(url: str) -> None:
@@ -261,7 +307,7 @@ class Pending:
             abort_upload(self.f)
             return
         self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        drop_tmp(self.tmp)
 
 
 class LocalFiles:
@@ -276,7 +322,7 @@ class LocalFiles:
                 write_in_halves(f, data)
             commit(tmp, path, durable)
         except OSError as e:  # a full disk: the message names the file being written, which the OS does not
-            tmp.unlink(missing_ok=True)
+            drop_tmp(tmp)
             raise OSError(e.errno, e.strerror, str(path)) from None
 
     def write_array(self, path: Path, array: np.ndarray) -> None:
@@ -290,15 +336,17 @@ class LocalFiles:
 
     def map(self, path: Path, dtype: np.dtype | str) -> np.ndarray:
         """The file's items, memory-mapped read-only: a plain ndarray over the mapping, not an np.memmap (slicing a
-        memmap runs Python code for every slice, which per-document gathers pay for)."""
-        if os.path.getsize(path) == 0:
+        memmap runs Python code for every slice, which per-document gathers pay for). Only a regular file is
+        mapped or read (check_regular: a FIFO or a device in a shard's place is named, never opened)."""
+        if check_regular(path).st_size == 0:
             return np.empty(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
     def open_read(self, path: Path, buffering: int, fetch: int) -> BinaryIO:
-        return path.open("rb", buffering=buffering)
+        return os.fdopen(open_regular(path), "rb", buffering=buffering)
 
     def read_array(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+        check_regular(path)
         return np.fromfile(path, dtype=dtype, count=count, offset=offset * dtype.itemsize)
 
 

@@ -17,17 +17,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokmix.backends import GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, bytes_to_unicode, first_line
 from tokmix.errors import TokmixError
 from tokmix.recipe import REFERENCE_PREFIX, Recipe, is_tiktoken_file
-from tokmix.shards import CHECKSUM, Delimiters, dtype_for_vocab, write_bytes
+from tokmix.shards import CHECKSUM, Delimiters, check_input_file, dtype_for_vocab, write_bytes
 
 
 def tokenizer_checksum(path: str) -> str:
     """The sha256 of the tokenizer file's bytes (what `sha256sum` prints)."""
+    check_input_file(path, "tokenizer")
     with fsspec.open(path, "rb") as f:
         return hashlib.new(CHECKSUM, f.read()).hexdigest()
 
 
 def load_tokenizer(path: str) -> Tokenizer:
     """A tokenizer that treats a literal special token inside a document (e.g. "<|endoftext|>") as plain text."""
+    check_input_file(path, "tokenizer")
     try:
         with fsspec.open(path, "r") as f:
             tok = Tokenizer.from_str(f.read())
@@ -146,6 +148,7 @@ def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
     if spec.hf is not None:
         return fetch_hf_tokenizer(spec.hf)
     if not spec.fetched:
+        check_input_file(recipe.tokenizer_path, "tokenizer")
         return recipe.tokenizer_path
     if own.exists():
         return str(own)
@@ -182,6 +185,7 @@ def fetch_hf_tokenizer(repo: str) -> str:
 
 def _read_tiktoken_file(path: str) -> dict[bytes, int]:
     """A .tiktoken file's ranks: one `<base64 token> <rank>` a line."""
+    check_input_file(path, "tokenizer")
     try:
         with fsspec.open(path, "r", encoding="ascii") as f:
             lines = f.read().splitlines()

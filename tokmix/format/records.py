@@ -237,6 +237,9 @@ class Index(Record):
     provenance: Provenance | None = field(default=None, metadata=_one(Provenance))
     # with [decontaminate]: the benchmarks, what they took per stream, and contamination.json (docs/format.md)
     benchmark_decontamination: dict[str, Any] | None = None
+    # where the run keeps the shards' sha256 derived from the units and the seed (tokmix-state/expected.json): a
+    # run that names it and lost it fails validation; None: a run of a tokmix before it was kept
+    derived_digests: str | None = None
 
     @property
     def stream_names(self) -> list[str]:

@@ -13,6 +13,7 @@ from fsspec.utils import glob_translate
 
 from tokmix.errors import TokmixError
 from tokmix.mirrors import remap
+from tokmix.shards import NotAFile, check_regular
 
 
 def _is_remote(url: str) -> bool:
@@ -74,6 +75,15 @@ def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
     with remote_errors(pattern, mirrors):
         fs, path = fsspec.core.url_to_fs(local)
         found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+    if "://" not in local:  # a FIFO, device or socket a glob matches is named here, never opened (it could block)
+        for p in found:
+            try:
+                check_regular(p)
+            except NotAFile as e:
+                raise TokmixError(f"{p}: matched by {pattern}: is {e.kind}, not a regular file; tokmix reads only "
+                                  "regular files (move it away or narrow the pattern)") from None
+            except FileNotFoundError:
+                pass  # a dangling link: named by the reader
     if local == pattern:  # not mirrored: name files the way the pattern did
         return [fs.unstrip_protocol(p) if "://" in pattern else normalize(p) for p in found]
     # mirrored: name files by their original URL so the split file does not depend on where the copy lives

@@ -25,8 +25,10 @@ from tokmix.shards import (
     fingerprints_path,
     open_read,
     read_array,
+    read_index,
     read_index_file,
     read_json,
+    tokenizer_change,
     tokens_in_shard,
 )
 from tokmix.store import ObjectPath, as_path
@@ -230,6 +232,8 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
     dtype = np.dtype(index.dtype)
     vocab = vocab_size or index.vocab_size
     expected, problems = _expected(expected_path or Layout(root).expected, index)
+    if (changed := tokenizer_change(root, index)) is not None:
+        problems.append(changed)
     return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
             + _check_shares(index) + _check_balance(index) + _check_phases(index))
 
@@ -291,7 +295,14 @@ def _expected(path: Path | ObjectPath, index: Index) -> tuple[dict[str, str] | N
     except DamagedFile as e:
         return None, [f"{path}: damaged ({e.why}): the shards cannot be checked against the units they were made of"]
     if kept is None:
+        if index.derived_digests:  # the run kept them: lost since, not a run made before tokmix kept them
+            return None, [f"{path}: missing, but index.json says this run kept it (the shards' sha256 derived from "
+                          "the units and the seed): the shards cannot be checked against the units they were made of"]
         return None, []
+    if not isinstance(kept.get("seed"), int) or not isinstance(kept.get("shards"), dict):
+        field = "seed" if not isinstance(kept.get("seed"), int) else "shards"
+        return None, [f"{path}: damaged (not the record tokmix writes: no {field!r}): the shards cannot be checked "
+                      "against the units they were made of"]
     if kept["seed"] != index.seed or len(kept["shards"]) != len(index.shards):
         return kept["shards"], [f"index.json: seed {index.seed} and {len(index.shards)} shard(s), but the "
                                 f"shards were derived with seed {kept['seed']} and {len(kept['shards'])} shard(s) "
@@ -303,7 +314,7 @@ def derivation_note(out_dir: str | Path) -> str | None:
     """What `tokmix validate` says when the run kept no derived digests: that it could not check the shards
     against the units and the seed."""
     path = Layout(out_dir).expected
-    if path.exists():
-        return None
+    if path.exists() or path.is_symlink() or (read_index(out_dir) or Index()).derived_digests:
+        return None  # there, or lost (a problem validate_dir names)
     return (f"note: no {STATE_DIR}/{EXPECTED_NAME}: the shards were checked against index.json, not against what "
             "the committed units and the seed produce (a run made before tokmix kept that record)")
