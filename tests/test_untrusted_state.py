@@ -28,7 +28,7 @@ from tokmix.cli import app
 from tokmix.shards import OWN_FILES_REMEDY, RECORD_SEAL_LINE
 
 TOKMIX = Path(sys.executable).with_name("tokmix")
-HANG = 60  # seconds: a command still blocked then is hung (each of these returns in about one)
+HANG = 600  # seconds: a command still blocked then is hung (each returns in about one; generous for a loaded CI)
 
 
 def cli(*args: str | Path):
@@ -51,7 +51,14 @@ def no_hang(fn, *fifos: Path):
     """fn() in a thread; fails when it has not returned after HANG seconds (its FIFOs are then opened for
     writing, which releases a reader blocked on them)."""
     box = {}
-    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
+
+    def call() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # raised in the test's thread below
+            box["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
     thread.start()
     thread.join(HANG)
     if thread.is_alive():
@@ -61,6 +68,8 @@ def no_hang(fn, *fifos: Path):
             except OSError:
                 pass
         pytest.fail(f"hung on {[str(f) for f in fifos]}")
+    if "error" in box:
+        raise box["error"]
     return box["result"]
 
 
