@@ -7,11 +7,13 @@ for the schedule, each phase's requested and realized shares.
 
     .venv/bin/python bench/balance.py [--corpus bench/work/corpus] [--window 1e6]
 
-Outputs go to bench/work/balance/ (deleted by --clean after the figures are printed)."""
+Tokenizer: GPT-2's ranks (tests/data/vocab). Outputs go to bench/work/balance/ (deleted by --clean after the
+figures are printed)."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
@@ -25,7 +27,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import tokmix  # noqa: E402
-from tokmix.provenance import RunDocuments  # noqa: E402
+from tokmix.report import documents_in_order  # noqa: E402
+from tokmix.shards import read_index  # noqa: E402
 
 # measured without the token cache (a second run would take its units from it): bench/cache.py measures it
 os.environ.setdefault("TOKMIX_CACHE", "off")
@@ -51,31 +54,16 @@ shares = {{ web = 0.50, edu = 0.35, code_py = 0.05, code_other = 0.10 }}
 
 
 def documents(out: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Every document of the run in train order: its stream (position in the recipe) and its tokens in the run
-    (a document cut by a shard's end counted once)."""
-    index = json.loads((out / "index.json").read_text())
-    run = RunDocuments(out, index)
-    names = list(index["mix"]["streams"])
-    stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.int64)
-    labels, tokens = [], []
-    for k in range(len(index["shards"])):
-        docs = run.shard(k)
-        records = docs.records
-        t = records["tokens"].astype(np.int64)
-        if k:
-            t[0] -= 1  # the shard's first token is the previous shard's last
-        if docs.skip:  # the first document began in the previous shard: its tokens join that one's
-            tokens[-1][-1] += t[0]
-            records, t = records[1:], t[1:]
-        labels.append(stream_of[records["source"]])
-        tokens.append(t)
-    return names, np.concatenate(labels), np.concatenate(tokens)
+    """Every document of the run in train order: its stream (position in the recipe) and its tokens in the run."""
+    index = read_index(out)
+    return index.stream_names, *documents_in_order(out, index)
 
 
 def window_deviation(names: list[str], labels: np.ndarray, tokens: np.ndarray, shares: np.ndarray,
-                     window: int) -> dict[str, float]:
-    """Every stream's worst |tokens in the window / window - share| (percentage points) over the windows of
-    `window` tokens starting at each document start (a document cut by the window counted by its tokens in it)."""
+                     window: int, quantile: float | None = None, short: bool = False) -> dict[str, float]:
+    """Every stream's worst |tokens in the window / window - share| (percentage points; or its `quantile`) over
+    the windows of `window` tokens starting at each document start (a document cut by the window counted by its
+    tokens in it); `short`: only the windows that no document of a tenth of the window or more touches."""
     ends = np.cumsum(tokens)
     starts = ends - tokens
     n = len(names)
@@ -92,8 +80,15 @@ def window_deviation(names: list[str], labels: np.ndarray, tokens: np.ndarray, s
         return out
 
     lo = starts[starts + window <= ends[-1]]
+    if short:  # no long document overlaps [lo, lo + window)
+        long = np.flatnonzero(tokens >= window / 10)
+        first = np.searchsorted(ends, lo, side="right")
+        last = np.searchsorted(ends, lo + window - 1, side="right")
+        lo = lo[np.searchsorted(long, first, side="left") == np.searchsorted(long, last, side="right")]
     share = (at(lo + window) - at(lo)) / window
-    return {name: round(float(np.abs(share[:, s] - shares[s]).max() * 100), 2) for s, name in enumerate(names)}
+    off = np.abs(share - shares[None, :]) * 100
+    pick = (lambda x: np.quantile(x, quantile)) if quantile is not None else np.max
+    return {name: round(float(pick(off[:, s])), 2) if len(lo) else None for s, name in enumerate(names)}
 
 
 def drift(names: list[str], labels: np.ndarray, tokens: np.ndarray, targets) -> dict[str, int]:
@@ -105,11 +100,11 @@ def drift(names: list[str], labels: np.ndarray, tokens: np.ndarray, targets) -> 
     return {name: int(np.abs(dev[:, s]).max()) for s, name in enumerate(names)}
 
 
-def run(recipe: Path, out: Path) -> tuple[dict, float]:
+def run(recipe: Path, out: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    index = tokmix.run(tokmix.load_recipe(recipe), out)
-    return index, time.perf_counter() - t0
+    tokmix.run(tokmix.load_recipe(recipe), out)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -120,6 +115,14 @@ def main() -> None:
     args = ap.parse_args()
     base = (args.corpus / "bench.toml").read_text()
     WORK.mkdir(parents=True, exist_ok=True)
+    corpus = args.corpus.resolve()
+    for folder in [p for p in corpus.iterdir() if p.is_dir()]:  # the recipe's relative paths, read in place
+        link = WORK / folder.name
+        if not link.exists():
+            link.symlink_to(folder)
+    shutil.copy(corpus / "file_splits.json", WORK / "file_splits.json")
+    vocab = HERE.parent / "tests" / "data" / "vocab" / "gpt2.tiktoken.gz"
+    (WORK / "gpt2.tiktoken").write_bytes(gzip.decompress(vocab.read_bytes()))
     steps = int(re.search(r"^steps = (\d+)", base, re.M).group(1))
     main_steps, anneal = int(steps * 0.78), int(steps * 0.17)
     schedule = SCHEDULE.format(main=main_steps, anneal=anneal, ramp=anneal // 2, final=steps - main_steps - anneal)
@@ -133,20 +136,22 @@ def main() -> None:
           f"window {args.window:,.0f} tokens", flush=True)
     results = {}
     for kind, text in texts.items():
-        if kind != "global":  # the global run's trained tokenizer, for the same ids in every run
-            text = text.replace("[tokenizer.train]\nvocab_size = 32000", f'[tokenizer]\npath = "{WORK}/tokenizer.json"')
+        # GPT-2's ranks (tests/data/vocab, from a PyPI package): real ids without training a tokenizer per run
+        text = re.sub(r"\[tokenizer.train\]\nvocab_size = \d+", '[tokenizer]\ntiktoken = "gpt2.tiktoken"', text)
         recipe = WORK / f"{kind}.toml"
-        recipe.write_text(text.replace('files = ["', f'files = ["{args.corpus.resolve()}/').replace(
-            'splits = "', f'splits = "{args.corpus.resolve()}/'))
-        index, seconds = run(recipe, WORK / kind)
-        if kind == "global":
-            shutil.copy(WORK / kind / "tokenizer.json", WORK / "tokenizer.json")
+        recipe.write_text(text)
+        seconds = run(recipe, WORK / kind)
+        index = json.loads((WORK / kind / "index.json").read_text())
         names, labels, tokens = documents(WORK / kind)
         shares = np.array([index["mix"]["target_share_by_stream"][n] for n in names])
         entry = {"seconds": round(seconds, 1), "tokens": int(tokens.sum()), "documents": len(labels),
                  "longest_document": int(tokens.max())}
         if kind != "schedule":
             entry["window_pp"] = window_deviation(names, labels, tokens, shares, int(args.window))
+            entry["window_median_pp"] = window_deviation(names, labels, tokens, shares, int(args.window), 0.5)
+            entry["window_p99_pp"] = window_deviation(names, labels, tokens, shares, int(args.window), 0.99)
+            entry["window_without_long_documents_pp"] = window_deviation(names, labels, tokens, shares,
+                                                                         int(args.window), short=True)
             entry["shard_5m_pp"] = window_deviation(names, labels, tokens, shares, 5_000_000)
             entry["drift_tokens"] = drift(names, labels, tokens, lambda p, w=shares: p[:, None] * w)
         if "balance" in index["mix"]:

@@ -2,7 +2,7 @@
 over them and the units' lengths, every shard's task) and one shard task, each in a fresh process, peak RSS
 read from the kernel (VmHWM: what top shows at its peak, file-backed mapped pages included).
 
-    .venv/bin/python bench/driver_memory.py [--tokens 26.8e9] [--interleave global|chunked] [--mean-doc 700]
+    .venv/bin/python bench/driver_memory.py [--tokens 26.8e9] [--interleave global|chunked|balanced] [--mean-doc 700]
 
 The units are what the streams stage would commit for a run of --tokens train tokens in the GPT-U-20M mix
 (0.45 / 0.35 / 0.054 / 0.146): real .len files, documents of random lengths averaging --mean-doc tokens
@@ -78,6 +78,22 @@ def _plan(work: Path, tokens: float, interleave: str):
     docs = [m["docs"] for m in metas.values()]
     if interleave == "chunked":
         labels = Labels("chunked", tuple(docs), 1234)
+    elif interleave == "balanced":  # as assemble's write_labels: one streaming pass over the .len files
+        from tokmix.interleave import Mix, balanced_chunks
+        from tokmix.shards import TokenFileWriter
+        from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader
+
+        path = work / "interleave.labels"
+        readers = [LengthReader(u.paths(0, len(u.names) - 1), 0) for u in streams.values()]
+        mix = Mix.fixed(list(SHARES.values()))
+        writer, counts = TokenFileWriter(path, np.uint8, checksum=False), np.zeros(len(docs), dtype=np.int64)
+        for chunk, _ in balanced_chunks([r.take for r in readers], docs, mix, 1234, blocks * SEQ_LEN + 1,
+                                        INTERLEAVE_CHUNK):
+            if len(chunk):
+                writer.write(chunk)
+                counts += np.bincount(chunk, minlength=len(docs))
+        writer.close()
+        labels = Labels("balanced", tuple(counts.tolist()), 1234, str(path))
     else:  # as assemble's write_labels: the reference's shuffle, written, freed
         path = work / "interleave.labels"
         write_tokens(path, interleave_order(docs, 1234))
@@ -117,7 +133,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=float, default=26.8e9, help="train tokens (default: 10x GPT-U-20M's 2.68B)")
     ap.add_argument("--mean-doc", type=int, default=700, help="mean tokens per document, EOT included")
-    ap.add_argument("--interleave", choices=("global", "chunked"), default="global")
+    ap.add_argument("--interleave", choices=("global", "chunked", "balanced"), default="global")
     ap.add_argument("--unit-tokens", type=int, default=4 << 20, help="tokens per unit (~16 MiB of text: 4M)")
     ap.add_argument("--measure", choices=("driver", "worker"), help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path)

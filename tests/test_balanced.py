@@ -22,6 +22,7 @@ import tokmix
 from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
 from tokmix.interleave import Deviation, Mix, balanced_chunks
 from tokmix.report import gather
+from tokmix.trace import token_block
 
 ROOT = Path(__file__).resolve().parents[1]
 JSONL_STREAM = "code_other"  # its files are written as JSONL, the other streams' stay parquet
@@ -203,6 +204,7 @@ shares = { dclm = 0.2, edu = 0.5, code_py = 0.1, code_other = 0.2 }
 [[schedule]]
 name = "final"
 steps = 6
+seq_len = 128
 shares = { edu = 0.7, code_py = 0.1, code_other = 0.2 }
 """
 
@@ -274,7 +276,12 @@ def test_a_schedule_is_exact_per_phase_and_within_one_document_at_every_boundary
     final = index["phases"][-1]
     assert final["tokens_by_stream"]["dclm"] == 0 and final["requested_share_by_stream"]["dclm"] == 0
     assert [p["name"] for p in index["phases"]] == ["main", "anneal", "final"]
-    assert index["blocks"] == (40 + 3 * 4) * 8  # every phase has its own margin_steps
+    assert index["blocks"] == (24 + 4 + 10 + 4) * 8 + (6 + 4) * 4  # every phase has its own margin_steps
+    long = index["shards"][final["shards"][0] : final["shards"][1]]
+    assert final["seq_len"] == 128 and final["seqs_per_step"] == 4  # a step holds the same 512 tokens
+    for shard in long:  # the long-context phase's shards hold blocks of its own seq_len
+        assert shard["tokens"] == shard["blocks"] * 128 + 1
+        assert (scheduled / shard["file"]).stat().st_size == shard["tokens"] * 2
     assert subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(scheduled)]).returncode == 0
 
 
@@ -310,6 +317,14 @@ def test_the_loader_gives_each_step_its_phase_and_skips_within_it(scheduled):
     assert again.step_blocks(31) == loader.step_blocks(31) == range(224 + 9 * 8, 224 + 10 * 8)
     x, _ = again.batch(31)
     assert x.shape == (8, 64)
+    x, y = again.batch(39)  # the long-context phase: its shapes
+    assert x.shape == (4, 128) and np.array_equal(x[0, 1:], y[0, :-1])
+    first = again.step_blocks(34).start
+    assert np.array_equal(again.block(first)[:-1], again.batch(34)[0][0])
+    index = json.loads((scheduled / "index.json").read_text())
+    long = index["phases"][-1]
+    assert token_block(scheduled, long["tokens"][0] + 3 * 128 + 5) == (long["blocks"][0] + 3, 5)
+    assert token_block(scheduled, long["tokens"][0] - 1) == (long["blocks"][0] - 1, 63)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -326,3 +341,25 @@ def test_schedule_mistakes_are_one_line(corpus, tmp_path, change, message):
     path.write_text(change(path.read_text()))
     with pytest.raises(tokmix.TokmixError, match=message):
         tokmix.load_recipe(path)
+
+
+def test_budgets_are_the_integral_of_the_schedule_and_plan_names_the_phase_that_runs_short(corpus, tmp_path):
+    """A stream's budget is its target over the phases (ramps included) times the slack; plan's budget at each
+    phase's end grows to it, and a stream whose supply ends before a phase's end is short in that phase."""
+    from tokmix.plan import StreamPlan, Supply, phase_budgets
+
+    recipe = tokmix.load_recipe(_scheduled(corpus, tmp_path))
+    phases = [{"steps": [p.first_step, p.first_step + p.steps], "margin_steps": p.margin_steps,
+               "ramp_steps": p.ramp_steps, "seqs_per_step": p.seqs_per_step, "seq_len": p.seq_len,
+               "requested_share_by_stream": dict(zip(recipe.streams, p.shares))} for p in recipe.phases]
+    positions, targets = _step_targets({"phases": phases}, list(recipe.streams))
+    assert positions[-1] + 1 == recipe.train_tokens
+    for s, name in enumerate(recipe.streams):
+        want = targets[-1][s] + recipe.phases[-1].shares[s]  # the run's last token, at the last phase's shares
+        assert recipe.budget(name) == int(want * recipe.layout.stream_slack) + 1
+        budgets = phase_budgets(recipe, name)
+        assert list(budgets) == ["main", "anneal", "final"] and abs(budgets["final"] - recipe.budget(name)) <= 1
+    budgets = phase_budgets(recipe, "dclm")
+    supply = Supply(files=1, tokens=budgets["main"] + 1)
+    plan = StreamPlan("dclm", "dclm", 0.3, recipe.budget("dclm"), [], [], supply, supply, 0, phase_budgets=budgets)
+    assert plan.short_phase == "anneal"

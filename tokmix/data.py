@@ -113,9 +113,11 @@ class TrainBlocks:
         self.margin_steps = int(index.margin_steps)
         self.files = [self.root / s.file for s in index.shards]
         counts = [int(s.blocks) for s in index.shards]
-        for path, s, n in zip(self.files, index.shards, counts):
-            if int(s.tokens) != shards.tokens_in_shard(n, self.seq_len):
-                raise TokmixError(f"{path}: {s.tokens:,} tokens recorded for {n:,} blocks of {self.seq_len}")
+        # each shard's block length: the run's, or (a long-context phase) its phase's
+        self.shard_seq_len = [int(s.seq_len or self.seq_len) for s in index.shards]
+        for path, s, n, S in zip(self.files, index.shards, counts, self.shard_seq_len):
+            if int(s.tokens) != shards.tokens_in_shard(n, S):
+                raise TokmixError(f"{path}: {s.tokens:,} tokens recorded for {n:,} blocks of {S}")
             check_token_file(path, int(s.tokens), self.dtype)
         # first global block of each shard; the last entry is the number of blocks of the run
         self.first_block = np.cumsum([0, *counts])
@@ -143,7 +145,7 @@ class TrainBlocks:
         if not 0 <= j < self.blocks:
             raise TokmixError(f"block {j} does not exist: the run has {self.blocks:,} blocks")
         k = int(np.searchsorted(self.first_block, j, side="right")) - 1
-        return k, (j - int(self.first_block[k])) * self.seq_len
+        return k, (j - int(self.first_block[k])) * self.shard_seq_len[k]
 
     def _span(self, k: int, start: int, count: int) -> np.ndarray:
         """`count` tokens of shard k from token `start`: a slice of the local file's mapping, or one ranged read
@@ -155,14 +157,15 @@ class TrainBlocks:
     def block(self, j: int) -> np.ndarray:
         """Global block j as stored: seq_len + 1 tokens of the shard dtype."""
         k, start = self.locate(j)
-        return np.array(self._span(k, start, shards.block_tokens(self.seq_len)))
+        return np.array(self._span(k, start, shards.block_tokens(self.shard_seq_len[k])))
 
     def _fill(self, first: int, count: int, x: np.ndarray, y: np.ndarray) -> None:
         """Blocks [first, first + count) into x and y. Consecutive blocks of one shard are one contiguous span of
         count*seq_len + 1 tokens, so each shard touched is a single slice; a span crosses shards at most a few times."""
-        S, row, j, end = self.seq_len, 0, first, first + count
+        row, j, end = 0, first, first + count
         while j < end:
             k, start = self.locate(j)
+            S = self.shard_seq_len[k]
             n = min(end, int(self.first_block[k + 1])) - j
             span = self._span(k, start, n * S + 1)
             x[row : row + n] = span[:-1].reshape(n, S)
@@ -170,15 +173,17 @@ class TrainBlocks:
             row, j = row + n, j + n
 
     # ------------------------------------------------------------------ steps and ranks
-    def _rank_slice(self, rank: int, world_size: int) -> tuple[int, int]:
-        if world_size < 1 or self.seqs_per_step % world_size:
-            raise TokmixError(
-                f"world_size {world_size} does not divide seqs_per_step {self.seqs_per_step}: "
-                "every rank must take the same number of blocks per step"
-            )
+    def _rank_slice(self, rank: int, world_size: int, seqs: int | None = None) -> tuple[int, int]:
+        seqs = self.seqs_per_step if seqs is None else seqs
+        for n in {seqs, *(int(p["seqs_per_step"]) for p in self.phases)}:
+            if world_size < 1 or n % world_size:
+                raise TokmixError(
+                    f"world_size {world_size} does not divide seqs_per_step {n}: "
+                    "every rank must take the same number of blocks per step"
+                )
         if not 0 <= rank < world_size:
             raise TokmixError(f"rank {rank} is outside world_size {world_size}")
-        per_rank = self.seqs_per_step // world_size
+        per_rank = seqs // world_size
         return rank * per_rank, per_rank
 
     @property
@@ -199,11 +204,12 @@ class TrainBlocks:
         default to the loader's own."""
         rank = self.rank if rank is None else rank
         world_size = self.world_size if world_size is None else world_size
-        offset, per_rank = self._rank_slice(rank, world_size)
         if step < 0:
             raise TokmixError(f"step {step} is negative")
-        if self.phases:
-            return self._phase_blocks(step, offset, per_rank)
+        if self.phases:  # the phase's own sequences per step (a long-context phase: fewer, longer)
+            seqs = int(self.phases[self.phase_number(step)]["seqs_per_step"])
+            return self._phase_blocks(step, *self._rank_slice(rank, world_size, seqs))
+        offset, per_rank = self._rank_slice(rank, world_size)
         physical = step + self.skipped
         if physical >= self.physical_steps:
             raise TokmixError(
@@ -212,6 +218,10 @@ class TrainBlocks:
             )
         first = physical * self.seqs_per_step + offset
         return range(first, first + per_rank)
+
+    def block_seq_len(self, j: int) -> int:
+        """The length of global block j (its shard's seq_len: a long-context phase's blocks are longer)."""
+        return self.shard_seq_len[self.locate(j)[0]]
 
     def phase_number(self, step: int) -> int:
         """The phase (its position in index.json's `phases`) logical `step` is in; 0 for a run without phases."""
@@ -237,20 +247,21 @@ class TrainBlocks:
     def segments(self, step: int, rank: int | None = None, world_size: int | None = None) -> Segments:
         """The document segments of batch(step, rank, world_size)'s x, from the run's provenance index (not by
         looking for a delimiter id among the tokens: a document is where the index says it is)."""
-        return segments_of([self.block_starts(j) for j in self.step_blocks(step, rank, world_size)], self.seq_len)
+        blocks = self.step_blocks(step, rank, world_size)
+        return segments_of([self.block_starts(j) for j in blocks], self.block_seq_len(blocks.start))
 
     def block_starts(self, j: int) -> np.ndarray:
         """Where segments start among global block j's first seq_len tokens (its x): 0, then each document start."""
         if self._documents is None:
             self._documents = RunDocuments(self.root, self.index)
         k, start = self.locate(j)
-        return self._documents.shard(k).segments(start, start + self.seq_len)
+        return self._documents.shard(k).segments(start, start + self.shard_seq_len[k])
 
     def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
         """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).
         rank and world_size default to the loader's own."""
         blocks = self.step_blocks(step, rank, world_size)
-        x = np.empty((len(blocks), self.seq_len), dtype=BATCH_DTYPE)
+        x = np.empty((len(blocks), self.block_seq_len(blocks.start)), dtype=BATCH_DTYPE)
         y = np.empty_like(x)
         self._fill(blocks.start, len(blocks), x, y)
         return x, y

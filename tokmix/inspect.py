@@ -161,7 +161,7 @@ def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
     entry = shards[shard]
     if not 0 <= block < entry.blocks:
         raise TokmixError(f"block {block}: {entry.file} has blocks 0..{entry.blocks - 1}")
-    seq_len = index.seq_len
+    seq_len = int(entry.seq_len or index.seq_len)  # a long-context phase's shard: its own
     start = block * seq_len
     tokens = read_array(out_dir / entry.file, index.dtype, start, block_tokens(seq_len))  # the block only
     first = sum(s.blocks for s in shards[:shard]) + block

@@ -41,7 +41,6 @@ from tokmix.shards import (
     Part,
     first_damage,
     read_json,
-    tokens_in_shard,
     write_bytes,
     write_json,
 )
@@ -141,8 +140,7 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     files = index.shards + list(index.val.values())
     # layout.root: the output directory or the store; one stat or request per file
     if not all((layout.root / f.file).exists() and (layout.root / f.file).stat().st_size == f.tokens * itemsize
-               for f in files) or any(s.tokens != tokens_in_shard(b, recipe.layout.seq_len)
-                                      for s, b in zip(index.shards, plan)):
+               for f in files) or any(s.tokens != n for s, n in zip(index.shards, recipe.shard_tokens_list)):
         return None
     damaged = []
     for entry in files:

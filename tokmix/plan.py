@@ -91,6 +91,14 @@ class StreamPlan:
     cached_units: int = 0  # of the units its budget needs (about), how many the token cache holds
     units: int = 0
     cached_tokens: int = 0
+    # with a schedule: the stream's budget at each phase's end (its target so far times the slack), by phase
+    phase_budgets: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def short_phase(self) -> str | None:
+        """The first phase whose end the stream's supply (its passes allowed) does not reach."""
+        supply = self.train.tokens * self.max_epochs
+        return next((p for p, need in self.phase_budgets.items() if need > supply), None)
 
     @property
     def passes(self) -> int:
@@ -359,7 +367,6 @@ def _already_written(layout: Layout) -> int:
 
 
 def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPlan], shards: list[int]) -> Disk:
-    seq_len = recipe.layout.seq_len
     intermediates = 0
     for s in streams.values():
         docs = s.budget * s.train.sample_docs / max(s.train.sample_tokens, 1)
@@ -369,7 +376,7 @@ def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPla
         path=place,
         free=free,
         intermediates=intermediates,
-        shards=sum(tokens_in_shard(b, seq_len) for b in shards) * itemsize,
+        shards=sum(recipe.shard_tokens_list) * itemsize,
         holdouts=len(recipe.domains) * (recipe.holdout.tokens + 1) * itemsize,
         written=_already_written(Layout(out)) if out.exists() else 0,
     )
@@ -405,9 +412,24 @@ def _holdout_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def phase_budgets(recipe: Recipe, name: str) -> dict[str, int]:
+    """The stream's target tokens up to each phase's end, times the slack (none without a schedule)."""
+    if not recipe.schedule:
+        return {}
+    s, out, total = list(recipe.streams).index(name), {}, 0.0
+    for phase in recipe.phases:
+        total += phase.integral()[s]
+        out[phase.name] = int(total * recipe.layout.stream_slack) + 1
+    return out
+
+
 def _problems(plan: Plan) -> list[str]:
     problems = []
     for s in plan.streams.values():
+        if s.short and s.short_phase:
+            problems.append(f"stream {s.name} runs short in phase {s.short_phase}: its train files hold about "
+                            f"{s.train.tokens:,} tokens ({s.max_epochs} pass(es) allowed), the phases up to the end of "
+                            f"{s.short_phase} need {s.phase_budgets[s.short_phase]:,}")
         if s.short:
             missing = s.budget / max(s.train.tokens, 1) - 1
             hold = (f"its {len(s.train_files)} train file(s) hold {'' if s.train.exact else 'about '}"
@@ -498,6 +520,7 @@ def _stream_plans(recipe: Recipe, split: Split, mirrors, count, sample_bytes: in
                 encoder is None),
             holdout_need=int(np.ceil((recipe.holdout.tokens + 1) * recipe.share(name) / in_domain)),
             max_epochs=spec.max_epochs,
+            phase_budgets=phase_budgets(recipe, name),
         )
     return streams, contamination
 

@@ -166,6 +166,10 @@ class PhaseSpec(_Strict):
     steps: int = Field(gt=0)
     shares: dict[str, float] = Field(min_length=1)
     ramp_steps: int = Field(default=0, ge=0)
+    # a long-context phase: its own block length; its sequences per step default to the layout's tokens per
+    # step over it (so a step holds the same tokens)
+    seq_len: int | None = Field(default=None, gt=0)
+    seqs_per_step: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _valid(self) -> PhaseSpec:
@@ -305,6 +309,14 @@ class Recipe(_Strict):
         if self.schedule[0].ramp_steps:
             raise ValueError(f"phase {names[0]}: the first phase has no previous one to ramp from (ramp_steps 0)")
         for phase in self.schedule:
+            seq_len = phase.seq_len or self.layout.seq_len
+            step_tokens = self.layout.seqs_per_step * self.layout.seq_len
+            if phase.seqs_per_step is None and step_tokens % seq_len:
+                raise ValueError(f"phase {phase.name}: seq_len {seq_len:,} does not divide a step's "
+                                 f"{step_tokens:,} tokens (seqs_per_step x seq_len): give the phase's seqs_per_step")
+            if self.layout.shard_tokens < seq_len:
+                raise ValueError(f"phase {phase.name}: shard_tokens ({self.layout.shard_tokens:,}) is smaller than "
+                                 f"one of its blocks ({seq_len:,})")
             unknown = [n for n in phase.shares if n not in self.streams]
             if unknown:
                 raise ValueError(f"phase {phase.name}: {unknown[0]!r} is not a stream of the recipe "
@@ -330,9 +342,12 @@ class Recipe(_Strict):
         for spec in specs:
             shares = (tuple(float(spec.shares.get(n, 0.0)) for n in names) if spec is not None
                       else tuple(s.share for s in self.streams.values()))
+            seq_len = (spec.seq_len if spec else None) or layout.seq_len
+            seqs = ((spec.seqs_per_step if spec else None)
+                    or layout.seqs_per_step * layout.seq_len // seq_len)
             phase = Phase(spec.name if spec is not None else "main", step, spec.steps if spec else layout.steps,
-                          layout.margin_steps, spec.ramp_steps if spec else 0, layout.seqs_per_step,
-                          layout.seq_len, block, token, shares, out[-1].shares if out else shares)
+                          layout.margin_steps, spec.ramp_steps if spec else 0, seqs, seq_len, block, token, shares,
+                          out[-1].shares if out else shares)
             out.append(phase)
             step, block, token = step + phase.steps, block + phase.blocks, token + phase.tokens
         return out
@@ -344,6 +359,8 @@ class Recipe(_Strict):
     @property
     def train_tokens(self) -> int:
         """Tokens of the whole train run: the blocks plus the one token the last block reads past them."""
+        if self.schedule:
+            return sum(p.tokens for p in self.phases) + 1
         return tokens_in_shard(self.blocks, self.layout.seq_len)
 
     @property
@@ -355,8 +372,21 @@ class Recipe(_Strict):
         """Blocks of each train shard: full shards of blocks_per_shard, then the remainder; with a schedule,
         phase by phase (a shard holds one phase's blocks only)."""
         if self.schedule:
-            return [b for p in self.phases for b in shard_blocks(p.blocks, self.blocks_per_shard)]
+            return [b for p in self.phases for b in shard_blocks(p.blocks, self.layout.shard_tokens // p.seq_len)]
         return shard_blocks(self.blocks, self.blocks_per_shard)
+
+    @property
+    def shard_seq_lens(self) -> list[int]:
+        """The block length of each train shard: the layout's, or its phase's."""
+        if self.schedule:
+            return [p.seq_len for p in self.phases
+                    for _ in shard_blocks(p.blocks, self.layout.shard_tokens // p.seq_len)]
+        return [self.layout.seq_len] * len(self.shard_blocks)
+
+    @property
+    def shard_tokens_list(self) -> list[int]:
+        """Tokens of each train shard (blocks x its seq_len + 1)."""
+        return [tokens_in_shard(b, s) for b, s in zip(self.shard_blocks, self.shard_seq_lens)]
 
     def budget(self, stream: str) -> int:
         """Tokens stream `stream` collects: its share of the run plus slack, so assembly never runs short (with

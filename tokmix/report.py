@@ -130,6 +130,98 @@ def scan_shards(out_dir: Path, index: Index, byte_len: np.ndarray | None) -> dic
     }
 
 
+def documents_in_order(out_dir: Path, index: Index) -> tuple[np.ndarray, np.ndarray]:
+    """Every document of the train run in order, from the provenance index: its stream (position in the recipe)
+    and its tokens in the run (a document cut by a shard's end counted once, the overlap token once)."""
+    run = RunDocuments(out_dir, index)
+    names = index.stream_names
+    stream_of = np.array([names.index(s.stream) for s in run.sources], dtype=np.int64)
+    labels, tokens = [], []
+    for k in range(len(index.shards)):
+        docs = run.shard(k)
+        records, t = docs.records, docs.records["tokens"].astype(np.int64)
+        if k:
+            t[0] -= 1  # the shard's first token is the previous shard's last
+        if docs.skip:  # the first document began in the previous shard
+            tokens[-1][-1] += t[0]
+            records, t = records[1:], t[1:]
+        labels.append(stream_of[records["source"]])
+        tokens.append(t)
+    return np.concatenate(labels), np.concatenate(tokens)
+
+
+def step_targets(index: Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The token position of every step boundary of the run's blocks (margins included), its step number, and
+    every stream's target tokens there: a schedule's phases (a ramp step at the ramp's middle) or fixed shares."""
+    names = index.stream_names
+    phases = index.phases or [{
+        "steps": [0, index.blocks // index.seqs_per_step], "margin_steps": 0, "ramp_steps": 0,
+        "seqs_per_step": index.seqs_per_step, "seq_len": index.seq_len,
+        "requested_share_by_stream": index.mix.target_share_by_stream}]
+    positions, targets, at, total, previous = [0], [np.zeros(len(names))], 0, np.zeros(len(names)), None
+    for phase in phases:
+        shares = np.array([phase["requested_share_by_stream"][n] for n in names])
+        step_tokens = phase["seqs_per_step"] * phase["seq_len"]
+        for t in range(phase["steps"][1] - phase["steps"][0] + phase["margin_steps"]):
+            f = (t + 0.5) / phase["ramp_steps"] if t < phase["ramp_steps"] else 1.0
+            share = shares if f >= 1 else previous + (shares - previous) * f
+            at, total = at + step_tokens, total + share * step_tokens
+            positions.append(at)
+            targets.append(total)
+        previous = shares
+    return np.array(positions, dtype=np.float64), np.arange(len(positions)), np.array(targets)
+
+
+def step_shares(out_dir: Path, index: Index, buckets: int | None = None) -> dict:
+    """Realized against target share of every stream along the run, in `buckets` equal pieces of its tokens
+    (default: ~40 documents a piece, 8 to 200 pieces; x: the physical step, margins included, at each piece's
+    middle)."""
+    labels, tokens = documents_in_order(out_dir, index)
+    buckets = buckets or int(np.clip(len(labels) // 40, 8, 200))
+    ends = np.cumsum(tokens)
+    n = len(index.mix.streams)
+    cum = np.zeros((len(labels) + 1, n), dtype=np.float64)
+    np.add.at(cum[1:], (np.arange(len(labels)), labels), tokens)
+    cum = np.cumsum(cum, axis=0)
+    positions, steps, targets = step_targets(index)
+    edges = np.linspace(0, float(ends[-1]), buckets + 1)
+
+    def realized_at(x: np.ndarray) -> np.ndarray:
+        d = np.minimum(np.searchsorted(ends, x, side="right"), len(labels) - 1)
+        out = cum[d].copy()
+        out[np.arange(len(x)), labels[d]] += np.minimum(x - (ends[d] - tokens[d]), tokens[d])
+        return out
+
+    def target_at(x: np.ndarray) -> np.ndarray:
+        return np.stack([np.interp(x, positions, targets[:, s]) for s in range(n)], axis=1)
+
+    width = np.diff(edges)[:, None]
+    return {"step": np.interp((edges[:-1] + edges[1:]) / 2, positions, steps),
+            "realized": np.diff(realized_at(edges), axis=0) / width,
+            "target": np.diff(target_at(edges), axis=0) / width}
+
+
+def plot_step_shares(plt, out_dir: Path, index: Index) -> str:
+    names = index.stream_names
+    colors = _colors(names)
+    got = step_shares(out_dir, index)
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    for s, n in enumerate(names):
+        ax.plot(got["step"], got["realized"][:, s], color=colors[n], lw=1.2, label=n)
+        ax.plot(got["step"], got["target"][:, s], color=colors[n], lw=0.8, ls="--")
+    at = 0
+    for phase in index.phases or []:
+        if at:
+            ax.axvline(at, color="black", lw=0.6)
+        ax.text(at, ax.get_ylim()[1], f" {phase['name']}", va="top", fontsize=8)
+        at += phase["steps"][1] - phase["steps"][0] + phase["margin_steps"]
+    ax.set_xlabel("step (blocks / seqs_per_step, margins included)")
+    ax.set_ylabel("share of the tokens")
+    ax.set_title(f"share per step, {len(got['step'])} equal pieces of the run (solid: realized, dashed: target)")
+    _stack_legend(ax)
+    return _png(fig)
+
+
 def shard_composition(out_dir: Path, index: Index) -> list[dict] | None:
     """Each shard's documents and tokens by stream and its sources (files, by pass) from its provenance index,
     None for a run without one. A shard's first token (the previous shard's last) is counted there, as in
@@ -491,6 +583,17 @@ def _img(png: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{png}">'
 
 
+def _schedule_table(index: Index) -> str:
+    """The schedule's phases: steps, seq_len, and requested against realized share of every stream."""
+    if not index.phases:
+        return ""
+    names = index.stream_names
+    rows = [[p["name"], f"{p['steps'][0]:,}-{p['steps'][1]:,}", str(p["ramp_steps"]), str(p["seq_len"]),
+             *(f"{p['requested_share_by_stream'][n]:.2%} / {p['share_by_stream'][n]:.2%}" for n in names)]
+            for p in index.phases]
+    return _table(["phase", "steps", "ramp", "seq_len", *(f"{n} requested / realized" for n in names)], rows, left=1)
+
+
 def _mix_rows(index: Index) -> list[list]:
     mix, total = index.mix, index.total
     rows = []
@@ -587,6 +690,9 @@ def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt)
         ),
         "<h2>Share per shard</h2>",
         _img(plot_shard_shares(plt, index), "share of each stream in each shard"),
+        *(["<h2>Share per step</h2>", _schedule_table(index),
+           _img(plot_step_shares(plt, out_dir, index), "realized vs target share of each stream per step")]
+          if index.provenance is not None else []),
         *_shard_tables(out_dir, index, list(facts)),
         "<h2>Document lengths</h2>",
         f'<p class="note">Tokens per document, {_e(lengths_note)}.</p>',

@@ -29,7 +29,6 @@ from tokmix.shards import (
     read_regular,
     reader_layout,
     tokenizer_change,
-    tokens_in_shard,
     unit_file,
 )
 from tokmix.store import storage
@@ -162,12 +161,12 @@ def _stream_status(layout: Layout, recipe: Recipe, name: str, index: Index | Non
     return StreamStatus(name, spec.domain, budget, tokens, docs, units, False)
 
 
-def _shards_written(layout: Layout, plan: list[int], seq_len: int, itemsize: int) -> list[str]:
+def _shards_written(layout: Layout, tokens: list[int], itemsize: int) -> list[str]:
     written = []
-    for k, blocks in enumerate(plan):
+    for k, n in enumerate(tokens):
         shard = layout.train(k)
         record = layout.shard_record(shard.name)
-        if record.exists() and shard.exists() and shard.stat().st_size == tokens_in_shard(blocks, seq_len) * itemsize:
+        if record.exists() and shard.exists() and shard.stat().st_size == n * itemsize:
             written.append(shard.name)
     return written
 
@@ -200,7 +199,7 @@ def status(out_dir: str | os.PathLike) -> Status:
         holdouts=holdouts,
         streams={n: _stream_status(layout, recipe, n, index, validated) for n in recipe.streams},
         shards_planned=plan,
-        shards_written=_shards_written(layout, plan, recipe.layout.seq_len, itemsize),
+        shards_written=_shards_written(layout, recipe.shard_tokens_list, itemsize),
         validated=validated,
         error=_error_line(error) if not running else None,
         timings=_json(layout.timings) or {},

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from tokmix.data import TrainBlocks
 from tokmix.errors import TokmixError
 from tokmix.provenance import RunDocuments, Source, text_crc32
@@ -71,11 +73,14 @@ def token_block(out_dir: str | os.PathLike, token: int) -> tuple[int, int]:
     """(block, offset in it) of token `token` of the run's train stream (each token once: a shard's overlap
     token is the previous shard's last)."""
     loader = TrainBlocks(out_dir)
-    total = loader.blocks * loader.seq_len + 1
+    starts = np.concatenate([[0], np.cumsum(np.diff(loader.first_block) * np.array(loader.shard_seq_len))])
+    total = int(starts[-1]) + 1
     if not 0 <= token < total:
         raise TokmixError(f"token {token:,} does not exist: the run's train stream has {total:,} tokens")
-    block = min(token // loader.seq_len, loader.blocks - 1)
-    return block, token - block * loader.seq_len
+    k = min(int(np.searchsorted(starts, token, side="right")) - 1, len(loader.files) - 1)
+    S = loader.shard_seq_len[k]
+    block = min(int(loader.first_block[k]) + (token - int(starts[k])) // S, int(loader.first_block[k + 1]) - 1)
+    return block, token - int(starts[k]) - (block - int(loader.first_block[k])) * S
 
 
 def shard_block(out_dir: str | os.PathLike, shard: int, block: int) -> int:
@@ -98,7 +103,7 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
     for j in blocks:
         k, first = loader.locate(j)
         docs = run.shard(k)
-        lo, hi = first, first + loader.seq_len + 1
+        lo, hi = first, first + loader.shard_seq_len[k] + 1
         documents = []
         for i in docs.overlapping(lo, hi).tolist():
             start, end = int(docs.ends[i]) - int(docs.records["tokens"][i]), int(docs.ends[i])

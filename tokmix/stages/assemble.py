@@ -427,13 +427,15 @@ def _write_gathered(gathered: np.ndarray, writer: TokenFileWriter, marks: BlockF
     marks.update(gathered)
 
 
-def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: list[int],
+def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int | list[int], blocks: list[int],
                streams: dict[str, StreamUnits], labels: Labels, origins: tuple[StreamOrigins, ...] | None = None,
                docs_paths: list[Path] | None = None) -> tuple[list[ShardTask], dict[str, int]]:
     """Every shard's task, and the documents of each stream the shards use, from one pass over the interleave
     (find_boundaries): the driver holds O(streams + units + shards), never a per-document array. With
     `origins`, each task also writes its shard's provenance index at `docs_paths[k]`."""
-    starts = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)]) * seq_len  # the last: the run's end
+    seq_lens = seq_len if isinstance(seq_len, list) else [seq_len] * len(blocks)  # per shard (a phase's own)
+    starts = np.concatenate([[0], np.cumsum(np.array(blocks, dtype=np.int64) * np.array(seq_lens, dtype=np.int64))])
+    # (the last start: the run's end)
     positions = [int(t) for t in starts[:-1]] + [int(starts[-1])]  # the run's last token is shard K-1's end
     units = list(streams.values())
     bounds = find_boundaries(units, labels, positions)
@@ -441,7 +443,8 @@ def plan_tasks(layout_paths: list[Path], dtype: np.dtype, seq_len: int, blocks: 
     for k, n_blocks in enumerate(blocks):
         b0, b1 = bounds[k], bounds[k + 1]
         tasks.append(ShardTask(
-            str(layout_paths[k]), dtype.str, seq_len, n_blocks, tokens_in_shard(n_blocks, seq_len), b0.doc, b1.doc,
+            str(layout_paths[k]), dtype.str, seq_lens[k], n_blocks, tokens_in_shard(n_blocks, seq_lens[k]), b0.doc,
+            b1.doc,
             b0.skip, k > 0, tuple(streams), labels,
             tuple(u.paths(c0.unit, c1.unit) for u, c0, c1 in zip(units, b0.cursors, b1.cursors)),
             tuple(Cursor(0, c.doc, c.token) for c in b0.cursors),
@@ -532,9 +535,8 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     """Write every train shard not on disk yet; returns the shard records in order and the documents of each
     stream that the shards use."""
     recipe, layout = ctx.recipe, ctx.layout
-    seq_len = recipe.layout.seq_len
-    plan = recipe.shard_blocks
-    records: list[dict | None] = [_done(ctx, k, tokens_in_shard(b, seq_len)) for k, b in enumerate(plan)]
+    seq_lens, plan = recipe.shard_seq_lens, recipe.shard_blocks
+    records: list[dict | None] = [_done(ctx, k, n) for k, n in enumerate(recipe.shard_tokens_list)]
     todo = [k for k, r in enumerate(records) if r is None]
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
     layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
@@ -558,7 +560,7 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     labels = write_labels(ctx, [metas[name]["docs"] for name in recipe.streams], streams)
     origins = run_origins(ctx, metas) if recipe.layout.provenance else None
     paths = [layout.train(k) for k in range(len(plan))]
-    tasks, used = plan_tasks(paths, ctx.dtype, seq_len, plan, streams, labels, origins, list(map(layout.docs, paths)))
+    tasks, used = plan_tasks(paths, ctx.dtype, seq_lens, plan, streams, labels, origins, list(map(layout.docs, paths)))
     write_json(used_path, used)
     if origins is not None:  # the index's table of sources, for tokmix.manifest.build_index
         write_record(sources_path, {"sources": [entry for o in origins for entry in o.sources()]})

@@ -17,7 +17,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.interleave import Mix, balanced_chunks, chunked_order, interleave_order
-from tokmix.shards import CHECKSUM, read_json, tokens_in_shard, train_name, unit_file, write_record
+from tokmix.shards import CHECKSUM, read_json, train_name, unit_file, write_record
 from tokmix.stages import Context
 from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader
 
@@ -68,10 +68,11 @@ def _label_reader(docs: list[int], seed: int, kind: str, units: list[tuple[str, 
 
 
 def expected_digests(units: list[tuple[str, ...]], docs: list[int], seed: int, kind: str, dtype: np.dtype,
-                     seq_len: int, blocks: list[int], mix: Mix | None = None) -> list[str]:
+                     seq_len: int | list[int], blocks: list[int], mix: Mix | None = None) -> list[str]:
     """The sha256 of each shard of `blocks` blocks, from each stream's units (paths without suffix, in order),
     its documents in the run and the seed (and for the balanced interleave, its targets' `mix`)."""
-    ends = (np.cumsum(blocks, dtype=np.int64) * seq_len + 1).tolist()
+    seq_lens = seq_len if isinstance(seq_len, list) else [seq_len] * len(blocks)  # per shard (a phase's own)
+    ends = (np.cumsum(np.array(blocks, dtype=np.int64) * np.array(seq_lens, dtype=np.int64)) + 1).tolist()
     labels = _label_reader(docs, seed, kind, units, mix, ends[-1])
     lengths = [LengthReader(paths, 0) for paths in units]
     tokens = [TokenReader(paths, 0, dtype.itemsize) for paths in units]
@@ -117,7 +118,7 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     units = [tuple(str(ctx.layout.units(n) / u["name"]) for u in metas[n]["units"]) for n in names]
     starts, shares = recipe.mix_pieces
     digests = expected_digests(units, [metas[n]["docs"] for n in names], recipe.seed, recipe.layout.interleave,
-                               ctx.dtype, recipe.layout.seq_len, blocks, Mix(starts, shares))
+                               ctx.dtype, recipe.shard_seq_lens, blocks, Mix(starts, shares))
     from_units = {}
     for n in names:  # what the digests were derived from (the units were checked as the stage process started)
         h = hashlib.new(CHECKSUM)
@@ -128,7 +129,7 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     write_record(ctx.layout.expected, {
         "seed": recipe.seed,
         "interleave": recipe.layout.interleave,
-        "tokens": [tokens_in_shard(b, recipe.layout.seq_len) for b in blocks],
+        "tokens": recipe.shard_tokens_list,
         "units_tok_sha256": from_units,  # sha256 over each stream's units' tok_sha256, in order
         "shards": shards,
     })

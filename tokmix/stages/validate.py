@@ -69,9 +69,9 @@ def _starts_a_document(name: str, first: int | None, index: Index) -> list[str]:
 def _check_shards(root: Path, index: Index, dtype: np.dtype, vocab: int | None,
                   expected: dict[str, str] | None) -> list[str]:
     problems, previous_last = [], None
-    seq_len = index.seq_len
     for k, shard in enumerate(index.shards):
         name, path = shard.file, root / shard.file
+        seq_len = int(shard.seq_len or index.seq_len)  # a long-context phase's shards have their own
         if not path.exists():
             problems.append(f"{name}: missing")
             previous_last = None
@@ -203,7 +203,9 @@ def _check_shares(index: Index) -> list[str]:
             by_stream[name] = by_stream.get(name, 0) + n
     if total is not None and total.has("tokens_by_stream") and by_stream != total.tokens_by_stream:
         problems.append("index.json: total.tokens_by_stream does not equal the sum over shards")
-    if sum(by_stream.values()) != index.blocks * index.seq_len + 1:
+    phases = index.phases or [{"blocks": [0, index.blocks], "seq_len": index.seq_len}]
+    run_tokens = sum((p["blocks"][1] - p["blocks"][0]) * p["seq_len"] for p in phases) + 1  # a phase's own seq_len
+    if sum(by_stream.values()) != run_tokens:
         problems.append("index.json: shards hold a different number of tokens than blocks x seq_len + 1")
     return problems
 
