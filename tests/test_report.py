@@ -75,7 +75,8 @@ def check_page(path: Path) -> Page:
     page.close()
     assert not page.errors and not page.open, (page.errors, page.open)
     assert not page.external
-    assert len(page.images) == 6
+    assert len(page.images) == 7  # the mix, per shard, per step, lengths, bytes per token, throughput, holdouts
+    assert "Share per step" in text
     for src in page.images:
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix)
