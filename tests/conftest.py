@@ -72,11 +72,9 @@ def pytest_sessionfinish() -> None:
 
 @pytest.fixture(scope="session")
 def ray_corpus(tmp_path_factory) -> Path:
-    """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit. The recipe
-    interleaves balanced (the order that depends on the documents' lengths): Ray writes its bytes as the local
-    executor does (the global order's are the same on every executor too: the conformance tests run it)."""
+    """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit."""
     root = tmp_path_factory.mktemp("ray-corpus")
-    make_inputs(root, rows_per_group=16, decontaminate=True, interleave='"balanced"')
+    make_inputs(root, rows_per_group=16, decontaminate=True)
     return root
 
 
