@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.test_tokenizer_layouts import LLAMA3_PATTERN  # noqa: E402
 from tests.vocab import gpt2_tiktoken, mistral_tokenizer_json  # noqa: E402
+from tokmix.backends import read_tiktoken_file  # noqa: E402
 from tokmix.recipe import recipe_from_dict  # noqa: E402
 from tokmix.tokenizer import tokenizer_file  # noqa: E402
 
@@ -33,8 +34,8 @@ BASE = {"seed": 1, "layout": {"steps": 1, "seqs_per_step": 1}, "holdout": {"toke
 def tokenizers(folder: Path) -> dict[str, Path]:
     gpt2_tiktoken(folder)
     recipe = recipe_from_dict({**BASE, "tokenizer": {"tiktoken": "gpt2.tiktoken"}}, folder)
-    gpt2 = Path(tokenizer_file(recipe, folder / "gpt2.json"))
-    spec = json.loads(gpt2.read_text())
+    gpt2 = Path(tokenizer_file(recipe, folder / "gpt2.tiktoken.json"))
+    spec = json.loads(read_tiktoken_file(gpt2, "tokenizer_json"))  # the tokenizer.json view of the ranks
     spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from tokmix.backends import (
     ADVERSARIAL_TEXTS,
-    BACKENDS,
+    SERVES,
     choose_backend,
     installed_backends,
     make_encoder,
@@ -25,6 +25,7 @@ from tokmix.errors import TokmixError
 from tokmix.text import clean_surrogates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+BACKENDS = SERVES["hf"]  # the backends that read a tokenizer.json
 FAST_BACKENDS = [b for b in BACKENDS if b != "hf"]
 EXTRA_ADVERSARIAL = [
     " " * 1_000_000 + "a",  # tiktoken's regex gives up here: the document must go to HF
@@ -153,7 +154,7 @@ def test_fifty_megabyte_document(tokenizer_path, documents, documents_ids):
     prefix_ids = np.concatenate([np.array(ids + newline, dtype=np.uint32) for ids in documents_ids[:40]])[:-1]
     assert len(prefix) > 1_000_000 and hf_ids(tokenizer_path, [prefix])[0] == prefix_ids.tolist()
 
-    for backend in installed_backends():
+    for backend in [b for b in installed_backends() if b in BACKENDS]:
         if backend == "hf":
             continue
         start = time.perf_counter()
@@ -227,7 +228,7 @@ def test_post_processor_tokens_are_never_added(tmp_path, tokenizer_path, documen
     tok.save(str(path))
     assert tok.encode("hi").ids[0] == bos  # HF's own default adds it
     want = tok.encode("hi", add_special_tokens=False).ids
-    for backend in installed_backends():
+    for backend in [b for b in installed_backends() if b in BACKENDS]:
         assert choose_backend(path, backend, documents[:20])[0] == backend
         ids, counts = make_encoder(path, backend).encode_batch(["hi", ""])
         assert ids.tolist() == want and counts.tolist() == [len(want), 0]
@@ -271,8 +272,12 @@ def test_tiktoken_disagreement_is_caught(tmp_path, monkeypatch):
 
 
 def test_unknown_or_missing_backend_is_a_tokmix_error(tokenizer_path, tmp_path, monkeypatch):
-    with pytest.raises(TokmixError, match="unknown tokenizer backend 'sentencepiece'"):
+    with pytest.raises(TokmixError, match="unknown tokenizer backend 'spm'"):
+        make_encoder(tokenizer_path, "spm")
+    with pytest.raises(TokmixError, match="'sentencepiece' cannot serve .*: it is not a SentencePiece model"):
         make_encoder(tokenizer_path, "sentencepiece")
+    with pytest.raises(TokmixError, match="'sentencepiece' cannot be used for .*: it does not read hf tokenizers"):
+        choose_backend(tokenizer_path, "sentencepiece")
     with pytest.raises(TokmixError, match="unknown tokenizer backend"):
         choose_backend(tokenizer_path, "fast")
     with pytest.raises(TokmixError, match="tokenizer file not found"):
@@ -282,7 +287,7 @@ def test_unknown_or_missing_backend_is_a_tokmix_error(tokenizer_path, tmp_path, 
 
     monkeypatch.setitem(sys.modules, "fastokens", None)
     monkeypatch.setitem(sys.modules, "tiktoken", None)
-    assert installed_backends() == ["hf"]
+    assert [b for b in installed_backends() if b in BACKENDS] == ["hf"]
     for backend in FAST_BACKENDS:
         with pytest.raises(TokmixError, match=f"'{backend}' is not installed"):
             make_encoder(tokenizer_path, backend)

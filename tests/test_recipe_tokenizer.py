@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokmix.errors import TokmixError
 from tokmix.recipe import load_recipe
 from tokmix.shards import Delimiters, dtype_for_vocab
-from tokmix.tokenizer import document_delimiters, load_tokenizer, token_byte_lengths, token_dtype
+from tokmix.tokenizer import HFVocabulary, document_delimiters, load_tokenizer, token_byte_lengths, token_dtype
 
 RECIPE = """
 seed = 1
@@ -66,8 +66,8 @@ def test_derived_numbers(tmp_path):
                                                           r"'text_field'\?"),
     ('path = "tok.json"', 'path = "tok.json"\nbakend = "hf"', r"tokenizer.bakend: unknown key; did you mean 'backend'"),
     ("eval_windows", "zzz = 1\neval_windows", r"holdout.zzz: unknown key \(holdout takes tokens, eval_windows, "),
-    ('path = "tok.json"', "", r"give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken and "
-                              r"\[tokenizer.train\]"),
+    ('path = "tok.json"', "", r"give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken, "
+                              r"tokenizer.sentencepiece and \[tokenizer.train\]"),
     ('path = "tok.json"', 'path = "tok.json"\nhf = "org/name"', r"give exactly one of tokenizer.path, tokenizer.hf"),
     ('path = "tok.json"', 'tiktoken = "cl100k_base"\ntiktoken_pattern = "x"',
      r"tokenizer.tiktoken_pattern goes with a .tiktoken file \(an encoding has its own\)"),
@@ -105,7 +105,7 @@ def test_fingerprint_ignores_what_cannot_change_the_bytes(tmp_path):
 def test_delimiters_are_special_tokens_named_at_any_id(tmp_path):
     """GPT-2's layout puts <|endoftext|> last, Llama's BOS/EOS elsewhere: any id serves, by name; a name that is
     not one of the tokenizer's special tokens (text could produce a plain token) is one clear line."""
-    late = load_tokenizer(str(make_tokenizer(tmp_path / "late.json", ["<pad>", "<s>", "</s>", "<|endoftext|>"])))
+    late = HFVocabulary(str(make_tokenizer(tmp_path / "late.json", ["<pad>", "<s>", "</s>", "<|endoftext|>"])))
     assert document_delimiters(late, ["<|endoftext|>"], [], "late.json") == Delimiters((3,), ())
     assert document_delimiters(late, ["<s>"], ["</s>", "<pad>"], "late.json") == Delimiters((1,), (2, 0))
     with pytest.raises(TokmixError, match=r"late.json: tokenizer.doc_suffix names '<\|end\|>', which is not one of "
@@ -113,7 +113,7 @@ def test_delimiters_are_special_tokens_named_at_any_id(tmp_path):
         document_delimiters(late, ["<s>"], ["<|end|>"], "late.json")
     with pytest.raises(TokmixError, match=r"doc_prefix names 'hello'"):  # in the vocabulary, but not special
         document_delimiters(late, ["hello"], [], "late.json")
-    assert token_byte_lengths(late)[[0, 1, 2, 3]].tolist() == [0, 0, 0, 0]
+    assert late.token_bytes()[[0, 1, 2, 3]].tolist() == [0, 0, 0, 0]
 
 
 def make_tokenizer(path: Path, specials: list[str], vocab: int = 300) -> Path:
@@ -127,10 +127,10 @@ def make_tokenizer(path: Path, specials: list[str], vocab: int = 300) -> Path:
 
 
 def test_tokenizer_checks(tmp_path):
-    good = load_tokenizer(str(make_tokenizer(tmp_path / "good.json", ["<|endoftext|>"])))
-    assert good.encode("a <|endoftext|> b").ids.count(0) == 0  # a literal marker is plain text
-    lengths = token_byte_lengths(good)
-    assert lengths[0] == 0 and lengths[good.token_to_id("h")] == 1
+    good = HFVocabulary(str(make_tokenizer(tmp_path / "good.json", ["<|endoftext|>"])))
+    assert good.tokenizer.encode("a <|endoftext|> b").ids.count(0) == 0  # a literal marker is plain text
+    lengths = token_byte_lengths(good.tokenizer)
+    assert lengths[0] == 0 and lengths[good.tokenizer.token_to_id("h")] == 1
     assert document_delimiters(good, ["<|endoftext|>"], [], "x") == Delimiters((0,), ())
     (tmp_path / "corrupt.json").write_text(json.dumps({"model": 3})[:-3])
     with pytest.raises(TokmixError, match=r"corrupt.json: not a valid tokenizer.json"):

@@ -22,6 +22,7 @@ import tokmix
 from tests.corpus import make_corpus, write_recipe, write_split
 from tests.test_export import read_megatron
 from tests.vocab import gpt2_tiktoken, mistral_tokenizer_json
+from tokmix.backends import read_tiktoken_file
 from tokmix.data import TrainBlocks
 from tokmix.export import export_megatron
 from tokmix.inspect import DOC_MARKER, read_block
@@ -39,7 +40,7 @@ def _train_texts(files: dict[str, list[Path]]) -> list[str]:
 
 def gpt2_layout(texts: list[str], root: Path) -> tuple[list[str], Path]:
     """GPT-2's own ranks; tokmix converts them (the delimiters become special tokens after the ranks)."""
-    return [f'tiktoken = "{gpt2_tiktoken(root).name}"'], root / "tokenizer.json"
+    return [f'tiktoken = "{gpt2_tiktoken(root).name}"'], root / "tokenizer.tiktoken.json"
 
 
 def llama3_layout(texts: list[str], root: Path) -> tuple[list[str], Path]:
@@ -108,9 +109,10 @@ def layout_run(request, corpus, tmp_path_factory):
         env.setenv("HF_HUB_CACHE", str(root / "hf-cache"))
         env.setenv("HF_HUB_OFFLINE", "1")
         tokmix.run(tokmix.load_recipe(recipe), out, workers=2)
-    if request.param == "gpt2":
-        tok_path = out / "tokenizer.json"  # the run's conversion of the ranks
-    tok = Tokenizer.from_file(str(tok_path))
+    if request.param == "gpt2":  # the tokenizer.json view of the ranks the run keeps (tiktoken is their oracle)
+        tok = Tokenizer.from_str(read_tiktoken_file(out / "tokenizer.tiktoken.json", "tokenizer_json"))
+    else:
+        tok = Tokenizer.from_file(str(tok_path))
     return request.param, out, tok, [tok.token_to_id(t) for t in prefix], [tok.token_to_id(t) for t in suffix]
 
 

@@ -1,6 +1,7 @@
 """Where a tokenizer comes from (tiktoken ranks, a Hugging Face Hub name, a URL) and the fast backends' exactness on
 real pretrained vocabularies: GPT-2's ranks and Mistral 7B's SentencePiece model (tests/data/vocab), whose ids are
-checked against the published ones and against tiktoken and sentencepiece themselves."""
+checked against the published ones and against tiktoken and sentencepiece themselves. (tests/test_pretrained.py
+runs the larger vocabularies that packages on PyPI ship.)"""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import tiktoken
 from tests.corpus import _documents
 from tests.test_tokenizer_layouts import LLAMA3_PATTERN
 from tests.vocab import MISTRAL_IDS, gpt2_tiktoken, mistral_tokenizer_json, tiktoken_cache
-from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder
+from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
 from tokmix.errors import TokmixError
 from tokmix.recipe import recipe_from_dict
 from tokmix.shards import Delimiters
 from tokmix.text import clean_surrogates
-from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_file, vocab_size
+from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_file
 
 BASE = {"seed": 1, "layout": {"steps": 1, "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
         "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}
@@ -35,10 +36,18 @@ def documents() -> list[str]:
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Path:
-    """GPT-2's ranks converted by tokmix, as a run does for `tiktoken = "gpt2.tiktoken"`."""
+    """GPT-2's ranks as a run keeps them for `tiktoken = "gpt2.tiktoken"` (tokenizer.tiktoken.json)."""
     root = tmp_path_factory.mktemp("gpt2")
     gpt2_tiktoken(root)
-    return Path(tokenizer_file(recipe(root, tiktoken="gpt2.tiktoken"), root / "out" / "tokenizer.json"))
+    return Path(tokenizer_file(recipe(root, tiktoken="gpt2.tiktoken"), root / "out" / "tokenizer.tiktoken.json"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_json(gpt2) -> Path:
+    """The tokenizer.json view of GPT-2's ranks in the run's file (what fastokens reads)."""
+    path = gpt2.with_name("gpt2-view.json")
+    path.write_text(read_tiktoken_file(gpt2, "tokenizer_json"))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +71,17 @@ def mistral(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_gpt2_ranks_give_gpt2s_published_ids(gpt2):
-    tok = load_tokenizer(str(gpt2))
-    assert vocab_size(tok) == 50257
-    assert document_delimiters(tok, ["<|endoftext|>"], [], str(gpt2)) == Delimiters((50256,), ())
-    assert make_encoder(gpt2, "hf").encode("Hello world").tolist() == [15496, 995]
+    vocab = load_vocabulary(str(gpt2), "tiktoken")
+    assert vocab.size == 50257 and vocab.oracle == "tiktoken"
+    assert document_delimiters(vocab, ["<|endoftext|>"], [], str(gpt2)) == Delimiters((50256,), ())
+    assert make_encoder(gpt2, "tiktoken").encode_batch(["Hello world"])[0].tolist() == [15496, 995]
+    assert vocab.decode([15496, 995, 50256]) == "Hello world<|endoftext|>"
 
 
-def test_gpt2_conversion_is_tiktokens_own_encoding(gpt2, r50k, documents):
-    """HF on the converted tokenizer.json gives exactly tiktoken's ids, on real and adversarial texts."""
+def test_gpt2_conversion_is_tiktokens_own_encoding(gpt2_json, r50k, documents):
+    """HF on the tokenizer.json view of the ranks gives exactly tiktoken's ids, on real and adversarial texts."""
     texts = documents + [clean_surrogates(t) for t in ADVERSARIAL_TEXTS]
-    ids, counts = make_encoder(gpt2, "hf").encode_batch(texts)
+    ids, counts = make_encoder(gpt2_json, "hf").encode_batch(texts)
     want = [r50k.encode_ordinary(t) for t in texts]
     assert counts.tolist() == [len(w) for w in want]
     assert ids.tolist() == [i for w in want for i in w]
@@ -85,10 +95,11 @@ def test_fast_backends_are_exact_on_gpt2(gpt2, documents, backend):
 def test_an_encoding_name_is_read_from_tiktokens_cache_only(tmp_path, gpt2, r50k, monkeypatch):
     """r50k_base's ranks in TIKTOKEN_CACHE_DIR: the same tokenizer as the file gives; an empty cache is one line
     (tiktoken is not let to fetch them)."""
-    path = tokenizer_file(recipe(tmp_path, tiktoken="r50k_base"), tmp_path / "own" / "tokenizer.json")
-    assert make_encoder(path, "hf").encode("Hello world").tolist() == [15496, 995]
-    assert load_tokenizer(path).token_to_id("<|endoftext|>") == 50256
+    path = tokenizer_file(recipe(tmp_path, tiktoken="r50k_base"), tmp_path / "own" / "tokenizer.tiktoken.json")
+    assert make_encoder(path, "tiktoken").encode_batch(["Hello world"])[0].tolist() == [15496, 995]
+    assert load_vocabulary(path).specials == {"<|endoftext|>": 50256}
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # what this process loaded before is not asked
     with pytest.raises(TokmixError, match=r"tiktoken = 'p50k_base': its ranks are not in tiktoken's cache"):
         tokenizer_file(recipe(tmp_path, tiktoken="p50k_base"), tmp_path / "own2" / "tokenizer.json")
     with pytest.raises(TokmixError, match=r"tiktoken = 'nope_base': no such encoding \(.*r50k_base"):
@@ -117,10 +128,10 @@ def test_a_hub_name_not_in_the_cache_is_one_line(tmp_path, monkeypatch):
         tokenizer_file(recipe(tmp_path, hf="org/absent"), tmp_path / "o" / "tokenizer.json")
 
 
-def test_a_url_is_copied_once_into_the_run(tmp_path, gpt2):
+def test_a_url_is_copied_once_into_the_run(tmp_path, gpt2_json):
     own = tmp_path / "out" / "tokenizer.json"
-    assert tokenizer_file(recipe(tmp_path, path=gpt2.as_uri()), own) == str(own)
-    assert own.read_bytes() == gpt2.read_bytes()
+    assert tokenizer_file(recipe(tmp_path, path=gpt2_json.as_uri()), own) == str(own)
+    assert own.read_bytes() == gpt2_json.read_bytes()
     with pytest.raises(TokmixError, match=r"tokenizer \S*/absent.json: file not found"):
         tokenizer_file(recipe(tmp_path, path=(tmp_path / "absent.json").as_uri()), tmp_path / "o" / "tokenizer.json")
 
@@ -159,10 +170,10 @@ def test_a_layout_fastokens_cannot_serve_falls_back_in_one_line(tmp_path, mistra
     assert notices[0].endswith("— falling back to hf") and all("\n" not in n for n in notices)
 
 
-def test_tiktoken_serves_a_regex_split_then_byte_level_layout(tmp_path, gpt2, documents):
+def test_tiktoken_serves_a_regex_split_then_byte_level_layout(tmp_path, gpt2_json, documents):
     """Llama-3's pre-tokenizer (a regex split, then byte-level without GPT-2's regex) on GPT-2's vocabulary: the
     tiktoken backend takes the split's pattern and stays exact."""
-    spec = json.loads(gpt2.read_text())
+    spec = json.loads(gpt2_json.read_text())
     pattern = LLAMA3_PATTERN
     spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
@@ -172,4 +183,4 @@ def test_tiktoken_serves_a_regex_split_then_byte_level_layout(tmp_path, gpt2, do
     assert choose_backend(path, "tiktoken", documents) == ("tiktoken", [])
     split = make_encoder(path, "tiktoken").encode_batch(["1234 don't"])[0].tolist()
     assert split == make_encoder(path, "hf").encode("1234 don't").tolist()
-    assert split != make_encoder(gpt2, "hf").encode("1234 don't").tolist()  # "123" "4", not "1234"
+    assert split != make_encoder(gpt2_json, "hf").encode("1234 don't").tolist()  # "123" "4", not "1234"

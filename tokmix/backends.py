@@ -1,13 +1,19 @@
-"""Tokenizer backends that give exactly the ids of HF `tokenizers`, and the check that proves it on every run.
+"""Tokenizer backends that give exactly the ids of the tokenizer format's own library, and the check that proves it
+on every run.
 
-HF is the oracle, and slow: one thread does ~0.3M tokens/s here, tiktoken ~2M, fastokens ~50M (bench/backends.py,
-32k byte-level BPE, 2-core VM). So the driver picks the fastest installed backend that reproduces HF on
-ADVERSARIAL_TEXTS plus a sample of the run's own documents (choose_backend); the stage process and Ray
-workers then build that backend by name, without re-checking (make_encoder).
+The oracle is the format's implementation: tiktoken for tiktoken ranks (the run's tokenizer.tiktoken.json),
+sentencepiece for a SentencePiece .model, HF `tokenizers` for a tokenizer.json. The oracles are slow where a fast
+backend is not (HF ~0.3M tokens/s per thread here, fastokens ~50M: bench/backends.py, docs/benchmarks.md), so the
+driver picks the fastest installed backend that reproduces the oracle on ADVERSARIAL_TEXTS plus a sample of the
+run's own documents (choose_backend); the stage process and Ray workers then build that backend by name, without
+re-checking (make_encoder).
 """
 
 from __future__ import annotations
 
+import binascii
+import hashlib
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -23,8 +29,44 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.text import clean_surrogates
 
-BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "hf")  # fastest first
-_MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "hf": "tokenizers"}
+BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "sentencepiece", "hf")  # fastest first
+_MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers"}
+
+# A tokenizer file's format, and the backend that is its oracle (the format's own library).
+FORMATS: tuple[str, ...] = ("hf", "tiktoken", "sentencepiece")
+ORACLE = {"hf": "hf", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
+# the backends that may serve a format, fastest first; each is used only where it reproduces the oracle
+SERVES = {"hf": ("fastokens", "tiktoken", "hf"), "tiktoken": ("fastokens", "tiktoken"),
+          "sentencepiece": ("sentencepiece",)}
+ORACLE_LIBRARY = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
+TIKTOKEN_KEY = "tiktoken"  # the first key of the run's tokenizer.tiktoken.json (tokmix.tokenizer)
+
+
+def tokenizer_format(path: str | Path) -> str:
+    """The format of the run's tokenizer file, from its first bytes: the run's own tiktoken file starts with its
+    "tiktoken" key, a tokenizer.json with "{", and anything else is read as a SentencePiece model (a protobuf).
+    The driver checks it is the one the recipe names (tokmix.tokenizer.load_vocabulary)."""
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b'{"' + TIKTOKEN_KEY.encode() + b'"'):
+        return "tiktoken"
+    return "hf" if head.startswith(b"{") else "sentencepiece"
+
+
+def library_versions(backends: Iterable[str]) -> dict[str, str]:
+    """The installed version of each backend's library (what decides its ids), by library name."""
+    return installed_versions(_MODULE[name] for name in backends)
+
+
+def installed_versions(libraries: Iterable[str]) -> dict[str, str]:
+    versions = {}
+    for library in sorted(libraries):
+        try:
+            versions[library] = importlib.metadata.version(library)
+        except importlib.metadata.PackageNotFoundError:
+            versions[library] = "not installed"
+    return versions
+
 
 # The split HF's ByteLevel pre-tokenizer does with use_regex=True (GPT-2's pattern), and the same as tiktoken's
 # gpt2 / r50k_base / p50k_base encodings write it.
@@ -93,8 +135,9 @@ def _size_thread_pools(threads: int | None) -> None:
 
 
 class HFEncoder:
-    """The oracle: HF `tokenizers`, with a literal special token ("<|endoftext|>") inside a document encoded as plain
-    text, and no post-processor tokens (a template's BOS): the recipe's delimiters are the only tokens added."""
+    """HF `tokenizers` (the oracle of a tokenizer.json), with a literal special token ("<|endoftext|>") inside a
+    document encoded as plain text, and no post-processor tokens (a template's BOS): the recipe's delimiters are
+    the only tokens added."""
 
     name = "hf"
 
@@ -102,6 +145,8 @@ class HFEncoder:
         _size_thread_pools(threads)
         from tokenizers import Tokenizer
 
+        if tokenizer_format(tokenizer_path) != "hf":
+            raise NotApplicable("it is not a tokenizer.json")
         self._tok = Tokenizer.from_file(str(tokenizer_path))
         self._tok.encode_special_tokens = True
         self.vocab_size = self._tok.get_vocab_size()
@@ -143,10 +188,13 @@ class FastokensEncoder:
         import fastokens
 
         # Built from the JSON text alone, exactly what HF reads; nothing beside the file is consulted.
-        text = Path(tokenizer_path).read_text(encoding="utf-8")
-        spec = json.loads(text)
+        if tokenizer_format(tokenizer_path) == "tiktoken":  # its tokenizer.json view of the ranks
+            text, spec = read_tiktoken_file(tokenizer_path, "tokenizer_json"), {}
+        else:
+            text = Path(tokenizer_path).read_text(encoding="utf-8")
+            spec = json.loads(text)
         self._prepend = None
-        if _metaspace_as_normalizer(spec):
+        if spec and _metaspace_as_normalizer(spec):
             self._prepend = spec["normalizer"]["content"]
             text = json.dumps(spec)
         self._tok = fastokens.Tokenizer.from_json_str(text)
@@ -160,6 +208,29 @@ class FastokensEncoder:
         ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
         counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), counts
+
+
+class SentencePieceEncoder:
+    """sentencepiece itself on a .model file: the oracle of that format (BPE or unigram, its normalizer, dummy
+    prefix and byte fallback as the model defines them). No BOS/EOS: the recipe's delimiters are the only tokens
+    added."""
+
+    name = "sentencepiece"
+
+    def __init__(self, tokenizer_path: str | Path, threads: int | None = None):
+        import sentencepiece
+
+        if tokenizer_format(tokenizer_path) != "sentencepiece":
+            raise NotApplicable("it is not a SentencePiece model")
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path))
+        self.vocab_size = self._sp.get_piece_size()
+        self._threads = threads or os.cpu_count() or 1
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        docs = self._sp.encode(texts, out_type=int, num_threads=self._threads) if texts else []
+        counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.uint32, count=int(counts.sum()))
+        return ids, counts
 
 
 class NotApplicable(Exception):
@@ -233,8 +304,55 @@ def _tiktoken_vocab(spec: dict) -> tuple[dict[bytes, int], dict[str, int], str]:
     return ranks, specials, pattern
 
 
+def read_tiktoken_file(path: str | Path, part: str | None = None):
+    """The run's tokenizer.tiktoken.json: a first line of JSON, {"tiktoken": {"source", "pat_str",
+    "special_tokens"}, "parts": {"ranks": bytes, "tokenizer_json": bytes}}, then those parts in that order: the
+    ranks as a .tiktoken file holds them (one `<base64 token> <rank>` a line, what tiktoken reads), and the same
+    vocabulary as a tokenizer.json for the backends that read that format. The header, or one part's text: a
+    backend reads only the part it needs (parsing a 200k vocabulary's JSON in Python costs seconds)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.readline())
+        if part is None:
+            return header
+        for name, size in header["parts"].items():
+            data = f.read(size)
+            if name == part:
+                return data.decode("utf-8")
+    raise KeyError(part)
+
+
+def write_tiktoken_file(meta: dict, ranks: str, tokenizer_json: str) -> bytes:
+    """The bytes of a tokenizer.tiktoken.json (read_tiktoken_file)."""
+    parts = {"ranks": ranks.encode("utf-8"), "tokenizer_json": tokenizer_json.encode("utf-8")}
+    header = json.dumps({TIKTOKEN_KEY: meta, "parts": {n: len(b) for n, b in parts.items()}}, ensure_ascii=True)
+    return b"".join([header.encode("ascii"), b"\n", *parts.values()])
+
+
+def parse_ranks(text: str) -> dict[bytes, int]:
+    """A .tiktoken file's ranks (ValueError on a line that is not `<base64 token> <rank>`)."""
+    ranks = {}
+    decode = binascii.a2b_base64
+    for line in text.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[decode(token)] = int(rank)
+    return ranks
+
+
+def tiktoken_encoding(path: str | Path):
+    """tiktoken's Encoding from the run's tokenizer.tiktoken.json: the oracle itself, built from the encoding's own
+    ranks, split pattern and special tokens."""
+    import tiktoken
+
+    meta = read_tiktoken_file(path)[TIKTOKEN_KEY]
+    return tiktoken.Encoding(f"tokmix:{meta['source']}", pat_str=meta["pat_str"],
+                             mergeable_ranks=parse_ranks(read_tiktoken_file(path, "ranks")),
+                             special_tokens=meta["special_tokens"])
+
+
 class TiktokenEncoder:
-    """tiktoken on the vocabulary of a byte-level BPE tokenizer.json; a document it fails on is encoded by HF."""
+    """tiktoken: the oracle of the run's tiktoken ranks; for a byte-level BPE tokenizer.json, tiktoken on its
+    vocabulary, with a document tiktoken fails on encoded by HF."""
 
     name = "tiktoken"
 
@@ -243,10 +361,14 @@ class TiktokenEncoder:
         import tiktoken
 
         self._path = Path(tokenizer_path)
-        ranks, specials, pattern = _tiktoken_vocab(json.loads(self._path.read_text(encoding="utf-8")))
-        self._enc = tiktoken.Encoding(
-            f"tokmix:{self._path}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
-        )
+        self._own = tokenizer_format(self._path) == "tiktoken"
+        if self._own:
+            self._enc = tiktoken_encoding(self._path)
+        else:
+            ranks, specials, pattern = _tiktoken_vocab(json.loads(self._path.read_text(encoding="utf-8")))
+            self._enc = tiktoken.Encoding(
+                f"tokmix:{self._path}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+            )
         self.vocab_size = self._enc.n_vocab
         threads = threads or os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tiktoken") if threads > 1 else None
@@ -266,7 +388,10 @@ class TiktokenEncoder:
             return self._enc.encode_to_numpy(text, disallowed_special=())  # "<|endoftext|>" is plain text
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException:  # a Rust panic is a BaseException (pyo3_runtime.PanicException), not an Exception
+        except BaseException as e:  # a Rust panic is a BaseException (pyo3_runtime.PanicException)
+            if self._own:  # tiktoken is the oracle: there are no ids of its to give
+                raise TokmixError(f"tiktoken cannot encode a document of {len(text):,} characters "
+                                  f"({first_line(e)})") from None
             return self._oracle().encode(text)
 
     def _oracle(self) -> HFEncoder:
@@ -277,7 +402,8 @@ class TiktokenEncoder:
             return self._hf
 
 
-_ENCODERS = {"fastokens": FastokensEncoder, "tiktoken": TiktokenEncoder, "hf": HFEncoder}
+_ENCODERS = {"fastokens": FastokensEncoder, "tiktoken": TiktokenEncoder, "sentencepiece": SentencePieceEncoder,
+             "hf": HFEncoder}
 
 
 def installed_backends() -> list[str]:
@@ -322,7 +448,8 @@ def _preview(text: str) -> str:
 
 
 def _first_difference(
-    name: str, got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray], labels: Sequence[str]
+    name: str, got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray], labels: Sequence[str],
+    oracle: str = "HF",
 ) -> str | None:
     """None when the ids are identical, else where they first differ, as one line."""
     (ids, counts), (want_ids, want_counts) = got, want
@@ -339,9 +466,14 @@ def _first_difference(
         n = min(doc.size, want_doc.size)
         differ = np.flatnonzero(doc[:n] != want_doc[:n])
         k = int(differ[0]) if differ.size else n
-        at = f"HF {want_doc[k]}, {name} {doc[k]}" if k < n else f"HF has {want_doc.size} tokens, {name} {doc.size}"
-        return f"ids differ from HF on {label} at token {k} ({at})"
-    return "ids differ from HF"
+        at = (f"{oracle} {want_doc[k]}, {name} {doc[k]}" if k < n
+              else f"{oracle} has {want_doc.size} tokens, {name} {doc.size}")
+        return f"ids differ from {oracle} on {label} at token {k} ({at})"
+    return f"ids differ from {oracle}"
+
+
+def oracle_label(backend: str) -> str:
+    return "HF" if backend == "hf" else backend
 
 
 def _check(
@@ -350,23 +482,34 @@ def _check(
     threads: int | None,
     texts: list[str],
     want: tuple[np.ndarray, np.ndarray],
-    vocab_size: int,
+    oracle: tuple[str, int],
     labels: list[str],
 ) -> str | None:
-    """None when `name` reproduces HF on `texts`, else why not, as one line."""
+    """None when `name` reproduces the oracle (its name and vocabulary size) on `texts`, else why not, as one
+    line."""
     try:
         encoder = _build(name, tokenizer_path, threads)
     except NotApplicable as e:
         return f"not applicable: {e}"
-    if encoder.vocab_size != vocab_size:
-        return f"vocab size {encoder.vocab_size:,} differs from HF's {vocab_size:,}"
+    # a tokenizer.json's backends count its ids alike; tiktoken's n_vocab counts the gap before its specials
+    if oracle[0] == "hf" and encoder.vocab_size != oracle[1]:
+        return f"vocab size {encoder.vocab_size:,} differs from HF's {oracle[1]:,}"
     try:
         got = encoder.encode_batch(texts)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # Rust panics included
         return f"failed on the check texts ({first_line(e)})"
-    return _first_difference(name, got, want, labels)
+    return _first_difference(name, got, want, labels, oracle_label(oracle[0]))
+
+
+def check_texts(sample_texts: Iterable[str]) -> tuple[list[str], list[str]]:
+    """ADVERSARIAL_TEXTS and the sample, cleaned as every document is, with a label each."""
+    samples = [clean_surrogates(t) for t in sample_texts]
+    texts = [clean_surrogates(t) for t in ADVERSARIAL_TEXTS] + samples
+    labels = [f"adversarial text {i} {_preview(t)}" for i, t in enumerate(ADVERSARIAL_TEXTS)]
+    labels += [f"sample document {i}" for i in range(len(samples))]
+    return texts, labels
 
 
 def choose_backend(
@@ -374,40 +517,79 @@ def choose_backend(
 ) -> tuple[str, list[str]]:
     """The backend to tokenize with, and one-line notices about the faster ones that were passed over.
 
-    "auto" picks the fastest installed backend whose ids equal HF's on ADVERSARIAL_TEXTS plus `sample_texts` (and
-    whose vocabulary size matches); a named backend must pass the same check or this raises TokmixError.
+    "auto" picks the fastest installed backend that serves the tokenizer's format and whose ids equal the
+    oracle's (the format's own library) on ADVERSARIAL_TEXTS plus `sample_texts`; a named backend must pass the
+    same check or this raises TokmixError.
     """
+    backend, notices, _ = choose_backend_with_digest(tokenizer_path, requested, sample_texts, threads)
+    return backend, notices
+
+
+def _digest(ids: tuple[np.ndarray, np.ndarray], docs: int | None = None) -> str:
+    """sha256 of the first `docs` texts' token counts, then their ids."""
+    counts = ids[1][:docs]
+    h = hashlib.sha256(np.ascontiguousarray(counts, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(ids[0][: int(counts.sum())], dtype="<u4").tobytes())
+    return h.hexdigest()
+
+
+def _digests(want: tuple[np.ndarray, np.ndarray]) -> dict[str, str]:
+    return {"adversarial": _digest(want, len(ADVERSARIAL_TEXTS)), "all": _digest(want)}
+
+
+def oracle_digests(tokenizer_path: str | Path, sample_texts: Iterable[str] = ()) -> dict[str, str]:
+    """The sha256 of the oracle's ids (per-text counts, then the ids) on ADVERSARIAL_TEXTS ("adversarial") and on
+    them and the sample ("all"): recorded by a run (the first in its state, the second in index.json too) and
+    compared again under other library versions."""
+    oracle = _build(ORACLE[tokenizer_format(tokenizer_path)], tokenizer_path, None)
+    return _digests(oracle.encode_batch(check_texts(sample_texts)[0]))
+
+
+def choose_backend_with_digest(
+    tokenizer_path: str | Path, requested: str = "auto", sample_texts: Iterable[str] = (), threads: int | None = None
+) -> tuple[str, list[str], dict[str, str]]:
+    """choose_backend, and oracle_digests of the same texts (encoded by the oracle once for both)."""
     _require(tokenizer_path, requested)
+    fmt = tokenizer_format(tokenizer_path)
+    oracle_name = ORACLE[fmt]
+    if oracle_name not in installed_backends():
+        raise TokmixError(f"{tokenizer_path}: its oracle {_MODULE[oracle_name]} is not installed "
+                          f"(pip install {_MODULE[oracle_name]})")
+    if requested not in ("auto", *SERVES[fmt]):
+        raise TokmixError(f"tokenizer backend {requested!r} cannot be used for {tokenizer_path}: it does not "
+                          f"read {fmt} tokenizers (these do: {', '.join(SERVES[fmt])})")
     try:
-        oracle = _build("hf", tokenizer_path, threads)
+        oracle = _build(oracle_name, tokenizer_path, threads)
     except NotApplicable as e:
-        raise TokmixError(f"HF tokenizers cannot load {tokenizer_path}: {e}") from None
-    if requested == "hf":
-        return "hf", []
-
-    samples = [clean_surrogates(t) for t in sample_texts]
-    texts = [clean_surrogates(t) for t in ADVERSARIAL_TEXTS] + samples
-    labels = [f"adversarial text {i} {_preview(t)}" for i, t in enumerate(ADVERSARIAL_TEXTS)]
-    labels += [f"sample document {i}" for i in range(len(samples))]
+        raise TokmixError(f"{_MODULE[oracle_name]} cannot load {tokenizer_path}: {e}") from None
+    texts, labels = check_texts(sample_texts)
     want = oracle.encode_batch(texts)
-
+    if requested == oracle_name:
+        return oracle_name, [], _digests(want)
+    vocab_size, oracle = oracle.vocab_size, None  # freed before the candidates are built (o200k: ~75 MiB)
     problems = []
-    for name in [requested] if requested != "auto" else [n for n in installed_backends() if n != "hf"]:
-        problem = _check(name, tokenizer_path, threads, texts, want, oracle.vocab_size, labels)
+    installed = installed_backends()
+    tried = [requested] if requested != "auto" else [n for n in SERVES[fmt] if n != oracle_name and n in installed]
+    for name in tried:
+        problem = _check(name, tokenizer_path, threads, texts, want, (oracle_name, vocab_size), labels)
         if problem is None:
-            return name, _fallback_notices(problems, name, requested)
+            return name, _fallback_notices(problems, name, requested, fmt), _digests(want)
         if requested != "auto":
             raise TokmixError(f"tokenizer backend {name!r} cannot be used for {tokenizer_path}: {problem}")
         problems.append((name, problem))
-    return "hf", _fallback_notices(problems, "hf", requested)
+    return oracle_name, _fallback_notices(problems, oracle_name, requested, fmt), _digests(want)
 
 
-def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: str) -> list[str]:
+def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: str, fmt: str = "hf") -> list[str]:
     """One line per faster backend passed over; the ones not installed (a platform without their wheels,
     where pip leaves them out) share one line, so that a slow default never goes unannounced."""
     installed = installed_backends()
-    missing = [n for n in BACKENDS[: BACKENDS.index(chosen)] if n not in installed] if requested == "auto" else []
+    serves = SERVES[fmt]
+    missing = ([n for n in serves[: serves.index(chosen)] if n not in installed]
+               if requested == "auto" and chosen in serves else [])
     notices = [f"{n}: {p} — falling back to {chosen}" for n, p in problems]
+    if requested == "auto" and serves == (chosen,):  # sentencepiece: no faster backend reads the format
+        notices.append(f"no faster backend reads {fmt} tokenizers: tokenizing with {chosen}, the oracle")
     if missing:
         notices.insert(0, f"{', '.join(missing)}: not installed (no wheel for this platform) — falling back to "
                           f"{chosen}")
@@ -419,7 +601,13 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
     """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
     byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text
     here; post-processor tokens are never added) - pre-tokens never span such a cut and BPE works within
-    pre-tokens."""
+    pre-tokens. The same for tiktoken ranks split by GPT-2's pattern (r50k_base, p50k_base); not for cl100k's or
+    o200k's, whose punctuation pre-token takes the newlines after it, nor for SentencePiece."""
+    fmt = tokenizer_format(tokenizer_path)
+    if fmt == "tiktoken":
+        return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN)
+    if fmt != "hf":
+        return False
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
     pre = spec.get("pre_tokenizer") or {}
     return (

@@ -86,10 +86,11 @@ class KeyBase:
                         decontamination=self.decontamination, benchmarks=self.benchmarks)
 
 
-def tokenizer_oracle() -> str:
-    """The key's oracle part: the library whose ids a tokenizer.json's are (HF tokenizers) and its version:
-    another version may give other ids, so its units are not this one's."""
-    return f"tokenizers {importlib.metadata.version('tokenizers')}"
+def tokenizer_oracle(library: str = "tokenizers") -> str:
+    """The key's oracle part: the library whose ids the tokenizer file's format's are (tokmix.backends.ORACLE_LIBRARY:
+    HF tokenizers for a tokenizer.json, tiktoken for ranks, sentencepiece for a .model) and its version: another
+    library or version may give other ids, so its units are not this one's."""
+    return f"{library} {importlib.metadata.version(library)}"
 
 
 def source_identity(path: str, file_bytes: int) -> list:

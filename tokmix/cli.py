@@ -179,13 +179,16 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
     """Check an output directory: sizes, ids, overlaps, checksums, holdouts, shares."""
     from tokmix.shards import read_index
     from tokmix.stages.validate import derivation_note, share_warnings, validate_dir
+    from tokmix.tokenizer import tokenizer_recheck
 
     try:
         problems = validate_dir(out)
+        problem, tokenizer_note = tokenizer_recheck(out, read_index(out)) if not problems else (None, None)
     except TokmixError as e:  # a file that is not what it should be (a FIFO in a shard's place, ...), named
         _fail(e, debug)
     except (OSError, KeyError, ValueError) as e:
         _fail(TokmixError(f"{out}: cannot validate ({e})"), debug)
+    problems += [problem] if problem else []
     for problem in problems:
         err.print(problem, highlight=False, soft_wrap=True)
     if problems:
@@ -195,6 +198,8 @@ def validate(out: str = typer.Argument(..., help="output directory or URL (s3://
         console.print(f"warning: {warning}")
     if (note := derivation_note(out)) is not None:
         console.print(note)
+    if tokenizer_note is not None:
+        console.print(tokenizer_note)
     console.print(f"{out}: valid ({len(index.shards)} shard(s), {index.blocks:,} blocks, "
                   f"{len(index.val)} holdout(s))")
 

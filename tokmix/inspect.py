@@ -18,16 +18,12 @@ from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.provenance import Source
 from tokmix.shards import (
-    TOKENIZER_NAME,
     Delimiters,
     as_path,
     block_tokens,
     read_array,
-    read_bytes_of,
     read_index,
     read_json,
-    run_tokenizer_path,
-    tokenizer_change,
 )
 from tokmix.summary import holdout_table, mix_table
 
@@ -125,19 +121,13 @@ class BlockView:
 
 
 def run_tokenizer(out_dir: Path, index: Index):
-    """The run's tokenizer: the path index.json records, or, for a moved directory, its own tokenizer.json."""
-    from tokenizers import Tokenizer
+    """The run's tokenizer as its oracle reads it (tokmix.tokenizer.run_vocabulary)."""
+    from tokmix.tokenizer import run_vocabulary
 
-    path = run_tokenizer_path(out_dir, index)
-    if path is not None and (changed := tokenizer_change(out_dir, index)) is not None:
-        raise TokmixError(changed)  # another file's ids would decode the shards wrongly
-    if path is not None:  # a local file, or the run's own beside its index on a store
-        return Tokenizer.from_str(read_bytes_of(path).decode("utf-8"))
-    raise TokmixError(f"tokenizer {index.tokenizer} not found (nor {out_dir / TOKENIZER_NAME}); it decodes the "
-                      "tokens")
+    return run_vocabulary(out_dir, index)  # read through run_tokenizer_path, refused if it changed
 
 
-def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:
+def decode_pieces(vocab, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:
     """Texts between the markers, each decoded on its own (a document boundary never splits a character), with
     the other delimiters decoded in them by name."""
     pieces: list[str | None] = []
@@ -145,7 +135,7 @@ def decode_pieces(tokenizer, tokens: np.ndarray, delimiters: Delimiters) -> list
     start = 0
     for cut in [*cuts.tolist(), len(tokens)]:
         if cut > start:
-            pieces.append(tokenizer.decode(tokens[start:cut].tolist(), skip_special_tokens=False))
+            pieces.append(vocab.decode(tokens[start:cut].tolist()))
         if cut < len(tokens):
             pieces.append(None)
         start = cut + 1

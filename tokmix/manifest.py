@@ -4,6 +4,7 @@ returned (holdout entries, stream records, shard records). docs/format.md docume
 from __future__ import annotations
 
 from tokmix import __version__
+from tokmix.backends import ORACLE_LIBRARY
 from tokmix.format.records import (
     FORMAT_VERSION,
     HoldoutEntry,
@@ -43,6 +44,9 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         format_version=FORMAT_VERSION,
         tokenizer=ctx.tokenizer_path,
         tokenizer_sha256=ctx.tokenizer_sha256,
+        tokenizer_oracle=ctx.oracle,
+        tokenizer_libraries={k: v for k, v in ctx.libraries.items() if k == ORACLE_LIBRARY[ctx.oracle]},
+        tokenizer_ids_sha256=ctx.oracle_ids_sha256,
         tokmix_version=__version__,
         vocab_size=ctx.vocab_size,
         dtype=ctx.dtype.name,
@@ -91,6 +95,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
             "tok_s_tokenizer_capacity_by_stream": {n: metas[n]["tok_s_tokenizer_capacity"] for n in names},
             "num_proc": ctx.workers,
             "backend": ctx.backend,
+            "backend_libraries": ctx.libraries,  # the oracle's and the backend's: it may change, the output not
         },
         val={d: e if isinstance(e, HoldoutEntry) else HoldoutEntry.from_json(e) for d, e in val.items()},
         cache=_cache_entry(ctx, metas) if ctx.cache is not None else None,

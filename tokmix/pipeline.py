@@ -20,7 +20,14 @@ import numpy as np
 import psutil
 
 from tokmix import identity
-from tokmix.backends import can_cut_documents, choose_backend, installed_backends
+from tokmix.backends import (
+    ORACLE,
+    can_cut_documents,
+    choose_backend_with_digest,
+    installed_backends,
+    library_versions,
+    tokenizer_format,
+)
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
@@ -34,8 +41,8 @@ from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress, tree_rss
 from tokmix.recipe import Recipe
 from tokmix.shards import (
+    OWN_TOKENIZER_NAMES,
     STATE_DIR,
-    TOKENIZER_NAME,
     DamagedFile,
     Layout,
     Part,
@@ -56,20 +63,21 @@ from tokmix.store import store_problem
 from tokmix.text import HUGE_DOC_CHARS
 from tokmix.tokenizer import (
     document_delimiters,
-    load_tokenizer,
-    token_byte_lengths,
+    load_vocabulary,
     token_dtype,
     tokenizer_checksum,
     tokenizer_file,
     train_tokenizer,
-    vocab_size,
 )
 
 REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
 MEMORY_POLL_SECONDS = 0.25
 MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
-SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against HF when choosing a backend
+SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
+# fastokens is built ahead beside the check for tokenizer files up to this size (a 32k BPE's is ~2 MiB): a large
+# vocabulary's would be a second copy in memory at the run's peak (o200k_base: ~270 MiB each, a tree of 912 MiB)
+BUILD_AHEAD_BYTES = 4 << 20
 
 def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: bool = False) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
@@ -228,8 +236,11 @@ def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
     return sample
 
 
-def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors) -> tuple[str, list[str]]:
-    return choose_backend(tokenizer_path, recipe.tokenizer.backend, _sample_texts(recipe, split, mirrors))
+def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors, requested: str | None = None
+                   ) -> tuple[str, list[str], dict[str, str]]:
+    """The backend, its notices, and the digests of the oracle's ids on the check's texts."""
+    sample = _sample_texts(recipe, split, mirrors)
+    return choose_backend_with_digest(tokenizer_path, requested or recipe.tokenizer.backend, sample)
 
 
 def fresh_process() -> ProcessPoolExecutor:
@@ -251,6 +262,8 @@ def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None
     process: building sizes the backends' thread pools through this process's environment."""
     if requested not in ("auto", "fastokens") or "fastokens" not in installed_backends():
         return None
+    if os.path.getsize(tokenizer_path) > BUILD_AHEAD_BYTES:  # the check's process builds one meanwhile
+        return None
 
     def build() -> None:
         try:
@@ -264,22 +277,63 @@ def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None
 
 
 def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors) -> str:
-    """The backend, checked once per run and recorded: restarts reuse the decision."""
+    """The backend, checked once per run and recorded (restarts reuse the decision), with the versions of the
+    libraries that give the ids and the digests of the oracle's ids on the check's texts (_same_libraries)."""
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
     if (recorded := identity.check(layout, "backend", key, "", log)) is not None:
-        return recorded["backend"]
+        backend = recorded["backend"]
+        _same_libraries(recipe, layout, tokenizer_path, split, mirrors, backend)
+        return backend
     with fresh_process() as pool:
         check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
         ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend)
-        backend, notices = check.result()
+        backend, notices, digest = check.result()
     if ahead is not None:
         ahead.join()
         if backend != "fastokens":
             drop_cached()
     for notice in notices:
         log(notice)
+    first = identity.recorded(layout, "tokenizer libraries", log)
+    if first is not None and first["oracle_ids_sha256"] != digest:  # a backend checked again (another requested)
+        raise TokmixError("the tokenizer's oracle gives other ids on the check's texts than when this run started "
+                          f"(its libraries then: {first['libraries']}): what is already written holds the first "
+                          f"ids; restore those versions, or {identity.RESTART}")
     identity.record(layout, "backend", key, backend=backend, notices=notices)
+    identity.record(layout, "tokenizer libraries", _libraries(tokenizer_path, backend), oracle_ids_sha256=digest)
     return backend
+
+
+def _libraries(tokenizer_path: str, backend: str) -> dict[str, str]:
+    return library_versions({ORACLE[tokenizer_format(tokenizer_path)], backend})
+
+
+def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors, backend: str) -> None:
+    """A resume under other versions of the oracle's or the backend's library: the oracle's ids on the first
+    check's texts must be the ones recorded then, and the backend must still give them; said in one line."""
+    libraries = _libraries(tokenizer_path, backend)
+    first = identity.recorded(layout, "tokenizer libraries", log)
+    if first is not None and identity.check(layout, "tokenizer libraries", libraries, "") is not None:
+        return
+    if first is None:  # a run started before tokmix recorded them, or its record damaged: recorded now
+        _, _, digest = in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, backend)
+        identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest)
+        return
+    was = first["libraries"]
+    changed = ", ".join(f"{lib} {was.get(lib, 'absent')} -> {v}" for lib, v in libraries.items() if was.get(lib) != v)
+    try:
+        _, _, digest = in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, backend)
+    except TokmixError as e:
+        raise TokmixError(f"tokenizer libraries changed since this run started ({changed}): {e}; restore the "
+                          f"versions it started with, or {identity.RESTART}") from None
+    if digest != first["oracle_ids_sha256"]:
+        raise TokmixError(f"tokenizer libraries changed since this run started ({changed}) and the oracle's ids "
+                          "on the check's texts changed with them: what is already written holds the first ids; "
+                          f"restore the versions it started with, or {identity.RESTART}")
+    log(f"tokenizer libraries changed since this run started ({changed}): ids re-checked on the check's texts "
+        f"(adversarial texts and {SAMPLE_DOCS_PER_STREAM} documents a stream at most): identical, resuming")
+    identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest,
+                    libraries_at_start=first.get("libraries_at_start", was))
 
 
 def _same_tokenizer(layout: Layout, path: str) -> str:
@@ -302,22 +356,25 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     mirrors = parse_mirrors(options.mirrors)
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
-    tokenizer_path = tokenizer_file(recipe, layout.tokenizer)
+    tokenizer_path = tokenizer_file(recipe, layout.own_tokenizer(recipe.tokenizer.format))
     if tokenizer_path is None:
         tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
-    tok = load_tokenizer(tokenizer_path)
-    delimiters = document_delimiters(tok, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix, tokenizer_path)
+    vocab = load_vocabulary(tokenizer_path, recipe.tokenizer.format)
+    delimiters = document_delimiters(vocab, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix,
+                                     tokenizer_path)
     checksum = _same_tokenizer(layout, tokenizer_path)
-    dtype = token_dtype(tok, recipe.tokenizer.dtype, tokenizer_path)
+    dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
     backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
+    libraries = identity.recorded(layout, "tokenizer libraries")
     huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
     timings.add("tokenizer", time.perf_counter() - t0)
     progress = RunProgress(every=options.log_seconds)
-    return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size(tok), workers, mirrors,
+    return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab.size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
-                   tokenizer_sha256=checksum, token_bytes=token_byte_lengths(tok), delimiters=delimiters,
-                   writer=RunWriter.of(layout), cache=options.cache)
+                   tokenizer_sha256=checksum, token_bytes=vocab.token_bytes(), delimiters=delimiters,
+                   writer=RunWriter.of(layout), oracle=vocab.oracle, libraries=libraries["libraries"],
+                   oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache)
 
 
 def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None:
@@ -395,8 +452,9 @@ def publish_index(layout: Layout) -> None:
     a reader that finds it finds every file it names, whole. Locally it is where the run wrote it."""
     if not layout.remote:
         return
-    if layout.tokenizer.exists():
-        write_bytes(layout.root / TOKENIZER_NAME, layout.tokenizer.read_bytes())
+    for fmt in OWN_TOKENIZER_NAMES:
+        if (own := layout.own_tokenizer(fmt)).exists():
+            write_bytes(layout.root / own.name, own.read_bytes())
     if layout.expected.exists():  # the kept digests beside the shards, for `tokmix validate s3://...`
         write_bytes(layout.root / STATE_DIR / layout.expected.name, layout.expected.read_bytes())
     fault_point("publish:before-index")

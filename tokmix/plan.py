@@ -28,7 +28,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tokmix.backends import can_cut_documents, choose_backend, make_encoder
+from tokmix.backends import ORACLE_LIBRARY, can_cut_documents, choose_backend, make_encoder
 from tokmix.cache import KeyBase, UnitCache, default_cap, tokenizer_oracle
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
@@ -40,7 +40,7 @@ from tokmix.stages.decontam import BenchmarkSet, build_set
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
-from tokmix.tokenizer import document_delimiters, load_tokenizer, tokenizer_checksum, tokenizer_file, vocab_size
+from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -329,21 +329,23 @@ def _tokenizer(recipe: Recipe, out: Path) -> tuple[str | None, int, str]:
             return str(earlier), vocab, f"trained by an earlier run of this directory ({earlier})"
         note = f"trained by the run (vocab {vocab:,}); supply estimated at {GUESS_BYTES_PER_TOKEN:g} bytes/token"
         return None, vocab, note
-    own = earlier
-    if spec.fetched and not earlier.exists():  # the run would write it; plan writes nothing of the run's
+    own = Layout(out).own_tokenizer(spec.format)
+    if spec.fetched and not own.exists():  # the run would write it; plan writes nothing of the run's
         scratch = tempfile.mkdtemp(prefix="tokmix-plan-")
         atexit.register(shutil.rmtree, scratch, True)
-        own = Layout(scratch).tokenizer
+        own = Layout(scratch).own_tokenizer(spec.format)
     path = tokenizer_file(recipe, own)
-    tok = load_tokenizer(path)
-    document_delimiters(tok, spec.doc_prefix, spec.doc_suffix, path)  # refused now, not mid-run
-    return path, vocab_size(tok), path if spec.path and not spec.fetched else f"{_source(spec)} ({path})"
+    vocab = load_vocabulary(path, spec.format)
+    document_delimiters(vocab, spec.doc_prefix, spec.doc_suffix, path)  # refused now, not mid-run
+    given = (spec.path or spec.sentencepiece) and not spec.fetched
+    return path, vocab.size, path if given else f"{_source(spec)} ({path})"
 
 
 def _source(spec) -> str:
     if spec.hf is not None:
         return f"hf = {spec.hf!r}"
-    return f"tiktoken = {spec.tiktoken!r}" if spec.tiktoken is not None else f"{spec.path} (copied)"
+    return f"tiktoken = {spec.tiktoken!r}" if spec.tiktoken is not None else \
+        f"{spec.path or spec.sentencepiece} (copied)"
 
 
 def _encoder(path: str | None, backend: str):
@@ -543,7 +545,8 @@ def _cached(recipe: Recipe, split: Split, mirrors, tokenizer_path: str, delimite
             streams: dict[str, StreamPlan], cache: UnitCache) -> None:
     """How much of each stream's budget the token cache holds: its units in order (as a run cuts them) until the
     budget, the cached ones counted at their tokens and the others at the sample's tokens per byte."""
-    base = KeyBase(tokenizer=tokenizer_checksum(tokenizer_path), oracle=tokenizer_oracle(),
+    base = KeyBase(tokenizer=tokenizer_checksum(tokenizer_path),
+                   oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
                    delimiters=delimiters.to_index(), dtype=dtype.str,
                    huge_doc_chars=HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62,
                    provenance=recipe.layout.provenance,
@@ -604,7 +607,7 @@ def make_plan(
     }
     if encoder is not None:
         spec = recipe.tokenizer
-        delimiters = document_delimiters(load_tokenizer(tokenizer_path), spec.doc_prefix, spec.doc_suffix,
+        delimiters = document_delimiters(load_vocabulary(tokenizer_path), spec.doc_prefix, spec.doc_suffix,
                                          tokenizer_path)
         for h in holdouts.values():
             h.gives = _holdout_gives(recipe, encoder, split, mirrors, delimiters, dtype, h)

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-BACKEND_NAMES = ("auto", "hf", "tiktoken", "fastokens")
+BACKEND_NAMES = ("auto", "hf", "tiktoken", "fastokens", "sentencepiece")
 SHARE_TOLERANCE = 1e-6
 
 
@@ -53,7 +53,8 @@ class TokenizerSpec(_Strict):
     hf: str | None = None  # a Hugging Face Hub repository ("org/name") whose tokenizer.json is used
     tiktoken: str | None = None  # tiktoken ranks: a .tiktoken file, or the name of a tiktoken encoding
     tiktoken_pattern: str | None = None  # the split regex for a .tiktoken file (default: GPT-2's)
-    backend: Literal["auto", "hf", "tiktoken", "fastokens"] = "auto"
+    sentencepiece: str | None = None  # a SentencePiece .model: local path or fsspec URL
+    backend: Literal["auto", "hf", "tiktoken", "fastokens", "sentencepiece"] = "auto"
     dtype: Literal["auto", "uint16", "uint32"] = "auto"
     # the special tokens, by name, written before and after every document's text (each at its own id)
     doc_prefix: list[str] = Field(default_factory=lambda: list(REFERENCE_PREFIX))
@@ -81,19 +82,25 @@ class TokenizerSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerSpec:
-        given = [self.path, self.train, self.hf, self.tiktoken]
+        given = [self.path, self.train, self.hf, self.tiktoken, self.sentencepiece]
         if sum(x is not None for x in given) != 1:
-            raise ValueError("give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken and "
-                             "[tokenizer.train]")
+            raise ValueError("give exactly one of tokenizer.path, tokenizer.hf, tokenizer.tiktoken, "
+                             "tokenizer.sentencepiece and [tokenizer.train]")
         if self.tiktoken_pattern is not None and not (self.tiktoken and is_tiktoken_file(self.tiktoken)):
             raise ValueError("tokenizer.tiktoken_pattern goes with a .tiktoken file (an encoding has its own)")
         return self
 
     @property
+    def format(self) -> str:
+        """The format of the tokenizer file the run reads, which decides its oracle (tokmix.backends.ORACLE)."""
+        return "tiktoken" if self.tiktoken is not None else "sentencepiece" if self.sentencepiece else "hf"
+
+    @property
     def fetched(self) -> bool:
-        """Whether the run keeps its own copy of the tokenizer (a URL's, converted tiktoken ranks, a trained one)
-        as tokenizer.json in its output directory, instead of reading it where the recipe says."""
-        return self.train is not None or self.tiktoken is not None or (self.path is not None and "://" in self.path)
+        """Whether the run keeps its own copy of the tokenizer (a URL's, tiktoken's ranks, a trained one) in its
+        output directory (Layout.own_tokenizer), instead of reading it where the recipe says."""
+        given = self.path or self.sentencepiece
+        return self.train is not None or self.tiktoken is not None or (given is not None and "://" in given)
 
 
 class LayoutSpec(_Strict):
@@ -441,7 +448,8 @@ class Recipe(_Strict):
 
     @property
     def tokenizer_path(self) -> str | None:
-        return self.resolve(self.tokenizer.path) if self.tokenizer.path else None
+        given = self.tokenizer.path or self.tokenizer.sentencepiece
+        return self.resolve(given) if given else None
 
     @property
     def splits_path(self) -> str:
@@ -452,8 +460,10 @@ class Recipe(_Strict):
         """Everything that can change the bytes written, with paths resolved (a moved recipe file with the
         same sources is the same run)."""
         data = self.model_dump(mode="json")
-        data["tokenizer"]["path"] = self.tokenizer_path
-        for key in ("hf", "tiktoken", "tiktoken_pattern"):  # absent before these keys existed
+        data["tokenizer"]["path"] = self.resolve(self.tokenizer.path) if self.tokenizer.path else None
+        if self.tokenizer.sentencepiece:
+            data["tokenizer"]["sentencepiece"] = self.tokenizer_path
+        for key in ("hf", "tiktoken", "tiktoken_pattern", "sentencepiece"):  # absent before these keys existed
             if data["tokenizer"][key] is None:
                 data["tokenizer"].pop(key)
         if self.tokenizer.tiktoken and is_tiktoken_file(self.tokenizer.tiktoken):

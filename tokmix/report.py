@@ -306,10 +306,9 @@ def gather(out_dir: str | os.PathLike, scan: bool | None = None) -> tuple[Index,
 
 def _byte_lengths(out_dir: Path, index: Index) -> np.ndarray | None:
     from tokmix.inspect import run_tokenizer
-    from tokmix.tokenizer import token_byte_lengths
 
     try:
-        return token_byte_lengths(run_tokenizer(out_dir, index))
+        return run_tokenizer(out_dir, index).token_bytes()
     except TokmixError:
         return None  # no tokenizer: lengths and shares still, bytes per token from the holdouts only
 

@@ -91,8 +91,9 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     that tokmix did not create (the user's). --restart first removes what earlier runs created, only that (the
     split file lives beside the recipe and is kept)."""
     shards = len(recipe.shard_blocks)
-    paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, recipe.tokenizer.fetched,
-                             recipe.layout.provenance, recipe.decontaminate is not None)
+    own = recipe.tokenizer.format if recipe.tokenizer.fetched else None
+    paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, own, recipe.layout.provenance,
+                             recipe.decontaminate is not None)
     for path in paths:  # a recorded folder swapped for a link: the run would write (and --restart remove) there
         if (link := layout.link_on_the_way(path)) is not None:
             raise TokmixError(f"{link}: is a link (to {os.path.realpath(link)}); tokmix writes only inside its "

@@ -47,6 +47,8 @@ EOT_TOKEN = "<|endoftext|>"
 INDEX_NAME = "index.json"
 CONTAMINATION_NAME = "contamination.json"  # beside index.json: the benchmark items found and where (sealed)
 TOKENIZER_NAME = "tokenizer.json"  # the run's own (trained, copied from a URL, converted); a local one is read in place
+# the run's own tokenizer file of each format (tokmix.backends.FORMATS): tiktoken's ranks, a URL's .model
+OWN_TOKENIZER_NAMES = {"hf": TOKENIZER_NAME, "tiktoken": "tokenizer.tiktoken.json", "sentencepiece": "tokenizer.model"}
 STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed work units
 UNITS_DIR = "units"
 STREAM_META = "stream.json"  # in a stream's folder: the finished stream's record
@@ -243,6 +245,10 @@ class Layout:
         beside index.json)."""
         return self.work / TOKENIZER_NAME
 
+    def own_tokenizer(self, fmt: str) -> Path:
+        """The run's own tokenizer file of this format (beside `tokenizer` for a store)."""
+        return self.work / OWN_TOKENIZER_NAMES[fmt]
+
     streams = _In("root", STREAMS_DIR)
     interleave_labels = _In("streams", INTERLEAVE_LABELS)
     state = _In("work", STATE_DIR)
@@ -257,6 +263,8 @@ class Layout:
     documents_used = _In("state", "documents_used.json")
     balance = _In("state", "balance.json")  # the balanced interleave's deviation from its targets (index.json)
     backend_choice = _In("state", "backend.json")  # the backend checked once per run: restarts reuse it
+    # the tokenizer libraries' versions and the digests of the oracle's ids (a resume under others re-checks)
+    tokenizer_libraries = _In("state", "tokenizer.libraries.json")
     tokenizer_checksum = _In("state", "tokenizer.checksum.json")  # a resume with other tokenizer bytes is refused
     split_record = _In("state", "split.json")  # a resume with another split is refused
     provenance_sources = _In("state", "sources.json")  # the train shards' table of sources (tokmix.provenance)
@@ -304,13 +312,14 @@ class Layout:
         return self.stream(stream) / STREAM_META
 
     # ------------------------------------------------------------------ what the run creates, and the record
-    def run_paths(self, domains: list[str], streams: list[str], shards: int, trains_tokenizer: bool,
+    def run_paths(self, domains: list[str], streams: list[str], shards: int, own_tokenizer: str | None,
                   provenance: bool = True, decontaminates: bool = False) -> list[Path]:
-        """Every path a run of these domains, streams and shards creates, the state folder's content aside."""
+        """Every path a run of these domains, streams and shards creates, the state folder's content aside;
+        `own_tokenizer`: the format of the run's own tokenizer file, None for none."""
         paths = [self.published_index, *map(self.val, domains), *map(self.train, range(shards))]
         paths += [self.docs(p) for p in paths[1:]] if provenance else []
         paths += [self.contamination] if decontaminates else []
-        paths += [self.root / TOKENIZER_NAME] if trains_tokenizer else []
+        paths += [self.root / OWN_TOKENIZER_NAMES[own_tokenizer]] if own_tokenizer else []
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
         return paths
 
@@ -572,10 +581,10 @@ def read_bytes_of(path: Path | ObjectPath) -> bytes:
 
 def run_tokenizer_path(out_dir: str | os.PathLike | ObjectPath, index: Index) -> Path | ObjectPath | None:
     """The tokenizer file of a finished run: the path index.json records, or, for a moved directory (or a store),
-    the run's own tokenizer.json beside its index; None when neither is there."""
+    the run's own tokenizer file (of any format, OWN_TOKENIZER_NAMES) beside its index; None when neither is there."""
     recorded = Path(str(index.tokenizer or TOKENIZER_NAME))
     root = as_path(out_dir)
-    for path in (recorded, root / TOKENIZER_NAME, root / recorded.name):
+    for path in (recorded, *(root / name for name in OWN_TOKENIZER_NAMES.values()), root / recorded.name):
         if path.is_file():
             return path
     return None

@@ -195,7 +195,7 @@ def status(out_dir: str | os.PathLike) -> Status:
         recipe=recipe,
         lock=lock,
         running=running,
-        tokenizer=bool(recipe.tokenizer_path) or layout.tokenizer.exists(),
+        tokenizer=bool(recipe.tokenizer_path) or layout.own_tokenizer(recipe.tokenizer.format).exists(),
         holdouts=holdouts,
         streams={n: _stream_status(layout, recipe, n, index, validated) for n in recipe.streams},
         shards_planned=plan,

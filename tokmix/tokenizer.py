@@ -1,12 +1,17 @@
-"""The tokenizer: load a tokenizer.json, or train a byte-level BPE on train files only (never holdout files); the
-recipe's document delimiters as its ids; and the UTF-8 bytes each token id stands for (bits per byte)."""
+"""The tokenizer: load a tokenizer.json, tiktoken ranks or a SentencePiece model, or train a byte-level BPE on train
+files only (never holdout files); what its oracle (the format's own library) says of it: special tokens, the
+recipe's document delimiters as its ids, vocabulary size, decoding, and the UTF-8 bytes each token id stands for
+(bits per byte)."""
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import json
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +19,33 @@ import fsspec
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tokmix.backends import GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, bytes_to_unicode, first_line
+from tokmix.backends import (
+    GPT2_PATTERN,
+    ORACLE,
+    TIKTOKEN_GPT2_PATTERN,
+    TIKTOKEN_KEY,
+    bytes_to_unicode,
+    first_line,
+    parse_ranks,
+    read_tiktoken_file,
+    tokenizer_format,
+    write_tiktoken_file,
+)
 from tokmix.errors import TokmixError
 from tokmix.recipe import REFERENCE_PREFIX, Recipe, is_tiktoken_file
-from tokmix.shards import CHECKSUM, Delimiters, check_input_file, dtype_for_vocab, write_bytes
+from tokmix.shards import (
+    CHECKSUM,
+    TOKENIZER_NAME,
+    Delimiters,
+    as_path,
+    check_input_file,
+    dtype_for_vocab,
+    read_bytes_of,
+    run_tokenizer_path,
+    storage,
+    tokenizer_change,
+    write_bytes,
+)
 
 
 def tokenizer_checksum(path: str) -> str:
@@ -51,9 +79,9 @@ def special_tokens(tok: Tokenizer) -> dict[str, int]:
     return {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 
 
-def document_delimiters(tok: Tokenizer, prefix: list[str], suffix: list[str], path: str) -> Delimiters:
-    """The recipe's doc_prefix and doc_suffix token names as the tokenizer's ids."""
-    specials = special_tokens(tok)
+def document_delimiters(vocab: Vocabulary, prefix: list[str], suffix: list[str], path: str) -> Delimiters:
+    """The recipe's doc_prefix and doc_suffix token names as the oracle's ids."""
+    specials = vocab.specials
 
     def ids(names: list[str], key: str) -> tuple[int, ...]:
         missing = [n for n in names if n not in specials]
@@ -67,6 +95,133 @@ def document_delimiters(tok: Tokenizer, prefix: list[str], suffix: list[str], pa
     return Delimiters(ids(prefix, "doc_prefix"), ids(suffix, "doc_suffix"))
 
 
+class Vocabulary:
+    """A tokenizer as its oracle defines it: the format ("hf", "tiktoken", "sentencepiece"), the ids it can give
+    (`size`: tiktoken's n_vocab, sentencepiece's piece count, HF's largest id + 1), its special tokens by name (the
+    ids text never encodes to), and decoding."""
+
+    def __init__(self, path: str, fmt: str, size: int, specials: dict[str, int]):
+        self.path, self.format, self.size, self.specials = path, fmt, size, specials
+
+    @property
+    def oracle(self) -> str:
+        return ORACLE[self.format]
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes per token id; special tokens stand for none."""
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of these ids, special tokens by name (invalid UTF-8 as U+FFFD)."""
+        raise NotImplementedError
+
+
+class HFVocabulary(Vocabulary):
+    def __init__(self, path: str):
+        self.tokenizer = load_tokenizer(path)
+        super().__init__(path, "hf", vocab_size(self.tokenizer), special_tokens(self.tokenizer))
+
+    def token_bytes(self) -> np.ndarray:
+        return token_byte_lengths(self.tokenizer)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class TiktokenVocabulary(Vocabulary):
+    """The run's tokenizer.tiktoken.json: tiktoken's ranks, split pattern and special tokens."""
+
+    def __init__(self, path: str):
+        self.ranks = parse_ranks(read_tiktoken_file(path, "ranks"))
+        specials = dict(read_tiktoken_file(path)[TIKTOKEN_KEY]["special_tokens"])
+        size = max([*self.ranks.values(), *specials.values()], default=-1) + 1  # tiktoken's n_vocab
+        super().__init__(path, "tiktoken", size, specials)
+
+    def _by_id(self) -> dict[int, bytes]:
+        return {**{i: t for t, i in self.ranks.items()}, **{i: n.encode() for n, i in self.specials.items()}}
+
+    def token_bytes(self) -> np.ndarray:
+        lengths = np.zeros(self.size, dtype=np.int64)
+        for token, idx in self.ranks.items():
+            lengths[idx] = len(token)
+        return lengths
+
+    def decode(self, ids: list[int]) -> str:
+        by_id = self._by_id()
+        return b"".join(by_id.get(i, b"\xef\xbf\xbd") for i in ids).decode("utf-8", "replace")
+
+
+class SentencePieceVocabulary(Vocabulary):
+    """A SentencePiece model: its control pieces (<s>, </s>, ...) are its special tokens."""
+
+    def __init__(self, path: str):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise TokmixError(f"tokenizer {path}: a SentencePiece model needs the sentencepiece package "
+                              "(pip install sentencepiece)") from None
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=path)
+        except (OSError, RuntimeError) as e:
+            raise TokmixError(f"tokenizer {path}: not a valid SentencePiece model ({first_line(e)})") from None
+        n = self.sp.get_piece_size()
+        specials = {self.sp.id_to_piece(i): i for i in range(n) if self.sp.is_control(i)}
+        super().__init__(path, "sentencepiece", n, specials)
+
+    def token_bytes(self) -> np.ndarray:
+        sp = self.sp
+        lengths = np.zeros(self.size, dtype=np.int64)
+        for i in range(self.size):
+            if sp.is_byte(i):
+                lengths[i] = 1
+            elif not (sp.is_control(i) or sp.is_unknown(i)):
+                lengths[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        return lengths
+
+    def decode(self, ids: list[int]) -> str:
+        out, run = [], []
+        for i in ids:
+            if self.sp.is_control(i):
+                out += [self.sp.decode(run), self.sp.id_to_piece(i)]
+                run = []
+            else:
+                run.append(i)
+        return "".join([*out, self.sp.decode(run)])
+
+
+_KINDS = {"hf": HFVocabulary, "tiktoken": TiktokenVocabulary, "sentencepiece": SentencePieceVocabulary}
+_FORMAT_NAMES = {"hf": "a tokenizer.json", "tiktoken": "tiktoken ranks", "sentencepiece": "a SentencePiece model"}
+
+
+def load_vocabulary(path: str, expected: str | None = None) -> Vocabulary:
+    """The tokenizer file's Vocabulary: read as the format `expected` (the recipe's key says it), or as the one
+    its bytes say (tokmix.backends.tokenizer_format, what the workers go by), which must then be the same."""
+    vocab = _KINDS[expected or tokenizer_format(path)](path)
+    if expected is not None and tokenizer_format(path) != expected:  # loaded, but the workers would read it else
+        raise TokmixError(f"tokenizer {path}: not {_FORMAT_NAMES[expected]}")
+    return vocab
+
+
+def run_vocabulary(out_dir: str | Path, index) -> Vocabulary:
+    """A finished run's tokenizer as its oracle reads it: the file shards.run_tokenizer_path finds (the path
+    index.json records, or the run's own beside its index, also on a store), refused when it is not the one the
+    shards were made with (shards.tokenizer_change). A store's file is read through read_bytes_of into a local
+    copy (the libraries read files), removed when the process ends."""
+    path = run_tokenizer_path(out_dir, index)
+    if path is None:
+        raise TokmixError(f"tokenizer {index.tokenizer} not found (nor {as_path(out_dir) / TOKENIZER_NAME}); it "
+                          "decodes the tokens")
+    if (changed := tokenizer_change(out_dir, index)) is not None:
+        raise TokmixError(changed)  # another file's ids would decode the shards wrongly
+    if not storage(path).remote:
+        return load_vocabulary(str(path))
+    folder = tempfile.mkdtemp(prefix="tokmix-tokenizer-")
+    atexit.register(shutil.rmtree, folder, True)
+    local = Path(folder) / path.name
+    local.write_bytes(read_bytes_of(path))
+    return load_vocabulary(str(local))
+
+
 TOKENIZER_FILE = "tokenizer.json"  # the file a Hub repository holds its tokenizer in (a run's own: Layout.tokenizer)
 
 
@@ -76,9 +231,9 @@ def vocab_size(tok: Tokenizer) -> int:
     return max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
 
-def token_dtype(tok: Tokenizer, forced: str, path: str) -> np.dtype:
+def token_dtype(vocab: Vocabulary, forced: str, path: str) -> np.dtype:
     try:
-        return dtype_for_vocab(vocab_size(tok), forced)
+        return dtype_for_vocab(vocab.size, forced)
     except ValueError as e:
         raise TokmixError(f"tokenizer {path}: {e}; use dtype = \"auto\" or \"uint32\"") from None
 
@@ -141,9 +296,9 @@ def train_tokenizer(texts: Iterator[str], vocab: int, min_frequency: int, out_pa
 
 # ---------------------------------------------------------------------------- where the tokenizer comes from
 def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
-    """The local tokenizer.json a run reads: the recipe's `path` itself, a Hub repository's file in
-    huggingface_hub's cache, or `own` (the run's tokenizer.json, written once) holding a copy of a URL's file or
-    the conversion of tiktoken ranks; None for one still to be trained."""
+    """The local tokenizer file a run reads: the recipe's `path` or `sentencepiece` itself, a Hub repository's
+    tokenizer.json in huggingface_hub's cache, or `own` (the run's own file, written once: Layout.own_tokenizer)
+    holding a copy of a URL's file or tiktoken's ranks; None for one still to be trained."""
     spec = recipe.tokenizer
     if spec.hf is not None:
         return fetch_hf_tokenizer(spec.hf)
@@ -155,15 +310,15 @@ def tokenizer_file(recipe: Recipe, own: Path) -> str | None:
     if spec.train is not None:
         return None
     if spec.tiktoken is not None:
-        text = tiktoken_tokenizer_json(recipe)
+        data = tiktoken_run_file(recipe)
     else:
         try:
-            with fsspec.open(recipe.tokenizer_path, "r", encoding="utf-8") as f:
-                text = f.read()
+            with fsspec.open(recipe.tokenizer_path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             raise TokmixError(f"tokenizer {recipe.tokenizer_path}: file not found") from None
     own.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(own, text.encode("utf-8"))  # never over a file of the user's put there meanwhile
+    write_bytes(own, data)  # never over a file of the user's put there meanwhile
     return str(own)
 
 
@@ -248,21 +403,31 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]
     return parts
 
 
-def tiktoken_tokenizer_json(recipe: Recipe) -> str:
-    """The tokenizer.json of the recipe's tiktoken ranks: ids are ranks. An encoding brings its split pattern and
-    special tokens; a .tiktoken file takes tiktoken_pattern (GPT-2's by default) and gets the recipe's delimiters
-    as special tokens after its ranks (so GPT-2's ranks give <|endoftext|> its id, 50256)."""
+def tiktoken_source(recipe: Recipe) -> tuple[dict[bytes, int], str, dict[str, int], str]:
+    """The recipe's tiktoken ranks, split pattern, special tokens and source. An encoding brings its own pattern
+    and special tokens (tiktoken's); a .tiktoken file takes tiktoken_pattern (GPT-2's by default) and gets the
+    recipe's delimiters as special tokens after its ranks (so GPT-2's ranks give <|endoftext|> its id, 50256)."""
     spec = recipe.tokenizer
     source = spec.tiktoken
     if is_tiktoken_file(source):
         source = recipe.resolve(source)
-        ranks, pattern = _read_tiktoken_file(source), spec.tiktoken_pattern or GPT2_PATTERN
+        ranks, pattern = _read_tiktoken_file(source), spec.tiktoken_pattern or TIKTOKEN_GPT2_PATTERN
         first = max(ranks.values(), default=-1) + 1
         specials = {name: first + i for i, name in enumerate(dict.fromkeys(spec.doc_prefix + spec.doc_suffix))}
     else:
         enc = _local_encoding(source)
         ranks, pattern, specials = enc._mergeable_ranks, enc._pat_str, dict(enc._special_tokens)
-    return ranks_tokenizer_json(ranks, pattern, specials, source)
+    return ranks, pattern, specials, source
+
+
+def tiktoken_run_file(recipe: Recipe) -> bytes:
+    """The run's tokenizer.tiktoken.json (backends.read_tiktoken_file): the ranks as tiktoken reads them, with
+    their split pattern and special tokens, for tiktoken, the oracle; and the same vocabulary as a tokenizer.json
+    (ranks_tokenizer_json) for the backends that read that format, used only where they give tiktoken's ids."""
+    ranks, pattern, specials, source = tiktoken_source(recipe)
+    lines = "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+    return write_tiktoken_file({"source": source, "pat_str": pattern, "special_tokens": specials}, lines,
+                               ranks_tokenizer_json(ranks, pattern, specials, source))
 
 
 def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[str, int], source: str) -> str:
@@ -270,10 +435,10 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
     the two parts tiktoken joins last, ignore_merges (tiktoken takes a piece that is a whole token as it is), the
     split pattern (GPT-2's as HF's own ByteLevel split, which keeps long documents cuttable), and the special
     tokens as added special tokens."""
-    table = bytes_to_unicode()
+    table = str.maketrans({b: c for b, c in bytes_to_unicode().items()})
 
     def text(b: bytes) -> str:
-        return "".join(table[x] for x in b)
+        return b.decode("latin-1").translate(table)  # byte b is code point b in latin-1
 
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
@@ -283,7 +448,12 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) == 1:
             continue
-        parts = _bpe_parts(ranks, token, rank)
+        # the last merge of tiktoken's BPE joins two tokens of lower rank: where only one split of the token
+        # gives two such, it is that one (most tokens; running the BPE on each token of a 200k vocabulary takes
+        # seconds), else the BPE says which
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))
+                  if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
+        parts = list(splits[0]) if len(splits) == 1 else _bpe_parts(ranks, token, rank)
         if len(parts) != 2:
             raise TokmixError(f"tokenizer tiktoken = {source}: rank {rank} ({token!r}) is not the merge of two "
                               "tokens of lower rank")
@@ -304,3 +474,28 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
                   "vocab": {text(t): r for t, r in ranks.items()}, "merges": merges},
     }, ensure_ascii=False)
+
+
+def tokenizer_recheck(out_dir: str | Path, index) -> tuple[str | None, str | None]:
+    """Under tokenizer library versions other than the run's (index.json's tokenizer_libraries): the oracle's
+    ids on tokmix's adversarial texts encoded again and compared with the run's digest of them. (a problem, a
+    note): both None when the versions are the run's, or the run recorded none."""
+    from tokmix.backends import ADVERSARIAL_TEXTS, installed_versions, oracle_digests
+
+    recorded = index.tokenizer_libraries
+    if not recorded or not index.tokenizer_ids_sha256:
+        return None, None
+    now = installed_versions(recorded)
+    if now == recorded:
+        return None, None
+    changed = ", ".join(f"{lib} {recorded[lib]} -> {now[lib]}" for lib in recorded if now[lib] != recorded[lib])
+    try:
+        digest = oracle_digests(run_vocabulary(out_dir, index).path)["adversarial"]
+    except Exception as e:  # noqa: BLE001 - no tokenizer file here, or its library cannot load it
+        return None, (f"note: tokenizer libraries differ from the run's ({changed}); the ids could not be "
+                      f"re-checked ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    if digest != index.tokenizer_ids_sha256:
+        return (f"index.json: the tokenizer's ids changed with its libraries ({changed}): the oracle "
+                f"({index.tokenizer_oracle}) gives other ids on tokmix's check texts than it gave the run"), None
+    return None, (f"note: tokenizer libraries differ from the run's ({changed}): the oracle's ids re-checked on "
+                  f"{len(ADVERSARIAL_TEXTS)} check texts: identical")

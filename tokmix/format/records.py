@@ -211,6 +211,11 @@ class Index(Record):
     format_version: int = FORMAT_VERSION
     tokenizer: str | None = None
     tokenizer_sha256: str | None = None
+    # whose ids these are (the format's own library), its version, and the digest of its ids on tokmix's check
+    # texts (what validate encodes again under other versions); the backend's library is under throughput
+    tokenizer_oracle: str | None = None
+    tokenizer_libraries: dict[str, str] | None = None
+    tokenizer_ids_sha256: str | None = None
     tokmix_version: str | None = None
     vocab_size: int | None = None
     dtype: str = "uint16"

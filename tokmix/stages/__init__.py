@@ -70,6 +70,9 @@ class Context:
     writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
     benchmarks: dict | None = None  # the record of the run's benchmark n-grams ([decontaminate])
     cache: str | None = None  # the token cache's folder or URL (tokmix.cache), None without one
+    oracle: str = "hf"  # the backend whose ids are the tokenizer's (tokmix.backends.ORACLE), recorded in index.json
+    libraries: dict[str, str] = field(default_factory=dict)  # the oracle's and the backend's library versions
+    oracle_ids_sha256: str = ""  # of the oracle's ids on ADVERSARIAL_TEXTS (tokmix.backends.oracle_digests)
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix import identity
+from tokmix.backends import ORACLE_LIBRARY
 from tokmix.cache import KeyBase, UnitCache, tokenizer_oracle
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
@@ -358,8 +359,9 @@ def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], boo
 # ---------------------------------------------------------------------------- coordinator side
 def cache_key_base(ctx: Context) -> KeyBase:
     """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
-    return KeyBase(tokenizer=ctx.tokenizer_sha256, oracle=tokenizer_oracle(), delimiters=ctx.delimiters.to_index(),
-                   dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars, provenance=ctx.recipe.layout.provenance,
+    return KeyBase(tokenizer=ctx.tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[ctx.recipe.tokenizer.format]),
+                   delimiters=ctx.delimiters.to_index(), dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars,
+                   provenance=ctx.recipe.layout.provenance,
                    decontamination="holdout-exact" if ctx.recipe.holdout.decontaminate else None,
                    benchmarks=(f"{ctx.benchmarks['fingerprint']} {ctx.recipe.decontaminate.action}"
                                if ctx.benchmarks is not None else None))

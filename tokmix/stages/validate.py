@@ -320,3 +320,4 @@ def derivation_note(out_dir: str | Path) -> str | None:
         return None  # there, or lost (a problem validate_dir names)
     return (f"note: no {STATE_DIR}/{EXPECTED_NAME}: the shards were checked against index.json, not against what "
             "the committed units and the seed produce (a run made before tokmix kept that record)")
+

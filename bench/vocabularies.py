@@ -1,0 +1,161 @@
+"""Pretrained vocabularies end to end: the bench corpus's recipe (bench/corpus.py) run with default flags once per
+tokenizer (r50k, p50k, cl100k, o200k from tiktoken's ranks, Mistral 7B's SentencePiece model, DeepSeek-V3's
+tokenizer.json: tests/vocab.py fetches them), the peak RSS of the whole process tree, the backend auto chose and
+the streams stage's tokens/s; then every document of the first shard read again from its source and encoded by
+the oracle (the format's own library), compared id for id; and the chosen backend's bare speed on the first
+shard's texts (pre-loaded, both cores, tokmix's batches), the ceiling the streams stage is judged against.
+
+    .venv/bin/python bench/vocabularies.py [--corpus bench/work/corpus] [--only cl100k_base,o200k_base] [--steps N]
+
+Writes bench/work/vocab/<name>/ (deleted after each unless --keep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.memory import peak_tree_rss  # noqa: E402
+from tests.test_pretrained import assert_first_shard_is_the_oracles  # noqa: E402
+from tests.vocab import DATA, package_file, tiktoken_package_cache  # noqa: E402
+
+NAMES = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base", "mistral", "deepseek_v3"]
+
+
+def tokenizer_lines(name: str, work: Path) -> list[str]:
+    import gzip
+
+    if name == "mistral":
+        model = work / "mistral-v1.model"
+        model.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+        return [f'sentencepiece = "{model}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
+    if name == "deepseek_v3":
+        return [f'path = "{package_file("deepseek_v3")}"', 'doc_prefix = "<｜begin▁of▁sentence｜>"']
+    return [f'tiktoken = "{name}"']
+
+
+def recipe_for(corpus: Path, name: str, work: Path, steps: int | None) -> Path:
+    """The bench recipe with this tokenizer, its paths made absolute (nothing is written into the corpus)."""
+    text = (corpus / "bench.toml").read_text()
+    text = re.sub(r"\[tokenizer\.train\]\nvocab_size = \d+\n", "[tokenizer]\n" + "\n".join(
+        tokenizer_lines(name, work)) + "\n", text)
+    text = re.sub(r'files = \["([^"]+)"\]', lambda m: f'files = ["{corpus / m.group(1)}"]', text)
+    split = json.loads((corpus / "file_splits.json").read_text())
+    for entry in split.values():
+        for part in ("holdout", "train"):
+            entry[part] = [str(corpus / p) for p in entry[part]]
+    (work / "file_splits.json").write_text(json.dumps(split))
+    text = text.replace('splits = "file_splits.json"', f'splits = "{work / "file_splits.json"}"')
+    if steps:
+        text = re.sub(r"\nsteps = \d+\n", f"\nsteps = {steps}\n", text)
+    path = work / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def oracle_encode(name: str, work: Path):
+    if name == "mistral":
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=str(work / "mistral-v1.model")).encode
+    if name == "deepseek_v3":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(package_file("deepseek_v3")))
+        tok.encode_special_tokens = True
+        return lambda t: tok.encode(t, add_special_tokens=False).ids
+    import tiktoken
+
+    return tiktoken.get_encoding(name).encode_ordinary
+
+
+BARE = """
+import json, sys, time
+import pyarrow.parquet as pq
+import numpy as np
+from tokmix.backends import make_encoder
+from tokmix.provenance import RunDocuments
+from tokmix.shards import read_index
+from concurrent.futures import ThreadPoolExecutor
+out, path, backend = sys.argv[1:4]
+docs = RunDocuments(out, read_index(out)).shard(0)
+tables = {}
+texts = []
+for record in docs.records:
+    source = docs.sources[record["source"]]
+    if source.file not in tables:
+        tables[source.file] = pq.read_table(source.file)["text"].to_pylist()
+    texts.append(tables[source.file][record["place"]])
+encoder = make_encoder(path, backend, 1)
+batches = [texts[i:i + 256] for i in range(0, len(texts), 256)]
+encoder.encode_batch(batches[0])
+best = 0
+with ThreadPoolExecutor(2) as pool:
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tokens = sum(n for n in pool.map(lambda b: int(encoder.encode_batch(b)[0].size), batches))
+        best = max(best, tokens / (time.perf_counter() - t0))
+print(json.dumps({"bare_tok_s": best, "tokens": tokens}))
+"""
+
+
+def one(corpus: Path, name: str, base: Path, steps: int | None, keep: bool) -> dict:
+    work = base / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    recipe = recipe_for(corpus, name, work, steps)
+    out = work / "out"
+    load = os.getloadavg()[0]
+    peak, seconds, rc = peak_tree_rss([sys.executable, "-m", "tokmix", "run", str(recipe), "--out", str(out)])
+    print(json.dumps({"name": name, "rc": rc, "run_s": round(seconds, 1), "peak_tree_mib": round(peak / 2**20)}),
+          flush=True)
+    if rc:
+        return {"name": name, "error": f"tokmix run exited {rc}"}
+    index = json.loads((out / "index.json").read_text())
+    timings = json.loads((out / "tokmix-state" / "timings.json").read_text())
+    stream_tokens = sum(s["tokens"] for s in index["mix"]["streams"].values())
+    t0 = time.perf_counter()
+    checked = assert_first_shard_is_the_oracles(out, oracle_encode(name, work))
+    check_s = time.perf_counter() - t0
+    bare = json.loads(subprocess.run([sys.executable, "-c", BARE, str(out), index["tokenizer"],
+                                      index["throughput"]["backend"]], capture_output=True, text=True,
+                                     check=True).stdout)
+    streams_tok_s = stream_tokens / timings["streams"]
+    row = {"name": name, "oracle": index["tokenizer_oracle"], "backend": index["throughput"]["backend"],
+           "vocab_size": index["vocab_size"], "dtype": index["dtype"], "libraries": index["tokenizer_libraries"],
+           "run_s": round(seconds, 1), "peak_tree_mib": round(peak / 2**20), "stream_tokens": stream_tokens,
+           "streams_s": timings["streams"], "tokenizer_s": timings.get("tokenizer"),
+           "streams_tok_s": round(streams_tok_s), "bare_tok_s": round(bare["bare_tok_s"]),
+           "share_of_bare": round(streams_tok_s / bare["bare_tok_s"], 3), "first_shard_docs_checked": checked,
+           "check_s": round(check_s, 1), "load_before": load, "load_after": os.getloadavg()[0]}
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=ROOT / "bench" / "work" / "corpus")
+    ap.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "vocab")
+    ap.add_argument("--only", default=",".join(NAMES))
+    ap.add_argument("--steps", type=int, default=None, help="fewer steps than the bench recipe's")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(tiktoken_package_cache(args.work / "tiktoken-cache"))
+    for name in args.only.split(","):
+        print(json.dumps(one(args.corpus, name, args.work, args.steps, args.keep)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

