@@ -209,11 +209,13 @@ text_field = "{text_field}"
 
 
 PROSE = [json.dumps({"text": f"document {i}: the quick brown fox jumps over the lazy dog " * 3}) for i in range(60)]
+# a second file's documents: a byte copy of a held-out file is refused as a train file (test_untrusted_state)
+OTHER = [json.dumps({"text": f"note {i}: a slow red hen walks past the sleeping cat " * 3}) for i in range(60)]
 
 
 def test_a_deeply_nested_json_line_is_named_with_its_line_and_cause(corpus, tmp_path):
     deep = '{"text": "fine", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    recipe = _jsonl_recipe(tmp_path, [PROSE[:2] + [deep] + PROSE[2:], PROSE, PROSE])
+    recipe = _jsonl_recipe(tmp_path, [PROSE[:2] + [deep] + PROSE[2:], PROSE, OTHER])
     shutil.copy(corpus / "tokenizer" / "tokenizer.json", tmp_path)
     err = one_line(tokmix("run", recipe, "--out", tmp_path / "o", "--workers", "1"))
     assert err == f"stream web: file {tmp_path / 'web' / 'part-0.jsonl'}: line 3: JSON nested too deeply to read " \
@@ -246,7 +248,7 @@ def test_a_text_equal_to_an_internal_marker_is_that_text(corpus, tmp_path):
     marker = "\x00tokmix-huge-value-0"
     line = json.dumps({"text": marker, "meta": "zz " * (2 << 20)})  # meta: 6 MiB, past the 4 MiB threshold
     empty = json.dumps({"text": "", "meta": "yy " * (2 << 20)})  # an empty text stays an empty (skipped) one
-    recipe = _jsonl_recipe(tmp_path, [[line, empty] + PROSE, PROSE, PROSE])
+    recipe = _jsonl_recipe(tmp_path, [[line, empty] + PROSE, PROSE, OTHER])
     shutil.copy(corpus / "tokenizer" / "tokenizer.json", tmp_path)
     out = tmp_path / "out"
     proc = tokmix("run", recipe, "--out", out, "--workers", "1", "--keep-streams")
