@@ -190,7 +190,8 @@ def unit_file(units_dir: str | os.PathLike | ObjectPath, unit: int | str, kind: 
 
 _UNIT_FILE = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units folder holds
 # every path the record of what tokmix created may name (Layout.run_paths): anything else is an edit
-_RECORDABLE = re.compile(rf"{re.escape(INDEX_NAME)}|{re.escape(TOKENIZER_NAME)}|{re.escape(CONTAMINATION_NAME)}|"
+_RECORDABLE = re.compile(rf"{re.escape(INDEX_NAME)}|{'|'.join(map(re.escape, OWN_TOKENIZER_NAMES.values()))}|"
+                         rf"{re.escape(CONTAMINATION_NAME)}|"
                          rf"(?:val_[^/]+|train_\d{{3,}})"
                          rf"\.(?:bin|{DOCS_SUFFIX[1:]})|{STREAMS_DIR}(?:/[^/]+(?:/{UNITS_DIR})?)?")
 
