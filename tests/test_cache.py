@@ -162,7 +162,9 @@ def test_eviction_under_a_running_run_never_removes_an_entry_it_holds(recipes, c
 
     left = {e.key: inode(e) for e in unit_cache.entries()}
     assert len(left) >= 3 and set(left.values()) <= linked, "what is left is what the paused run took"
-    assert removed == len(before) - len(left) > 0
+    # the paused run's other worker may still put units it tokenized: entries can appear between the two listings
+    gone = {e.key for e in before} - set(left)
+    assert removed >= len(gone) > 0
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     finished(cli(*args))

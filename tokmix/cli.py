@@ -44,6 +44,10 @@ class _App(typer.Typer):
         return super().command(*args, cls=cls or _Command, **kwargs)
 
 
+# True in the `tokmix` command itself (main()), whose supervisor process is tokmix's alone; `app` invoked inside
+# another program (typer's test runner, a notebook) shares that program's process, whose memory is not the run's
+_AS_COMMAND = False
+
 app = _App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
            help="Turn raw text and code into token shards at exact mixture shares.")
 # a log file or CI gets tables 140 columns wide rather than rich's default of 80. No markup: messages hold the
@@ -151,7 +155,7 @@ def run(
     try:
         options = RunOptions(max_memory=parse_size(max_memory, "--max-memory"), keep_streams=keep_streams,
                              mirrors=mirror, executor=executor, ray_address=ray_address, debug=debug,
-                             guard_counts_supervisor=True)
+                             guard_counts_supervisor=_AS_COMMAND)
         if workers is not None:
             options.workers = workers
         from tokmix.cache import resolve as resolve_cache
@@ -488,6 +492,8 @@ def cache_verify(cache: str | None = CACHE_OPTION, debug: bool = typer.Option(Fa
 
 
 def main() -> None:  # pragma: no cover
+    global _AS_COMMAND
+    _AS_COMMAND = True
     try:
         app()
     except KeyboardInterrupt:
