@@ -132,6 +132,15 @@ def write_recipe(root: Path, tokenizer: str, decontaminate: bool = False, seed: 
     return path
 
 
+def with_schedule(recipe: Path, schedule: str, name: str = "scheduled.toml") -> Path:
+    """The recipe with `schedule` (its [[schedule]] tables) in place of the streams' shares, written as `name`
+    beside it (the recipe's own name: in place)."""
+    text = "\n".join(line for line in recipe.read_text().splitlines() if not line.startswith("share = "))
+    path = recipe.with_name(name)
+    path.write_text(text + "\n" + schedule)
+    return path
+
+
 def make_inputs(root: Path, doc_limit: int | None = None, rows_per_group: int = 64, **recipe) -> Path:
     """Corpus, split file, tokenizer and recipe under root; returns the recipe's path."""
     files = make_corpus(root, doc_limit, rows_per_group)

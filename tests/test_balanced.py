@@ -1,8 +1,11 @@
-"""The balanced interleave (docs/format.md, "The balanced interleave"): on a real corpus of parquet and JSONL
-streams with long documents, every stream stays within one document of its target at every document boundary,
-the shards are the streams' documents in the labelled order byte for byte, index.json records the realized
-deviation, and the bytes do not depend on the workers, the executor or a kill -9 and resume. The rule's bound is
-also checked on heavy-tailed lengths far past the corpus's, with fixed shares and with a schedule's ramps."""
+"""The balanced interleave (docs/format.md, "The balanced interleave") and schedules (docs/recipe.md,
+"Schedules"): on a real corpus of parquet and JSONL streams with long documents, every stream stays within one
+document of its target at every document boundary, the shards are the streams' documents in the labelled order
+byte for byte, index.json records the realized deviation; a 3-phase schedule (a ramp, a long-context phase) is
+exact per phase, and its bytes do not depend on the workers, the executor, the unit size or kill -9 + resume (in
+the streams and in assemble); the loader, trace and the exports take each phase its own blocks. The rule's bound
+is also checked on heavy-tailed lengths far past the corpus's, with fixed shares and with a schedule's ramps.
+Every run here is one of two module runs (balanced, scheduled) or is compared with one."""
 
 from __future__ import annotations
 
@@ -19,13 +22,19 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokmix
-from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split
+from tests.corpus import make_corpus, train_test_tokenizer, with_schedule, write_recipe, write_split
+from tests.test_export import read_llmc, read_megatron
+from tokmix.data import TrainBlocks
+from tokmix.export import export_llmc, export_megatron
 from tokmix.interleave import Deviation, Mix, balanced_chunks
 from tokmix.report import gather
-from tokmix.trace import token_block
+from tokmix.trace import step_blocks, token_block, trace_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 JSONL_STREAM = "code_other"  # its files are written as JSONL, the other streams' stay parquet
+# 150 steps of 8 x 64 (~79k train tokens): the longest document (~4,000 tokens) is ~5% of the run, so the bound
+# says something about every stream (a smaller run's longest document was most of it)
+LAYOUT = {"steps": 150, "interleave": '"balanced"'}
 
 
 def outputs(out: Path) -> dict[str, bytes]:
@@ -33,12 +42,12 @@ def outputs(out: Path) -> dict[str, bytes]:
 
 
 def _long(name: str) -> str:
-    return " ".join(f"{name} long document word {i}" for i in range(1200))
+    return " ".join(f"{name} long document word {i}" for i in range(256))
 
 
 def _with_long_documents(files: dict[str, list[Path]]) -> None:
-    """A long document (~6,000 tokens, 4-6x a stream's longest otherwise) early in the first file of two parquet
-    streams; one stream's parquet files rewritten as JSONL (same texts, same order, and a long document)."""
+    """A long document (~4,000 tokens, longer than any other of its stream) early in the first file of two
+    parquet streams; one stream's parquet files rewritten as JSONL (same texts, same order, and a long one)."""
     for name in ("dclm", "edu"):
         table = pq.read_table(files[name][0])
         texts = table["text"].to_pylist()
@@ -56,14 +65,14 @@ def _with_long_documents(files: dict[str, list[Path]]) -> None:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """Parquet streams and a JSONL one, each with a ~6,000-token document among its short ones (tests/corpus.py);
+    """Parquet streams and a JSONL one, each with a ~4,000-token document among its short ones (tests/corpus.py);
     a recipe with interleave = "balanced"."""
     root = tmp_path_factory.mktemp("balanced")
-    files = make_corpus(root, doc_limit=300, rows_per_group=16)
+    files = make_corpus(root, doc_limit=600, rows_per_group=16)
     train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
     _with_long_documents(files)
     write_split(root, files)
-    recipe = write_recipe(root, "tokenizer/tokenizer.json", interleave='"balanced"')
+    recipe = write_recipe(root, "tokenizer/tokenizer.json", **LAYOUT)
     text = recipe.read_text().replace('code_other/*.parquet', 'code_other/*.jsonl')
     recipe.write_text(text)
     return recipe
@@ -110,7 +119,8 @@ def test_every_stream_stays_within_one_document_of_its_target_at_every_boundary(
     per[np.arange(len(labels)), labels] = lengths
     deviation = np.cumsum(per, axis=0)[ends <= end] - ends[ends <= end, None] * shares
     longest = max(len(d) for n in names for d in docs[n][: taken[n] + 1])
-    assert longest > 4000  # the corpus's long documents are among those the bound is over
+    long = [max(len(d) for d in docs[n][: taken[n]]) for n in ("dclm", "edu", JSONL_STREAM)]
+    assert min(long) > 3500 and longest < end / 15  # the long documents are in the run, and a small part of it
     assert np.abs(deviation).max() <= longest
     over = np.maximum(shares * 0, deviation.max(axis=0))
     under = np.maximum(shares * 0, -deviation.min(axis=0))
@@ -127,23 +137,6 @@ def test_the_report_tells_the_streams_apart_from_the_provenance_index(run):
     the provenance index, and its per-stream tokens are index.json's (gather raises otherwise)."""
     index, facts = gather(run, scan=True)
     assert {n: f.tokens_in_shards for n, f in facts.items()} == index.total.tokens_by_stream
-
-
-def test_the_bytes_do_not_depend_on_workers_or_executor(corpus, run, tmp_path):
-    """One worker process with other units against the module's run (two threads)."""
-    tokmix.run(tokmix.load_recipe(corpus), tmp_path, workers=1, executor="processes", unit_bytes=20_000)
-    assert outputs(tmp_path) == outputs(run)
-
-
-def test_kill_9_in_assemble_then_resume_ends_identical(corpus, run, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_FAULT": "assemble:after-rename:2"}
-    command = [sys.executable, "-m", "tokmix.cli", "run", str(corpus), "--out", str(tmp_path), "--workers", "2"]
-    killed = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    del env["TOKMIX_FAULT"]
-    resumed = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert outputs(tmp_path) == outputs(run)
 
 
 def _order(lengths: list[np.ndarray], mix: Mix, tokens: int) -> Deviation:
@@ -192,34 +185,27 @@ def test_the_bound_holds_through_a_schedule_with_ramps_and_a_stream_at_zero():
 SCHEDULE = """
 [[schedule]]
 name = "main"
-steps = 24
+steps = 90
 shares = { dclm = 0.45, edu = 0.35, code_py = 0.07, code_other = 0.13 }
 
 [[schedule]]
 name = "anneal"
-steps = 10
-ramp_steps = 4
+steps = 36
+ramp_steps = 12
 shares = { dclm = 0.2, edu = 0.5, code_py = 0.1, code_other = 0.2 }
 
 [[schedule]]
 name = "final"
-steps = 6
+steps = 24
 seq_len = 128
 shares = { edu = 0.7, code_py = 0.1, code_other = 0.2 }
 """
 
 
-def _scheduled(recipe: Path, tmp: Path) -> Path:
-    text = "\n".join(line for line in recipe.read_text().splitlines() if not line.startswith("share = "))
-    path = recipe.with_name("scheduled.toml")
-    path.write_text(text + "\n" + SCHEDULE)
-    return path
-
-
 @pytest.fixture(scope="module")
 def scheduled(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("scheduled-run")
-    tokmix.run(tokmix.load_recipe(_scheduled(corpus, out)), out, workers=2, keep_streams=True)
+    tokmix.run(tokmix.load_recipe(with_schedule(corpus, SCHEDULE)), out, workers=2, keep_streams=True)
     return out
 
 
@@ -243,8 +229,8 @@ def _step_targets(index: dict, names: list[str]) -> tuple[np.ndarray, np.ndarray
 def test_a_schedule_is_exact_per_phase_and_within_one_document_at_every_boundary(scheduled):
     """Three phases (a ramp, then a phase without one stream): every stream within the longest document of the
     integral of its share at every document boundary; each phase's realized tokens as index.json records them,
-    within its two ends' bound of its target; a stream at share 0 gives a phase nothing; each shard is one
-    phase's; validate accepts the run."""
+    within its two ends' bound of its target (a stream at share 0 too); each shard is one phase's; validate
+    accepts the run."""
     index = json.loads((scheduled / "index.json").read_text())
     names = list(index["mix"]["streams"])
     docs = {n: _stream_documents(scheduled, n) for n in names}
@@ -274,9 +260,10 @@ def test_a_schedule_is_exact_per_phase_and_within_one_document_at_every_boundary
         for shard in index["shards"][phase["shards"][0] : phase["shards"][1]]:
             assert shard["phase"] == phase["name"] and shard["seq_len"] == phase["seq_len"]
     final = index["phases"][-1]
-    assert final["tokens_by_stream"]["dclm"] == 0 and final["requested_share_by_stream"]["dclm"] == 0
+    # a stream at share 0 in a phase: within one document of its target there (it may enter the phase under it)
+    assert final["requested_share_by_stream"]["dclm"] == 0 and final["tokens_by_stream"]["dclm"] <= longest
     assert [p["name"] for p in index["phases"]] == ["main", "anneal", "final"]
-    assert index["blocks"] == (24 + 4 + 10 + 4) * 8 + (6 + 4) * 4  # every phase has its own margin_steps
+    assert index["blocks"] == (90 + 4 + 36 + 4) * 8 + (24 + 4) * 4  # every phase has its own margin_steps
     long = index["shards"][final["shards"][0] : final["shards"][1]]
     assert final["seq_len"] == 128 and final["seqs_per_step"] == 4  # a step holds the same 512 tokens
     for shard in long:  # the long-context phase's shards hold blocks of its own seq_len
@@ -297,47 +284,130 @@ def _occurrence(labels: np.ndarray) -> np.ndarray:
 def test_the_loader_gives_each_step_its_phase_and_skips_within_it(scheduled):
     """TrainBlocks: a step's phase and blocks; a skip takes the current phase's margin only, and the next phase
     starts at its own first block; a resumed loader continues exactly."""
-    from tokmix.data import TrainBlocks
-
     loader = TrainBlocks(scheduled)
-    assert loader.steps == 40
-    assert [loader.phase(s) for s in (0, 23, 24, 33, 34, 39)] == ["main", "main", "anneal", "anneal", "final", "final"]
-    assert loader.step_blocks(24) == range(224, 232)  # anneal starts after main's 24 + 4 margin steps
-    loader.step = 20
+    assert loader.steps == 150
+    assert [loader.phase(s) for s in (0, 89, 90, 125, 126, 149)] == ["main", "main", "anneal", "anneal", "final",
+                                                                     "final"]
+    assert loader.step_blocks(90) == range(752, 760)  # anneal starts after main's 90 + 4 margin steps
+    loader.step = 86
     loader.skip(4)
-    assert loader.step_blocks(23) == range(27 * 8, 28 * 8)  # main's last margin step
+    assert loader.step_blocks(89) == range(93 * 8, 94 * 8)  # main's last margin step
     with pytest.raises(tokmix.TokmixError, match="phase main's 4 margin steps are used"):
         loader.skip(1)
-    assert loader.step_blocks(24) == range(224, 232)  # the skip does not reach into the next phase
-    loader.step = 30
+    assert loader.step_blocks(90) == range(752, 760)  # the skip does not reach into the next phase
+    loader.step = 100
     loader.skip(2)
     state = loader.state_dict()
     again = TrainBlocks(scheduled)
     again.load_state_dict(state)
-    assert again.step_blocks(31) == loader.step_blocks(31) == range(224 + 9 * 8, 224 + 10 * 8)
-    x, _ = again.batch(31)
+    assert again.step_blocks(101) == loader.step_blocks(101) == range(752 + 13 * 8, 752 + 14 * 8)
+    x, _ = again.batch(101)
     assert x.shape == (8, 64)
-    x, y = again.batch(39)  # the long-context phase: its shapes
+    x, y = again.batch(149)  # the long-context phase: its shapes
     assert x.shape == (4, 128) and np.array_equal(x[0, 1:], y[0, :-1])
-    first = again.step_blocks(34).start
-    assert np.array_equal(again.block(first)[:-1], again.batch(34)[0][0])
+    first = again.step_blocks(126).start
+    assert np.array_equal(again.block(first)[:-1], again.batch(126)[0][0])
     index = json.loads((scheduled / "index.json").read_text())
     long = index["phases"][-1]
     assert token_block(scheduled, long["tokens"][0] + 3 * 128 + 5) == (long["blocks"][0] + 3, 5)
     assert token_block(scheduled, long["tokens"][0] - 1) == (long["blocks"][0] - 1, 63)
 
 
+def test_trace_step_takes_each_phase_its_own_blocks_and_names_it(scheduled):
+    """`trace --step` on ranks of a world of 2, after skips: a step's blocks are its phase's (its own
+    seqs_per_step and seq_len, the skips of that phase), as index.json's phases give them, each block's documents
+    hold its phase's seq_len + 1 tokens, and the table names the phase."""
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+
+    phases = json.loads((scheduled / "index.json").read_text())["phases"]
+    for step, skipped in ((5, 0), (89, 4), (90, 0), (130, 3), (149, 4)):
+        phase = next(p for p in phases if p["steps"][0] <= step < p["steps"][1])
+        seqs, half = phase["seqs_per_step"], phase["seqs_per_step"] // 2
+        first = phase["blocks"][0] + (step - phase["steps"][0] + skipped) * seqs + half
+        assert step_blocks(scheduled, step, 1, 2, skipped) == list(range(first, first + half)), step
+        traced = trace_blocks(scheduled, [first])[0]
+        assert sum(d.tokens for d in traced.documents) == phase["seq_len"] + 1
+    shown = CliRunner().invoke(app, ["trace", str(scheduled), "--step", "130", "--rank", "1", "--world-size", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "step 130 is in phase final (steps 126-150, seq_len 128" in shown.output
+    refused = CliRunner().invoke(app, ["trace", str(scheduled), "--step", "100", "--skipped", "5"])
+    assert refused.exit_code != 0 and "phase anneal's 4 margin steps" in refused.output
+
+
+def _phase_tokens(scheduled: Path, phase: dict) -> np.ndarray:
+    """A phase's tokens as its shards hold them: its first shard whole, each later one after its overlap token."""
+    files = [scheduled / s["file"] for s in json.loads((scheduled / "index.json").read_text())["shards"]]
+    return np.concatenate([np.fromfile(files[k], np.uint16)[k > phase["shards"][0] :] for k in range(*phase["shards"])])
+
+
+def test_the_exports_are_one_dataset_per_phase(scheduled, tmp_path):
+    """Megatron: one .bin/.idx per phase, whose sequences are the documents (from the units, in the labelled
+    order) cut at the phase's ends, laid end to end its blocks' tokens exactly; llm.c: each phase's shards as
+    tokmix_<phase>_train_XXX.bin, the shard's tokens verbatim; the holdouts as for any run."""
+    index = json.loads((scheduled / "index.json").read_text())
+    names = list(index["mix"]["streams"])
+    docs = {n: _stream_documents(scheduled, n) for n in names}
+    labels = np.fromfile(scheduled / "streams" / "interleave.labels", dtype=np.uint8)
+    flat = np.concatenate([docs[names[s]][i] for s, i in zip(labels, _occurrence(labels))])
+    starts = np.cumsum([0, *(len(docs[names[s]][i]) for s, i in zip(labels, _occurrence(labels)))])
+    written = export_megatron(scheduled, tmp_path / "m" / "run")
+    assert sorted(p.name for p in written) == sorted(f"run_{n}.{e}" for n in [p["name"] for p in index["phases"]]
+                                                     + [f"val_{d}" for d in index["val"]] for e in ("bin", "idx"))
+    for phase in index["phases"]:
+        a, S = phase["tokens"][0], phase["seq_len"]
+        n = (phase["blocks"][1] - phase["blocks"][0]) * S + 1
+        cuts = [a, *(int(x) for x in starts if a < x < a + n), a + n]
+        code, _, sequences = read_megatron(tmp_path / "m" / f"run_{phase['name']}")
+        assert code == 8 and len(sequences) == len(cuts) - 1, phase["name"]
+        assert all(np.array_equal(q, flat[lo:hi]) for q, lo, hi in zip(sequences, cuts, cuts[1:])), phase["name"]
+        assert np.array_equal(np.concatenate(sequences), _phase_tokens(scheduled, phase))
+    written = export_llmc(scheduled, tmp_path / "l")
+    trains = [p for p in written if "_train_" in p.name]
+    assert [p.name for p in trains] == [f"tokmix_{p['name']}_train_{k:03d}.bin" for p in index["phases"]
+                                        for k in range(*p["shards"])]
+    for path, shard in zip(trains, index["shards"]):
+        assert read_llmc(path)[2].tobytes() == (scheduled / shard["file"]).read_bytes()
+    assert {p.name for p in written} - {p.name for p in trains} == {f"tokmix_val_{d}.bin" for d in index["val"]}
+
+
+def test_kill_9_in_the_streams_then_in_assemble_then_resume_ends_identical(corpus, scheduled, tmp_path):
+    """The scheduled recipe run as a user runs it (`tokmix run`, one worker process, units of ~20 kB: several
+    per file) is SIGKILLed with its whole process group inside a unit (its tokens under their temporary name),
+    run again and SIGKILLed after assemble's second shard, and run again to the end: its shards, provenance
+    indexes, holdouts and realized mix are the module's uninterrupted run's (two threads, one unit per file)."""
+    recipe = corpus.with_name("scheduled.toml")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "20000"}
+    command = [sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(tmp_path), "--workers", "1",
+               "--executor", "processes"]
+    for fault in ("streams:unit-before-rename:3", "assemble:after-rename:2"):
+        killed = subprocess.run(command, capture_output=True, text=True, env={**env, "TOKMIX_FAULT": fault},
+                                start_new_session=True)
+        assert killed.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), (fault, killed.stderr[-2000:])
+        if fault.startswith("streams"):
+            assert list(tmp_path.rglob("*.tok.tmp-*")) and not list(tmp_path.glob("train_*.bin")), "not in a unit"
+    assert 0 < len(list(tmp_path.glob("train_*.bin"))) < len(list(scheduled.glob("train_*.bin"))), "not in assemble"
+    resumed = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert outputs(tmp_path) == outputs(scheduled)
+    got, want = (json.loads((d / "index.json").read_text()) for d in (tmp_path, scheduled))
+    for key in ("shards", "phases", "total", "val", "blocks"):
+        assert got[key] == want[key], key
+    assert got["mix"]["balance"] == want["mix"]["balance"]
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.replace('interleave = "balanced"', 'interleave = "global"'),
      'a \\[\\[schedule\\]\\] needs \\[layout\\] interleave = "balanced"'),
-    (lambda t: t.replace("steps = 6\n", "steps = 7\n"), "the schedule's phases have 41 steps, layout.steps is 40"),
+    (lambda t: t.replace("steps = 24\n", "steps = 25\n"), "the schedule's phases have 151 steps, layout.steps is 150"),
     (lambda t: t.replace("edu = 0.7", "edux = 0.7"), "phase final: 'edux' is not a stream of the recipe"),
     (lambda t: t.replace("edu = 0.7", "edu = 0.6"), "phase final: shares sum to 0.9, not 1"),
     (lambda t: t.replace('domain = "edu"', 'domain = "edu"\nshare = 0.3'), "stream edu has a share and the recipe"),
-    (lambda t: t.replace("steps = 24\n", "steps = 24\nramp_steps = 2\n"), "the first phase has no previous one"),
+    (lambda t: t.replace("steps = 90\n", "steps = 90\nramp_steps = 2\n"), "the first phase has no previous one"),
 ])
 def test_schedule_mistakes_are_one_line(corpus, tmp_path, change, message):
-    path = _scheduled(corpus, tmp_path)
+    path = with_schedule(corpus, SCHEDULE)
     path.write_text(change(path.read_text()))
     with pytest.raises(tokmix.TokmixError, match=message):
         tokmix.load_recipe(path)
@@ -348,7 +418,7 @@ def test_budgets_are_the_integral_of_the_schedule_and_plan_names_the_phase_that_
     phase's end grows to it, and a stream whose supply ends before a phase's end is short in that phase."""
     from tokmix.plan import StreamPlan, Supply, phase_budgets
 
-    recipe = tokmix.load_recipe(_scheduled(corpus, tmp_path))
+    recipe = tokmix.load_recipe(with_schedule(corpus, SCHEDULE))
     phases = [{"steps": [p.first_step, p.first_step + p.steps], "margin_steps": p.margin_steps,
                "ramp_steps": p.ramp_steps, "seqs_per_step": p.seqs_per_step, "seq_len": p.seq_len,
                "requested_share_by_stream": dict(zip(recipe.streams, p.shares))} for p in recipe.phases]

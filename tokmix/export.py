@@ -14,6 +14,11 @@ written the same way as `<prefix>_val_<domain>`.
 llm.c: each train shard and holdout is copied token for token behind llm.c's 256-int32 header: "gpt-2"'s
 (magic 20240520, version 1) for uint16 tokens, "llama-3"'s (20240801, version 7) for uint32 ones
 (HEADERS_INFO in llm.c's dev/data/data_common.py).
+
+A run with a schedule is exported as one train dataset per phase (`<prefix>_<phase>`, `tokmix_<phase>_train_XXX.bin`):
+both trainers shuffle the samples of a dataset, which would undo the schedule, and a long-context phase's blocks
+have their own seq_len. A phase's dataset is its shards' stream, its first shard whole (its first token is the
+previous phase's last: its first block needs it), so it holds exactly the phase's blocks.
 """
 
 from __future__ import annotations
@@ -150,12 +155,13 @@ def _checked(path: Path, chunks: Iterable[np.ndarray], checksum: str | None) -> 
 
 
 def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES,
-                 checksums: list[str | None] | None = None) -> Iterator[np.ndarray]:
-    """The run's train tokens in order, each once: the overlap token heading shard k+1 is checked against the
-    last token of shard k and dropped; each shard's sha256 against `checksums` (the index's) once it is read."""
+                 checksums: list[str | None] | None = None, part: range | None = None) -> Iterator[np.ndarray]:
+    """The run's train tokens in order (or those of the shards in `part`, the first of them whole), each once:
+    the overlap token heading shard k+1 is checked against the last token of shard k and dropped; each shard's
+    sha256 against `checksums` (the index's) once it is read."""
     last = None
-    for k, path in enumerate(blocks.files):
-        first = True
+    for k in part if part is not None else range(len(blocks.files)):
+        path, first = blocks.files[k], True
         chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
         for chunk in _checked(path, chunks, checksums[k] if checksums else None):
             tail = int(chunk[-1])
@@ -185,6 +191,25 @@ def _holdout_files(out_dir: Path) -> list[tuple[str, Path, int, str | None]]:
 
 def _shard_checksums(run: Index) -> list[str | None]:
     return [shard.checksum for shard in run.shards]
+
+
+def train_parts(run: Index) -> list[tuple[str | None, range]]:
+    """What is exported as one train dataset: (phase name, its shards) for each phase of a schedule, else the
+    whole run (name None)."""
+    if not run.phases:
+        return [(None, range(len(run.shards)))]
+    return [(phase["name"], range(*phase["shards"])) for phase in run.phases]
+
+
+def _distinct(targets: list[Path]) -> list[Path]:
+    """The targets, refused in one line if two are one file (a phase named like a holdout's file)."""
+    seen: set[Path] = set()
+    for path in targets:
+        if path in seen:
+            raise TokmixError(f"{path}: the export would write two datasets there (a phase is named as a holdout "
+                              "is): rename the phase")
+        seen.add(path)
+    return targets
 
 
 # ---------------------------------------------------------------------- Megatron-LM
@@ -313,13 +338,14 @@ def export_megatron(
     out_dir: str | os.PathLike, out_prefix: str | os.PathLike, chunk_bytes: int = shards.READ_CHUNK_BYTES,
     overwrite: bool = False,
 ) -> list[Path]:
-    """`<out_prefix>.bin/.idx` from the train shards, `<out_prefix>_val_<domain>.bin/.idx` from each holdout.
-    Returns the files written."""
+    """`<out_prefix>.bin/.idx` from the train shards (a schedule: `<out_prefix>_<phase>.bin/.idx` from each
+    phase's), `<out_prefix>_val_<domain>.bin/.idx` from each holdout. Returns the files written."""
     out_dir, prefix = shards.as_path(out_dir), Path(out_prefix)
     blocks = TrainBlocks(out_dir)
     index = read_run_index(out_dir)
-    prefixes = [prefix, *(prefix.with_name(f"{prefix.name}_val_{d}") for d in index.val)]
-    targets = [p.with_name(p.name + ext) for p in prefixes for ext in (".bin", ".idx")]
+    trains = [_megatron_prefix(prefix, phase) for phase, _ in train_parts(index)]
+    prefixes = [*trains, *(prefix.with_name(f"{prefix.name}_val_{d}") for d in index.val)]
+    targets = _distinct([p.with_name(p.name + ext) for p in prefixes for ext in (".bin", ".idx")])
     replace = frozenset(_claim_targets(out_dir, targets, overwrite))
     try:
         return _export_megatron(out_dir, blocks, index, prefix, chunk_bytes, replace)
@@ -335,9 +361,13 @@ def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, c
     delimiters = shards.Delimiters.from_index(index)
     # documents where the provenance index says they are; a run without one is cut at its delimiters
     traced = index.provenance is not None
-    documents = index_lengths(out_dir, index.shards, sources_of(index.provenance.sources)) if traced else None
-    written = _write_megatron(train_stream(blocks, chunk_bytes, _shard_checksums(index)), dtype, delimiters, prefix,
-                              chunk_bytes, documents, replace)
+    written = []
+    for phase, part in train_parts(index):
+        entries = index.shards[part.start : part.stop]
+        documents = index_lengths(out_dir, entries, sources_of(index.provenance.sources)) if traced else None
+        stream = train_stream(blocks, chunk_bytes, _shard_checksums(index), part)
+        written += _write_megatron(stream, dtype, delimiters, _megatron_prefix(prefix, phase), chunk_bytes,
+                                   documents, replace)
     for domain, path, _, checksum in _holdout_files(out_dir):
         chunks = _checked(path, shards.iter_token_chunks(path, blocks.dtype, chunk_bytes), checksum)
         entry = index.val[domain]
@@ -345,6 +375,10 @@ def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, c
         written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
                                    chunk_bytes, documents, replace)
     return written
+
+
+def _megatron_prefix(prefix: Path, phase: str | None) -> Path:
+    return prefix if phase is None else prefix.with_name(f"{prefix.name}_{phase}")
 
 
 # ---------------------------------------------------------------------- llm.c
@@ -364,15 +398,17 @@ def _write_llmc(src: Path, dst: Path, tokens: int, dtype: np.dtype, checksum: st
 
 
 def export_llmc(out_dir: str | os.PathLike, llmc_dir: str | os.PathLike, overwrite: bool = False) -> list[Path]:
-    """`tokmix_train_XXX.bin` per train shard and `tokmix_val_<domain>.bin` per holdout in llmc_dir. Each shard
-    keeps its overlap token: llm.c reads every file on its own and needs B*T + 1 tokens for B*T targets."""
+    """`tokmix_train_XXX.bin` per train shard (a schedule: `tokmix_<phase>_train_XXX.bin`, one glob per phase) and
+    `tokmix_val_<domain>.bin` per holdout in llmc_dir. Each shard keeps its overlap token: llm.c reads every file
+    on its own and needs B*T + 1 tokens for B*T targets."""
     out_dir, llmc_dir = shards.as_path(out_dir), Path(llmc_dir)
     blocks = TrainBlocks(out_dir)
     index = read_run_index(out_dir)
     holdouts = _holdout_files(out_dir)
-    trains = [llmc_dir / (LLMC_PREFIX + shards.train_name(k)) for k in range(len(blocks.files))]
+    trains = [llmc_dir / (LLMC_PREFIX + (f"{phase}_" if phase else "") + shards.train_name(k))
+              for phase, part in train_parts(index) for k in part]
     vals = [llmc_dir / (LLMC_PREFIX + shards.val_name(domain)) for domain, *_ in holdouts]
-    replace = _claim_targets(out_dir, trains + vals, overwrite)
+    replace = _claim_targets(out_dir, _distinct(trains + vals), overwrite)
     try:
         return _export_llmc(blocks, index, holdouts, trains, vals, replace)
     except BaseException:
