@@ -135,7 +135,7 @@ def planted(tmp_path_factory) -> dict:
     recipe = root / "decontam.toml"
     recipe.write_text(text + decontaminate_section())
     out = root / "out"
-    done = tokmix_run(recipe, out)
+    done = tokmix_run(recipe, out, 2, UNIT_BYTES, None, "--cache", str(root / "cache"))  # its units: the plan's below
     assert done.returncode == 0, done.stderr[-3000:]
     return {"root": root, "files": files, "problems": problems, "kinds": kinds, "recipe": recipe, "out": out}
 
@@ -262,9 +262,10 @@ def test_the_normalization_splits_as_documented():
     assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))
 
 
-def test_report_inspect_and_plan_show_it(planted):
+def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     """`tokmix report` has the contamination table, `tokmix inspect --contamination` names each item and the
-    document it took, and `tokmix plan` estimates the share from a sample."""
+    document it took, and `tokmix plan` estimates the share from a sample, and finds every unit of the recipe in
+    the token cache its run filled (their keys hold the benchmark n-grams' fingerprint, as the run's do)."""
     out = planted["out"]
     record = read_json(out / "contamination.json", sealed=True)
     html = subprocess.run([sys.executable, "-m", "tokmix.cli", "report", str(out), "--html", str(out / "r.html")],
@@ -284,6 +285,8 @@ def test_report_inspect_and_plan_show_it(planted):
     from tokmix.plan import make_plan
     from tokmix.recipe import load_recipe
 
-    plan = make_plan(load_recipe(planted["recipe"]))
+    monkeypatch.setenv("TOKMIX_UNIT_BYTES", str(UNIT_BYTES))  # the units as the run cut them
+    plan = make_plan(load_recipe(planted["recipe"]), cache=str(planted["root"] / "cache"))
     notes = [n for n in plan.notes if n.startswith("decontaminate: stream code_py:")]
     assert len(notes) == 1 and plan.contamination["code_py"][2] > 0, plan.notes
+    assert all(s.cached_units == s.units > 1 and s.cached_tokens >= s.budget for s in plan.streams.values())

@@ -244,11 +244,36 @@ class UnitCache:
 
     def _read_extra(self, key: str, record: dict, part: str) -> bytes:
         """One of the entry's extra files (not a unit file: what `accept` judges it by), checked."""
-        path = self.entry_dir(key) / record["extra"][part]["file"]
+        return self._read_checked(key, record["extra"][part]["file"], record["extra"][part]["sha256"])
+
+    def _read_checked(self, key: str, file: str, sha256: str) -> bytes:
+        path = self.entry_dir(key) / file
         data = path.read_bytes()
-        if hashlib.new(CHECKSUM, data).hexdigest() != record["extra"][part]["sha256"]:
+        if hashlib.new(CHECKSUM, data).hexdigest() != sha256:
             raise DamagedFile(path, f"sha256 of {path.name} differs from its record")
         return data
+
+    def prefix(self, key: str, accept: Callable[[dict, Callable[[str], bytes]], bool] | None = None
+               ) -> tuple[dict, bytes, bytes] | None:
+        """A partial entry (its unit stopped at an earlier run's budget) for a unit that needs more of its
+        documents: the entry's unit record and its tokens' and lengths' bytes, checked against their sha256,
+        so that the unit goes on from its last document instead of being tokenized again from its first. None
+        when there is none, it is complete, `accept` refuses it, or it is damaged (then removed)."""
+        record = self._read_entry(key)
+        if record is None or record["complete"]:
+            return None
+        unit = record["unit"]
+        try:
+            if accept is not None and not accept(record, lambda part: self._read_extra(key, record, part)):
+                return None
+            tokens = self._read_checked(key, record["files"]["tok"], unit["tok_sha256"])
+            lengths = self._read_checked(key, record["files"]["len"], unit["len_sha256"])
+        except (DamagedFile, FileNotFoundError) as e:
+            self.problem = getattr(e, "why", "a file of it is missing")
+            self.remove(key)
+            return None
+        self._touch(key)
+        return unit, tokens, lengths
 
     def holds(self, key: str, limit: int | None = None) -> int:
         """Tokens the entry would give a unit (0: none, or a partial one short of `limit`), from its record alone

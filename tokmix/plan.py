@@ -28,8 +28,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tokmix.backends import ORACLE_LIBRARY, can_cut_documents, choose_backend, make_encoder
-from tokmix.cache import KeyBase, UnitCache, default_cap, tokenizer_oracle
+from tokmix.backends import can_cut_documents, choose_backend, make_encoder
+from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens_in_shard
@@ -39,6 +39,8 @@ from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages.decontam import BenchmarkSet, build_set
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
+from tokmix.stages.streams import key_base
+from tokmix.store import is_url
 from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file
 
@@ -134,10 +136,11 @@ class Disk:
     shards: int
     holdouts: int
     written: int  # of those, already in the output directory (a resumed run)
+    cached: int = 0  # of the intermediates, what the token cache holds on this filesystem (linked: no new bytes)
 
     @property
     def needed(self) -> int:
-        return max(0, self.intermediates + self.shards + self.holdouts - self.written)
+        return max(0, self.intermediates - self.cached + self.shards + self.holdouts - self.written)
 
 
 @dataclass
@@ -146,6 +149,10 @@ class CachePlan:
     cap: int
     size: int  # bytes in the cache now
     entries: int
+    holds: int = 0  # bytes of the run's intermediates the cache holds already
+    grows: int = 0  # bytes the run adds to it (its other units)
+    linked: bool = False  # on the output's filesystem: the run's units and the cache share their files
+    free: int | None = None  # free bytes on the cache's filesystem, when it is another local one
 
 
 @dataclass
@@ -368,12 +375,23 @@ def _already_written(layout: Layout) -> int:
     return sum(p.stat().st_size for p in files if p.is_file())
 
 
-def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPlan], shards: list[int]) -> Disk:
-    intermediates = 0
+def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPlan], shards: list[int],
+          cache: CachePlan | None = None) -> Disk:
+    """The disk the run needs in its output's filesystem and, with a token cache, what the cache holds of its
+    intermediates and how much it grows (set in `cache`)."""
+    intermediates = cached = 0
     for s in streams.values():
         docs = s.budget * s.train.sample_docs / max(s.train.sample_tokens, 1)
-        intermediates += s.budget * itemsize + round(docs) * 4  # .tok and .len (uint32 per document)
+        stream = s.budget * itemsize + round(docs) * 4  # .tok and .len (uint32 per document)
+        intermediates += stream
+        cached += round(stream * min(s.cached_tokens, s.budget) / max(s.budget, 1))
     place, free = _free_space(out)
+    if cache is not None:
+        cache.holds, cache.grows = cached, intermediates - cached
+        if not is_url(cache.root):
+            cache_place, cache_free = _free_space(Path(cache.root))
+            cache.linked = os.stat(cache_place).st_dev == os.stat(place).st_dev
+            cache.free = None if cache.linked else cache_free
     return Disk(
         path=place,
         free=free,
@@ -381,6 +399,7 @@ def _disk(recipe: Recipe, out: Path, itemsize: int, streams: dict[str, StreamPla
         shards=sum(recipe.shard_tokens_list) * itemsize,
         holdouts=len(recipe.domains) * (recipe.holdout.tokens + 1) * itemsize,
         written=_already_written(Layout(out)) if out.exists() else 0,
+        cached=cached if cache is not None and cache.linked else 0,
     )
 
 
@@ -541,16 +560,11 @@ def _contamination_notes(plan: Plan) -> list[str]:
     return notes
 
 
-def _cached(recipe: Recipe, split: Split, mirrors, tokenizer_path: str, delimiters: Delimiters, dtype: np.dtype,
-            streams: dict[str, StreamPlan], cache: UnitCache) -> None:
+def _cached(recipe: Recipe, split: Split, mirrors, base: KeyBase, streams: dict[str, StreamPlan],
+            cache: UnitCache) -> None:
     """How much of each stream's budget the token cache holds: its units in order (as a run cuts them) until the
-    budget, the cached ones counted at their tokens and the others at the sample's tokens per byte."""
-    base = KeyBase(tokenizer=tokenizer_checksum(tokenizer_path),
-                   oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
-                   delimiters=delimiters.to_index(), dtype=dtype.str,
-                   huge_doc_chars=HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62,
-                   provenance=recipe.layout.provenance,
-                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None)
+    budget, the cached ones counted at their tokens and the others at the sample's tokens per byte. `base`: the
+    key parts the run's units share (the benchmark n-gram set's fingerprint included)."""
     unit_bytes = int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES))
     for name, s in streams.items():
         per_byte = s.train.tokens / max(s.train.text_bytes, 1)
@@ -595,6 +609,7 @@ def make_plan(
 
     with _benchmarks(recipe, mirrors) as bench:
         streams, contamination = _stream_plans(recipe, split, mirrors, count, sample_bytes, encoder, bench)
+        benchmark_fingerprint = bench.fingerprint if bench is not None else None
     holdouts = {
         d: HoldoutPlan(
             domain=d,
@@ -616,11 +631,12 @@ def make_plan(
         unit_cache = UnitCache(cache)
         size, entries = unit_cache.size()
         cache_plan = CachePlan(cache, default_cap(cache), size, entries)
-        # with [decontaminate], the benchmark set's fingerprint is part of every key: not counted (shown as 0)
-        if encoder is not None and recipe.decontaminate is None:
-            _cached(recipe, split, mirrors, tokenizer_path, delimiters, dtype, streams, unit_cache)
+        if encoder is not None:
+            _cached(recipe, split, mirrors, key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
+                                                     HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62,
+                                                     benchmark_fingerprint), streams, unit_cache)
     shards = recipe.shard_blocks
-    disk = _disk(recipe, out, dtype.itemsize, streams, shards)
+    disk = _disk(recipe, out, dtype.itemsize, streams, shards, cache_plan)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,
                 contamination=contamination, cache=cache_plan)
     plan.problems = _problems(plan)
@@ -746,18 +762,27 @@ def disk_table(plan: Plan) -> Table:
     table.add_row(f"holdouts ({len(plan.holdouts)})", _bytes(d.holdouts))
     if d.written:
         table.add_row("already written in the output directory", "-" + _bytes(d.written))
+    if d.cached:
+        table.add_row("of the intermediates, in the token cache already (linked from it: no second copy)",
+                      "-" + _bytes(d.cached))
     table.add_section()
     table.add_row("needed", _bytes(d.needed))
     style = "red" if d.needed > d.free else "green"
     table.add_row(f"free on {d.path}", Text(_bytes(d.free), style=style))
-    if plan.cache is not None:
-        cached = sum(s.cached_tokens for s in plan.streams.values()) * plan.dtype.itemsize
-        new = max(0, d.intermediates - cached)
+    c = plan.cache
+    if c is not None:
         table.add_section()
-        table.add_row("of the intermediates, in the token cache already (linked there: no second copy)",
-                      _bytes(cached))
-        table.add_row(f"the token cache grows by (cap {_bytes(plan.cache.cap)}, now {_bytes(plan.cache.size)})",
-                      _bytes(new))
+        if not c.linked:
+            table.add_row("of the intermediates, in the token cache already (copied into streams/)", _bytes(c.holds))
+        where = "its units, linked: counted above" if c.linked else "on its own filesystem"
+        table.add_row(f"the token cache grows by ({where}; now {_bytes(c.size)}, cap {_bytes(c.cap)})",
+                      _bytes(c.grows))
+        if c.free is not None:
+            style = "red" if c.grows > c.free else "green"
+            table.add_row(f"free where the token cache is ({c.root})", Text(_bytes(c.free), style=style))
+        if c.size + c.grows > c.cap:
+            table.add_row("evicted at the run's end, least recently used first, down to the cap",
+                          "-" + _bytes(c.size + c.grows - c.cap))
     return table
 
 

@@ -181,6 +181,7 @@ class BenchmarkSet:
             raise DamagedFile(Path(directory) / "set.json", "missing")
         files = set_files(Path(directory))
         self.n, self.min_matches = record["ngram"], record["min_matches"]
+        self.fingerprint = record["fingerprint"]  # part of the token cache's key (tokmix.cache)
         self.shift = np.uint64(record["filter_shift"])
         self.word_shift = np.uint64(record["word_filter_shift"])
         self.grams = np.load(files["grams"], mmap_mode="r")

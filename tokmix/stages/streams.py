@@ -27,6 +27,7 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
+from tokmix.recipe import Recipe
 from tokmix.shards import (
     LENGTH_DTYPE,
     REFERENCE_DELIMITERS,
@@ -193,7 +194,8 @@ def tokenize_unit(task: UnitTask) -> dict:
         record, rejected = _from_cache(task, cache)
         if record is not None:
             return record
-        record, complete, copies = _tokenize_unit(task)
+        prefix, rejected = (None, True) if rejected else _cached_prefix(task, cache)
+        record, complete, copies = _tokenize_unit(task, prefix)
         if cache.problem is not None:  # told by the coordinator; not in the unit's sealed record
             record = {**record, "cache_problem": f"{cache.entry_dir(task.cache_key)}: damaged ({cache.problem}); "
                       "removed, the unit tokenized again"}
@@ -206,7 +208,8 @@ def tokenize_unit(task: UnitTask) -> dict:
 
 
 # a unit record's fields that are the run's, not the cached unit's
-RUN_FIELDS = ("index", "name", "pieces", "size", "file_bytes", "limit", "from_cache", "cache_problem")
+RUN_FIELDS = ("index", "name", "pieces", "size", "file_bytes", "limit", "from_cache", "tokens_from_cache",
+              "cache_problem")
 
 
 def _entry_unit(record: dict) -> dict:
@@ -236,8 +239,28 @@ def _from_cache(task: UnitTask, cache: UnitCache) -> tuple[dict | None, bool]:
     return record, False
 
 
-def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
-    """The unit's record, and whether it holds every document of its pieces (not cut at its limit)."""
+def _cached_prefix(task: UnitTask, cache: UnitCache) -> tuple[tuple[np.ndarray, np.ndarray] | None, bool]:
+    """For a unit whose entry is partial (an earlier run's stream ended in it) and short of what this run
+    needs: the entry's tokens and document lengths, checked, which the unit then starts with; and whether an
+    entry was there that this run's holdout set rejects."""
+    accept, verdict = _same_copies(task), []
+    judged = None if accept is None else lambda entry, read: verdict.append(accept(entry, read)) or verdict[-1]
+    try:
+        found = cache.prefix(task.cache_key, judged)
+    except OSError:  # an unreadable cache: tokenized as without one
+        return None, False
+    if found is None:
+        return None, verdict == [False]
+    unit, tokens, lengths = found
+    if task.limit is not None and unit["tokens"] >= task.limit:  # a take would have served it: not a prefix
+        return None, False
+    return (np.frombuffer(tokens, np.dtype(task.dtype)), np.frombuffer(lengths, LENGTH_DTYPE)), False
+
+
+def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[dict, bool]:
+    """The unit's record, and whether it holds every document of its pieces (not cut at its limit). `prefix`:
+    the tokens and document lengths of its first documents, from a partial cache entry: those documents are
+    read again (holdout copies, benchmark items and provenance as without it) but not encoded."""
     unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
@@ -257,7 +280,19 @@ def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
     # tell whether this unit's bytes are its own (_same_copies)
     kept_hashes = [] if task.cache_key is not None and hashes is not None else None
     dropped_hashes: list[int] = []
+    replay = _Replay(*prefix) if prefix is not None else None
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
+
+    def add_kept(batch: list, where: list, lens: np.ndarray) -> None:
+        nonlocal kept
+        if task.provenance:
+            documents.add(where, batch)
+        if kept_hashes is not None:
+            kept_hashes.append(text_hashes(batch))
+        lengths.append(lens.astype(LENGTH_DTYPE))
+        kept += len(batch)
+        chars[0] += sum(map(len, batch))
+
     try:
         for batch in batches(texts if places is None else _placed(texts, places, found), huge,
                              _batch_chars(task, writer, lambda: chars[0])):
@@ -272,6 +307,10 @@ def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
                     where = [w for w, c in zip(where, is_copy.tolist()) if not c] if where else where
             if bench is not None:
                 batch, where = _decontaminate(bench, batch, where, kept, contaminated, task, encoder)
+            if replay is not None and replay.left:  # documents the cache holds the tokens of
+                r = min(replay.left, len(batch))
+                add_kept(batch[:r], where[:r], replay.write(r, writer))
+                batch, where = batch[r:], where[r:]
             if not batch:
                 continue
             t0 = time.perf_counter()
@@ -288,13 +327,7 @@ def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
                     where = where[:keep]
                 writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
-            if task.provenance:
-                documents.add(where, batch)
-            if kept_hashes is not None:
-                kept_hashes.append(text_hashes(batch))
-            lengths.append(lens.astype(LENGTH_DTYPE))
-            kept += len(batch)
-            chars[0] += sum(map(len, batch))
+            add_kept(batch, where, lens)
             if task.limit is not None and writer.tokens >= task.limit:
                 complete = False  # stopped at its limit (had it read all, it cannot tell without reading on)
                 break
@@ -329,6 +362,7 @@ def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
         "limit": task.limit,
         "dropped_at": dropped_at,  # kept-document count when each holdout copy was dropped
         "encode_seconds": encode_seconds,
+        **({"tokens_from_cache": replay.tokens} if replay is not None else {}),
         "tok_sha256": tokens_sha256,
         "len_sha256": lengths_sha256,
         **src,
@@ -339,6 +373,27 @@ def _tokenize_unit(task: UnitTask) -> tuple[dict, bool]:
         copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
                   "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
     return record, complete, copies
+
+
+class _Replay:
+    """The tokens of a unit's first documents as a partial cache entry holds them, written in their place."""
+
+    def __init__(self, tokens: np.ndarray, lengths: np.ndarray):
+        self.tokens_of, self.lengths = tokens, lengths
+        self.docs = self.at = 0
+        self.tokens = len(tokens)
+
+    @property
+    def left(self) -> int:
+        return len(self.lengths) - self.docs
+
+    def write(self, docs: int, writer: TokenFileWriter) -> np.ndarray:
+        """Write the next `docs` documents' tokens; returns their lengths."""
+        lens = self.lengths[self.docs:self.docs + docs]
+        n = int(lens.sum())
+        writer.write(self.tokens_of[self.at:self.at + n])
+        self.docs, self.at = self.docs + docs, self.at + n
+        return lens
 
 
 def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], bool] | None:
@@ -359,12 +414,19 @@ def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], boo
 # ---------------------------------------------------------------------------- coordinator side
 def cache_key_base(ctx: Context) -> KeyBase:
     """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
-    return KeyBase(tokenizer=ctx.tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[ctx.recipe.tokenizer.format]),
-                   delimiters=ctx.delimiters.to_index(), dtype=ctx.dtype.str, huge_doc_chars=ctx.huge_doc_chars,
-                   provenance=ctx.recipe.layout.provenance,
-                   decontamination="holdout-exact" if ctx.recipe.holdout.decontaminate else None,
-                   benchmarks=(f"{ctx.benchmarks['fingerprint']} {ctx.recipe.decontaminate.action}"
-                               if ctx.benchmarks is not None else None))
+    return key_base(ctx.recipe, ctx.tokenizer_sha256, ctx.delimiters, ctx.dtype, ctx.huge_doc_chars,
+                    ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None)
+
+
+def key_base(recipe: Recipe, tokenizer_sha256: str, delimiters: Delimiters, dtype: np.dtype, huge_doc_chars: int,
+             benchmark_fingerprint: str | None) -> KeyBase:
+    """The key parts a recipe's units share, as a run (cache_key_base) and `tokmix plan` both build them."""
+    return KeyBase(tokenizer=tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
+                   delimiters=delimiters.to_index(), dtype=dtype.str, huge_doc_chars=huge_doc_chars,
+                   provenance=recipe.layout.provenance,
+                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None,
+                   benchmarks=(f"{benchmark_fingerprint} {recipe.decontaminate.action}"
+                               if benchmark_fingerprint is not None else None))
 
 
 def meta_path(ctx: Context, stream: str) -> Path:
@@ -480,9 +542,7 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
         **({"pass_tokens": sum(r["tokens"] for r in tokenized), "pass_docs": sum(r["docs"] for r in tokenized)}
            if passes > 1 else {}),
         **({"benchmark_contamination": contamination} if contamination is not None else {}),
-        **({"units_from_cache": sum(1 for r in used if r.get("from_cache")),
-            "tokens_from_cache": sum(r["tokens"] for r in used if r.get("from_cache")),
-            "tokens_tokenized": sum(r["tokens"] for r in tokenized if not r.get("from_cache"))} if ctx.cache else {}),
+        **(_from_cache_counts(used, tokenized) if ctx.cache else {}),
         "units": [{"name": r["name"], "tokens": r["tokens"], "docs": r["docs"]} for r in used],
         "last_unit_docs": last_docs,
     }
@@ -490,6 +550,16 @@ def _finish(ctx: Context, stream: str, budget: int, used: list[dict], seconds: f
     write_record(meta_path(ctx, stream), meta)
     fault_point("streams:after-meta")
     return meta
+
+
+def _from_cache_counts(used: list[dict], tokenized: list[dict]) -> dict:
+    """The units a stream took whole from the token cache, the tokens it took from it (a unit that went on from a
+    partial entry took that entry's), and the tokens it tokenized itself."""
+    taken = [r for r in used if r.get("from_cache")]
+    continued = sum(r.get("tokens_from_cache", 0) for r in used if not r.get("from_cache"))
+    return {"units_from_cache": len(taken), "tokens_from_cache": sum(r["tokens"] for r in taken) + continued,
+            "tokens_tokenized": sum(r["tokens"] - r.get("tokens_from_cache", 0)
+                                    for r in tokenized if not r.get("from_cache"))}
 
 
 class StreamRun:
