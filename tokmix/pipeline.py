@@ -24,7 +24,6 @@ from tokmix.backends import (
     ORACLE,
     can_cut_documents,
     choose_backend_with_digest,
-    installed_backends,
     library_versions,
     tokenizer_format,
 )
@@ -52,7 +51,7 @@ from tokmix.shards import (
     write_json,
 )
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
-from tokmix.stages import Context, drop_cached, release_memory, shared_encoder
+from tokmix.stages import ENCODER_THREADS, Context, drop_cached, release_memory
 from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
 from tokmix.stages.decontam import benchmark_checksums, build_set, prepare_set, write_contamination
 from tokmix.stages.expected import record_expected
@@ -75,9 +74,11 @@ MEMORY_POLL_SECONDS = 0.25
 MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
-# fastokens is built ahead beside the check for tokenizer files up to this size (a 32k BPE's is ~2 MiB): a large
-# vocabulary's would be a second copy in memory at the run's peak (o200k_base: ~270 MiB each, a tree of 912 MiB)
-BUILD_AHEAD_BYTES = 4 << 20
+# The backend check runs in the stage process for vocabularies up to this many ids (a 32k BPE's encoders are a
+# few MiB, and a fresh process would cost an interpreter's start and every import, about a third of the CPU of
+# a small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
+# (o200k_base: ~270 MiB each, a tree of 912 MiB at the run's peak otherwise).
+CHECK_IN_PROCESS_IDS = 1 << 16
 
 def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: bool = False) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
@@ -236,11 +237,23 @@ def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
     return sample
 
 
-def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors, requested: str | None = None
-                   ) -> tuple[str, list[str], dict[str, str]]:
+def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors, requested: str | None = None,
+                   threads: int | None = None) -> tuple[str, list[str], dict[str, str]]:
     """The backend, its notices, and the digests of the oracle's ids on the check's texts."""
     sample = _sample_texts(recipe, split, mirrors)
-    return choose_backend_with_digest(tokenizer_path, requested or recipe.tokenizer.backend, sample)
+    return choose_backend_with_digest(tokenizer_path, requested or recipe.tokenizer.backend, sample, threads)
+
+
+def _checked(recipe: Recipe, tokenizer_path: str, vocab_size: int, split, mirrors, requested: str | None = None
+             ) -> tuple[str, list[str], dict[str, str]]:
+    """_check_backend where it costs least (CHECK_IN_PROCESS_IDS). In this process its encoders get the
+    stages' thread count, the first a process builds fixing the Rust pools' sizes (_size_thread_pools)."""
+    if vocab_size > CHECK_IN_PROCESS_IDS:
+        return in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, requested)
+    try:
+        return _check_backend(recipe, tokenizer_path, split, mirrors, requested, ENCODER_THREADS)
+    finally:
+        release_memory()
 
 
 def fresh_process() -> ProcessPoolExecutor:
@@ -255,43 +268,16 @@ def in_fresh_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def _build_ahead(tokenizer_path: str, requested: str) -> threading.Thread | None:
-    """Build fastokens, what auto picks when it is exact, in a thread of this process while the check runs in
-    its own (~0.3 s for a 32k vocabulary, otherwise spent at the start of the holdout stage). The stages find
-    it in the process's cache; a build that fails is left to the check to report. Started after the check's
-    process: building sizes the backends' thread pools through this process's environment."""
-    if requested not in ("auto", "fastokens") or "fastokens" not in installed_backends():
-        return None
-    if os.path.getsize(tokenizer_path) > BUILD_AHEAD_BYTES:  # the check's process builds one meanwhile
-        return None
 
-    def build() -> None:
-        try:
-            shared_encoder(tokenizer_path, "fastokens")
-        except Exception:  # noqa: BLE001 - the check says why fastokens cannot serve this tokenizer
-            pass
-
-    thread = threading.Thread(target=build, name="tokmix-encoder-ahead", daemon=True)
-    thread.start()
-    return thread
-
-
-def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors) -> str:
+def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size: int, split, mirrors) -> str:
     """The backend, checked once per run and recorded (restarts reuse the decision), with the versions of the
     libraries that give the ids and the digests of the oracle's ids on the check's texts (_same_libraries)."""
     key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
     if (recorded := identity.check(layout, "backend", key, "", log)) is not None:
         backend = recorded["backend"]
-        _same_libraries(recipe, layout, tokenizer_path, split, mirrors, backend)
+        _same_libraries(recipe, layout, tokenizer_path, vocab_size, split, mirrors, backend)
         return backend
-    with fresh_process() as pool:
-        check = pool.submit(_check_backend, recipe, tokenizer_path, split, mirrors)
-        ahead = _build_ahead(tokenizer_path, recipe.tokenizer.backend)
-        backend, notices, digest = check.result()
-    if ahead is not None:
-        ahead.join()
-        if backend != "fastokens":
-            drop_cached()
+    backend, notices, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors)
     for notice in notices:
         log(notice)
     first = identity.recorded(layout, "tokenizer libraries", log)
@@ -308,7 +294,8 @@ def _libraries(tokenizer_path: str, backend: str) -> dict[str, str]:
     return library_versions({ORACLE[tokenizer_format(tokenizer_path)], backend})
 
 
-def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, split, mirrors, backend: str) -> None:
+def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size: int, split, mirrors,
+                    backend: str) -> None:
     """A resume under other versions of the oracle's or the backend's library: the oracle's ids on the first
     check's texts must be the ones recorded then, and the backend must still give them; said in one line."""
     libraries = _libraries(tokenizer_path, backend)
@@ -316,13 +303,13 @@ def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, split, 
     if first is not None and identity.check(layout, "tokenizer libraries", libraries, "") is not None:
         return
     if first is None:  # a run started before tokmix recorded them, or its record damaged: recorded now
-        _, _, digest = in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, backend)
+        _, _, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors, backend)
         identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest)
         return
     was = first["libraries"]
     changed = ", ".join(f"{lib} {was.get(lib, 'absent')} -> {v}" for lib, v in libraries.items() if was.get(lib) != v)
     try:
-        _, _, digest = in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, backend)
+        _, _, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors, backend)
     except TokmixError as e:
         raise TokmixError(f"tokenizer libraries changed since this run started ({changed}): {e}; restore the "
                           f"versions it started with, or {identity.RESTART}") from None
@@ -365,7 +352,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     checksum = _same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
-    backend = _backend(recipe, layout, tokenizer_path, split, mirrors)
+    backend = _backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
     libraries = identity.recorded(layout, "tokenizer libraries")
     huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
     timings.add("tokenizer", time.perf_counter() - t0)
