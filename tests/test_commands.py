@@ -4,12 +4,15 @@ do not, 2 for a recipe that cannot be read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import tokmix as tokmix_api
 from tokmix.cli import app
+from tokmix.plan import make_plan
 
 
 def tokmix(*args: str):
@@ -29,6 +32,20 @@ def test_demo_exits_0_with_a_valid_run(demo):
     result = tokmix("validate", demo / "run")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith(f"{demo / 'run'}: valid (")
+
+
+def test_plan_shows_a_stream_that_gives_its_holdout_nothing(demo):
+    """The demo's case (tests/test_stream_holdouts.py has the others): a stream's first held-out document is
+    longer than the whole holdout and the seeded draw takes it first, so the domain's other stream gives nothing.
+    Plan says so, with the numbers the run got."""
+    recipe = tokmix_api.load_recipe(demo / "corpus/demo.toml")
+    index = json.loads((demo / "run/index.json").read_text())
+    plan = make_plan(recipe, out=demo / "run")
+    assert {d: h.gives for d, h in plan.holdouts.items()} == {d: v["tokens_by_stream"] for d, v in index["val"].items()}
+    assert index["val"]["code"]["docs"] == 1 and index["val"]["code"]["tokens_by_stream"]["code_c"] == 0
+    need = plan.streams["code_c"].holdout_need
+    assert need > 0 and [note.split(":")[:2] for note in plan.notes] == [
+        ["holdout code", f" stream code_c gives none of its {need:,}-token share"]]
 
 
 def test_demo_with_a_bad_scale_exits_2_with_one_line(tmp_path):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import atexit
 import base64
+import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -214,12 +216,20 @@ def run_vocabulary(out_dir: str | Path, index) -> Vocabulary:
     if (changed := tokenizer_change(out_dir, index)) is not None:
         raise TokmixError(changed)  # another file's ids would decode the shards wrongly
     if not storage(path).remote:
-        return load_vocabulary(str(path))
+        stat = os.stat(path)
+        return _file_vocabulary(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     folder = tempfile.mkdtemp(prefix="tokmix-tokenizer-")
     atexit.register(shutil.rmtree, folder, True)
     local = Path(folder) / path.name
     local.write_bytes(read_bytes_of(path))
     return load_vocabulary(str(local))
+
+
+@functools.lru_cache(maxsize=4)
+def _file_vocabulary(path: str, size: int, mtime_ns: int, inode: int) -> Vocabulary:
+    """load_vocabulary once per version of a file (its size, time and inode in the key): a caller reading block
+    after block of a run (inspect, trace, a loop over read_block) loads its tokenizer once, not per block."""
+    return load_vocabulary(path)
 
 
 TOKENIZER_FILE = "tokenizer.json"  # the file a Hub repository holds its tokenizer in (a run's own: Layout.tokenizer)
