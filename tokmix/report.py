@@ -582,15 +582,34 @@ def _img(png: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{png}">'
 
 
+def _blocks_line(index: Index) -> str:
+    """The run's blocks and their length: a schedule's phases each with their own (a long-context phase)."""
+    if not index.phases:
+        return f"{index.blocks:,} blocks of {index.seq_len} tokens"
+    each = ", ".join(f"{p['name']} {p['blocks'][1] - p['blocks'][0]:,} of {p['seq_len']}" for p in index.phases)
+    return f"{index.blocks:,} blocks ({each} tokens)"
+
+
+def _steps_line(index: Index) -> str:
+    """Steps, sequences per step and margin: a schedule's phases each with their own (the table below)."""
+    if not index.phases:
+        return f"{index.train_steps:,} x {index.seqs_per_step} sequences, margin {index.margin_steps} steps"
+    each = ", ".join(f"{p['name']} {p['steps'][1] - p['steps'][0]:,} x {p['seqs_per_step']}" for p in index.phases)
+    return f"{index.train_steps:,} in {len(index.phases)} phases ({each} sequences), each with its own margin"
+
+
 def _schedule_table(index: Index) -> str:
-    """The schedule's phases: steps, seq_len, and requested against realized share of every stream."""
+    """The schedule's phases: steps, sequences per step, seq_len, margin, and requested against realized share of
+    every stream."""
     if not index.phases:
         return ""
     names = index.stream_names
-    rows = [[p["name"], f"{p['steps'][0]:,}-{p['steps'][1]:,}", str(p["ramp_steps"]), str(p["seq_len"]),
+    rows = [[p["name"], f"{p['steps'][0]:,}-{p['steps'][1]:,}", str(p["ramp_steps"]), str(p["seqs_per_step"]),
+             str(p["seq_len"]), str(p["margin_steps"]),
              *(f"{p['requested_share_by_stream'][n]:.2%} / {p['share_by_stream'][n]:.2%}" for n in names)]
             for p in index.phases]
-    return _table(["phase", "steps", "ramp", "seq_len", *(f"{n} requested / realized" for n in names)], rows, left=1)
+    head = ["phase", "steps", "ramp", "sequences", "seq_len", "margin", *(f"{n} requested / realized" for n in names)]
+    return _table(head, rows, left=1)
 
 
 def _mix_rows(index: Index) -> list[list]:
@@ -655,16 +674,8 @@ def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt)
                 ("recipe fingerprint", index.recipe_fingerprint or ""),
                 ("validated", "yes" if validated else "no (done.json missing or from another recipe)"),
                 ("tokenizer", f"{index.tokenizer} ({index.vocab_size:,} ids, {index.dtype})"),
-                (
-                    "train",
-                    f"{index.blocks:,} blocks of {index.seq_len} tokens = {index.total.tokens:,} tokens "
-                    f"in {len(index.shards)} shard(s)",
-                ),
-                (
-                    "steps",
-                    f"{index.train_steps:,} x {index.seqs_per_step} sequences, margin "
-                    f"{index.margin_steps} steps",
-                ),
+                ("train", f"{_blocks_line(index)} = {index.total.tokens:,} tokens in {len(index.shards)} shard(s)"),
+                ("steps", _steps_line(index)),
                 ("seed", index.seed),
                 ("holdouts", ", ".join(f"{d} {v.tokens:,} tokens" for d, v in index.val.items())),
             ]
