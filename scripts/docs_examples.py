@@ -128,6 +128,18 @@ def _json(value, indent: str = "") -> str:
     return "{\n" + ",\n".join(items) + "\n" + indent + "}"
 
 
+def _without_column(text: str, header: str) -> str:
+    """A table's column left out of every line of the table (one whose figures change from run to run and
+    whose width changes with them, such as status's seconds)."""
+    lines = text.splitlines()
+    head = next(line for line in lines if f"┃ {header} " in line or re.search(rf"┃ +{header} ┃", line))
+    at = re.search(rf"┃ *{header} *┃", head)
+    start, end = at.start(), at.end() - 1  # from the border before the column to the one before the next
+    table = "┏┃┡│├└┗"
+    return "\n".join(line[:start] + line[end:] if line[:1] in table and len(line) > end else line
+                     for line in lines) + "\n"
+
+
 def _finished(ws: Workspace, *args: str) -> str:
     ws.finished_run()
     return ws.tokmix(*args)
@@ -149,7 +161,7 @@ EXAMPLES: dict[str, Callable[[Workspace], str]] = {
     "local-recipe": lambda ws: (REPO / "recipes" / "local.toml").read_text(),
     "plan": plan_before_the_run,
     "plan-short": plan_short,
-    "status": lambda ws: _finished(ws, "status", "run"),
+    "status": lambda ws: _without_column(_finished(ws, "status", "run"), "time"),  # its seconds vary
     "inspect": lambda ws: _from(_finished(ws, "inspect", "run"), "shards"),
     "inspect-block": lambda ws: _finished(ws, "inspect", "run", "--shard", "1", "--block", "3"),
     "trace-step": lambda ws: _finished(ws, "trace", "run", "--step", "2", "--rank", "1", "--world-size", "2"),

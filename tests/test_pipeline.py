@@ -299,8 +299,11 @@ def test_without_a_terminal_progress_is_plain_lines(corpus, tmp_path, capfd):
     assert "\x1b[" not in out, "no terminal control codes in a log file"
     import re
 
-    lines = re.findall(r"\] (\w+): ([\d,]+) / ([\d,]+) tokens committed \(\d+%\), process tree [\d,]+ MiB", out)
+    lines = re.findall(r"\] streams (\w+): ([\d,]+) / ([\d,]+) tokens \([\d.]+%\), [\d.]+[kMG]? tok/s, ETA "
+                       r"\d+:\d\d:\d\d; tree RSS [\d,]+ MiB of 1,024 MiB", out)
     assert {name for name, _, _ in lines} == {"dclm", "edu", "code_py", "code_other"}
+    for stage in ("tokenizer", "holdout", "streams", "assemble", "validate"):
+        assert f"] stage {stage}: started" in out and f"] stage {stage}: done in " in out
 
 
 def test_cli_exports_a_real_run_for_llmc_and_megatron(two_workers, tmp_path):

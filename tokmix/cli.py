@@ -140,6 +140,9 @@ def run(
     cache_size: str | None = typer.Option(None, "--cache-size", help="the token cache's cap (default: "
                                                                      "TOKMIX_CACHE_SIZE, else 50GiB or a quarter of "
                                                                      "its disk)"),
+    log_every: float = typer.Option(30.0, "--log-every", help="without a terminal: a progress line per stage and "
+                                                              "stream every SECONDS"),
+    log_format: str = typer.Option("text", "--log-format", help="text | json (JSON lines, for a log collector)"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
 ) -> None:
     """Run every stage of RECIPE that is not done yet: holdout, streams, assemble, validate.
@@ -155,7 +158,7 @@ def run(
     try:
         options = RunOptions(max_memory=parse_size(max_memory, "--max-memory"), keep_streams=keep_streams,
                              mirrors=mirror, executor=executor, ray_address=ray_address, debug=debug,
-                             guard_counts_supervisor=_AS_COMMAND)
+                             guard_counts_supervisor=_AS_COMMAND, log_seconds=log_every, log_format=log_format)
         if workers is not None:
             options.workers = workers
         from tokmix.cache import resolve as resolve_cache
@@ -173,8 +176,15 @@ def run(
         raise typer.Exit(130) from None
     from tokmix.store import work_dir
 
-    print_summary(work_dir(out_url, work) if out_url else out, Index.from_json(index))
-    console.print(f"done in {time.perf_counter() - t0:,.1f}s -> {out_url or out}")
+    seconds, index = time.perf_counter() - t0, Index.from_json(index)
+    if log_format == "json":  # the log collector gets JSON lines only: the run's outcome as one more
+        from tokmix.process import log
+
+        print(log.line(f"done in {seconds:,.1f}s -> {out_url or out}", "done", seconds=round(seconds, 3),
+                       out=str(out_url or out), tokens=index.total.tokens), flush=True)
+        return
+    print_summary(work_dir(out_url, work) if out_url else out, index)
+    console.print(f"done in {seconds:,.1f}s -> {out_url or out}")
 
 
 @app.command()
@@ -348,6 +358,8 @@ def trace(
     shard: int | None = typer.Option(None, "--shard", "-s", help="block --block of train shard K"),
     block: int = typer.Option(0, "--block", "-b", help="with --shard: block J of the shard"),
     token: int | None = typer.Option(None, "--token", help="the block of token T of the train stream"),
+    doc_id: str | None = typer.Option(None, "--id", help="the document(s) whose own id is ID ([streams.X] id_field): "
+                                                         "where they are, their blocks and steps"),
     text: bool = typer.Option(False, "--text", help="read each document again from its source, check it against "
                                                     "its recorded CRC-32 and show its first characters"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (one object per block) for scripts"),
@@ -360,11 +372,29 @@ def trace(
     """
     import json
 
-    from tokmix.trace import render_trace, shard_block, step_blocks, step_phase, token_block, trace_blocks
+    from tokmix.trace import (
+        find_id,
+        render_found,
+        render_summary,
+        render_trace,
+        shard_block,
+        step_blocks,
+        step_phase,
+        step_summary,
+        token_block,
+        trace_blocks,
+    )
 
     try:
-        if sum(x is not None for x in (step, shard, token)) != 1:
-            raise TokmixError("name one of --step N, --shard K --block J or --token T")
+        if sum(x is not None for x in (step, shard, token, doc_id)) != 1:
+            raise TokmixError("name one of --step N, --shard K --block J, --token T or --id ID")
+        if doc_id is not None:
+            found = find_id(out, doc_id)
+            if as_json:
+                print(json.dumps([d.to_json() for d in found], indent=1))
+            else:
+                console.print(render_found(found))
+            return
         marked, phase = None, None
         if step is not None:
             blocks = step_blocks(out, step, rank, world_size, skipped)
@@ -387,11 +417,14 @@ def trace(
         _fail(e, debug)
     if as_json:
         print(json.dumps([b.to_json() for b in traced], indent=1))
-    else:
-        if phase is not None:
-            console.print(phase)
-        for table in render_trace(traced):
-            console.print(table)
+        return
+    if phase is not None:
+        console.print(phase)
+    if step is not None:  # the step as a whole first: a document spanning its blocks shows in each table below
+        title = f"step {step:,}" + (f", rank {rank} of {world_size}" if world_size > 1 else "")
+        console.print(render_summary(step_summary(traced), title))
+    for table in render_trace(traced):
+        console.print(table)
 
 
 @app.command()

@@ -252,10 +252,26 @@ class TrainBlocks:
 
     def block_starts(self, j: int) -> np.ndarray:
         """Where segments start among global block j's first seq_len tokens (its x): 0, then each document start."""
+        k, start = self.locate(j)
+        return self._run_documents().shard(k).segments(start, start + self.shard_seq_len[k])
+
+    def _run_documents(self) -> RunDocuments:
         if self._documents is None:
             self._documents = RunDocuments(self.root, self.index)
-        k, start = self.locate(j)
-        return self._documents.shard(k).segments(start, start + self.shard_seq_len[k])
+        return self._documents
+
+    def document_ids(self, step: int, rank: int | None = None, world_size: int | None = None) -> list[list]:
+        """The own ids ([streams.X] id_field) of the documents in each row of batch(step, rank, world_size)'s x, in
+        the order of segments(): one list per row, None for a document of a stream without an id_field."""
+        documents, out = self._run_documents(), []
+        for j in self.step_blocks(step, rank, world_size):
+            k, start = self.locate(j)
+            ids = documents.ids(k)
+            if ids is None:
+                raise TokmixError(f"{self.root}: the run kept no documents' ids (no stream has an id_field)")
+            inside = documents.shard(k).overlapping(start, start + self.shard_seq_len[k])
+            out.append([ids[i] for i in inside.tolist()])
+        return out
 
     def batch(self, step: int, rank: int | None = None, world_size: int | None = None) -> Batch:
         """(x, y) of logical `step` for one rank, each int64 of shape (seqs_per_step // world_size, seq_len).

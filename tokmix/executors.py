@@ -5,6 +5,7 @@ extra, imported only by RayExecutor."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 import multiprocessing as mp
@@ -13,9 +14,10 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from typing import Any
 
 from tokmix.errors import TokmixError
@@ -70,11 +72,51 @@ class LocalExecutor:
         self.close(cancel=exc[0] is not None)
 
 
-def _start_worker_process(encoder: tuple[str, str] | None) -> None:
-    """A local worker process: Ctrl-C reaches the whole process group, but stopping is the stage process's
-    job (it kills its workers; a unit in flight leaves only a temporary file), so workers ignore it. It builds
-    its encoder (tokenizer path, backend) as it starts, while the stage process runs the holdout stage."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _start_child_process(parent: int) -> None:
+    """A process the stage process started (a worker, a tokenizer trainer, a backend check): Ctrl-C reaches the
+    whole process group, but stopping is the stage process's job (it kills what it started; a unit in flight
+    leaves only a temporary file), so the child ignores it. And it dies with the stage process, whatever ends
+    that one (kill -9, the OOM killer): the kernel sends it SIGKILL then (Linux), so no trainer or worker goes
+    on alone holding memory, a core and the terminal's pipes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the stage process still kills its children as it ends
+        pass
+    if os.getppid() != parent:  # the stage process died before the line above
+        os._exit(1)
+
+
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop a process pool at once: queued tasks dropped, its processes killed."""
+    for process in list((pool._processes or {}).values()):  # None once the pool is shut down
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+@contextmanager
+def fresh_process() -> Iterator[ProcessPoolExecutor]:
+    """A short-lived process: what it loads (every backend, HF's thread pool, a tokenizer trainer's tables)
+    goes away with it instead of staying in the stage process's heap for the rest of the run. Its first
+    submit starts it, with this process's environment as it is then. On an error or an interrupt it is
+    killed, not waited for: a tokenizer trainer does not stop for Ctrl-C."""
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_start_child_process,
+                               initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        kill_pool(pool)
+        raise
+    pool.shutdown()
+
+
+def _start_worker_process(parent: int, encoder: tuple[str, str] | None) -> None:
+    """A local worker process (see _start_child_process). It builds its encoder (tokenizer path, backend) as it
+    starts, while the stage process runs the holdout stage."""
+    _start_child_process(parent)
     os.environ.update(WORKER_ENV)
     if encoder is not None:
         from tokmix.stages import shared_encoder
@@ -99,7 +141,7 @@ class ProcessExecutor(LocalExecutor):
     def __init__(self, workers: int, encoder: tuple[str, str] | None = None):
         self.workers = workers
         self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker_process,
-                                        initargs=(encoder,))
+                                        initargs=(os.getpid(), encoder))
         for _ in range(workers):  # the pool starts a process per task while none is idle: start them all now
             self.pool.submit(_started)
 
@@ -114,9 +156,9 @@ class ProcessExecutor(LocalExecutor):
         """On an error the queued tasks are dropped and the workers killed at once: a unit or shard in flight
         leaves only its temporary file, which the next run removes."""
         if cancel:
-            for process in list((self.pool._processes or {}).values()):  # None once the pool is shut down
-                process.kill()
-        self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
+            kill_pool(self.pool)
+        else:
+            self.pool.shutdown()
 
 
 class RayExecutor:

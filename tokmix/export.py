@@ -24,6 +24,7 @@ previous phase's last: its first block needs it), so it holds exactly the phase'
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -36,7 +37,7 @@ from tokmix import shards
 from tokmix.data import TrainBlocks, check_token_file, read_run_index
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
-from tokmix.provenance import file_documents, sources_of
+from tokmix.provenance import file_documents, read_ids, sources_of
 from tokmix.store import storage
 
 FORMATS = ("megatron", "llmc")
@@ -345,7 +346,11 @@ def export_megatron(
     index = read_run_index(out_dir)
     trains = [_megatron_prefix(prefix, phase) for phase, _ in train_parts(index)]
     prefixes = [*trains, *(prefix.with_name(f"{prefix.name}_val_{d}") for d in index.val)]
-    targets = _distinct([p.with_name(p.name + ext) for p in prefixes for ext in (".bin", ".idx")])
+    targets = [p.with_name(p.name + ext) for p in prefixes for ext in (".bin", ".idx")]
+    targets += [_megatron_ids_path(p) for p, (_, part) in zip(trains, train_parts(index))
+                if _has_ids(index.shards[part.start : part.stop])]
+    targets += [_megatron_ids_path(p) for p, e in zip(prefixes[len(trains):], index.val.values()) if _has_ids([e])]
+    targets = _distinct(targets)
     replace = frozenset(_claim_targets(out_dir, targets, overwrite))
     try:
         return _export_megatron(out_dir, blocks, index, prefix, chunk_bytes, replace)
@@ -368,17 +373,45 @@ def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, c
         stream = train_stream(blocks, chunk_bytes, _shard_checksums(index), part)
         written += _write_megatron(stream, dtype, delimiters, _megatron_prefix(prefix, phase), chunk_bytes,
                                    documents, replace)
+        written += _write_ids(out_dir, entries, _megatron_ids_path(_megatron_prefix(prefix, phase)), replace)
     for domain, path, _, checksum in _holdout_files(out_dir):
         chunks = _checked(path, shards.iter_token_chunks(path, blocks.dtype, chunk_bytes), checksum)
         entry = index.val[domain]
         documents = index_lengths(out_dir, [entry], sources_of(entry.provenance.sources)) if traced else None
-        written += _write_megatron(chunks, dtype, delimiters, prefix.with_name(f"{prefix.name}_val_{domain}"),
-                                   chunk_bytes, documents, replace)
+        val_prefix = prefix.with_name(f"{prefix.name}_val_{domain}")
+        written += _write_megatron(chunks, dtype, delimiters, val_prefix, chunk_bytes, documents, replace)
+        written += _write_ids(out_dir, [entry], _megatron_ids_path(val_prefix), replace)
     return written
 
 
 def _megatron_prefix(prefix: Path, phase: str | None) -> Path:
     return prefix if phase is None else prefix.with_name(f"{prefix.name}_{phase}")
+
+
+def _has_ids(entries: list[TokenFileEntry]) -> bool:
+    """Whether the run kept the documents' ids ([streams.X] id_field) of every one of `entries`."""
+    return all(e.provenance is not None and e.provenance.ids is not None for e in entries)
+
+
+def _megatron_ids_path(prefix: Path) -> Path:
+    return prefix.with_name(prefix.name + shards.IDS_SUFFIX)
+
+
+def _llmc_ids_path(dst: Path) -> Path:
+    return dst.with_name(LLMC_PREFIX + shards.ids_name(dst.name[len(LLMC_PREFIX):]))
+
+
+def _write_ids(out_dir: Path, entries: list[TokenFileEntry], dest: Path,
+               replace: frozenset[Path] | set[Path] = frozenset()) -> list[Path]:
+    """With documents' ids ([streams.X] id_field): one JSON value a line, line i the id of the export's document i
+    (a shard's first document goes on from the previous shard's last, as in index_lengths). Nothing without."""
+    if not _has_ids(entries):
+        return []
+    with _AtomicFile(dest, dest in replace) as f:
+        for k, entry in enumerate(entries):
+            ids = read_ids(out_dir, entry)
+            f.write("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in ids[1 if k else 0:]).encode("utf-8"))
+    return [dest]
 
 
 # ---------------------------------------------------------------------- llm.c
@@ -408,11 +441,13 @@ def export_llmc(out_dir: str | os.PathLike, llmc_dir: str | os.PathLike, overwri
     trains = [llmc_dir / (LLMC_PREFIX + (f"{phase}_" if phase else "") + shards.train_name(k))
               for phase, part in train_parts(index) for k in part]
     vals = [llmc_dir / (LLMC_PREFIX + shards.val_name(domain)) for domain, *_ in holdouts]
-    replace = _claim_targets(out_dir, _distinct(trains + vals), overwrite)
+    ids = [_llmc_ids_path(dst) for dst, e in zip(trains, index.shards) if _has_ids([e])]
+    ids += [_llmc_ids_path(dst) for dst, (domain, *_) in zip(vals, holdouts) if _has_ids([index.val[domain]])]
+    replace = _claim_targets(out_dir, _distinct(trains + vals + ids), overwrite)
     try:
         return _export_llmc(blocks, index, holdouts, trains, vals, replace)
     except BaseException:
-        _settle_records(trains + vals)
+        _settle_records(trains + vals + ids)
         raise
 
 
@@ -422,8 +457,11 @@ def _export_llmc(blocks: TrainBlocks, index: Index, holdouts: list, trains: list
     for path, dst, checksum in zip(blocks.files, trains, _shard_checksums(index)):
         tokens = path.stat().st_size // blocks.dtype.itemsize
         written.append(_write_llmc(path, dst, tokens, blocks.dtype, checksum, dst in replace))
-    for (_, path, tokens, checksum), dst in zip(holdouts, vals):
+    for k, dst in enumerate(trains):
+        written += _write_ids(blocks.root, [index.shards[k]], _llmc_ids_path(dst), replace)
+    for (domain, path, tokens, checksum), dst in zip(holdouts, vals):
         written.append(_write_llmc(path, dst, tokens, blocks.dtype, checksum, dst in replace))
+        written += _write_ids(blocks.root, [index.val[domain]], _llmc_ids_path(dst), replace)
     return written
 
 

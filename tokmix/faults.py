@@ -20,7 +20,9 @@ RESTART_EXIT_CODE = 75
 ENV_VARS = ("TOKMIX_FAULT", "TOKMIX_PAUSE_FIFO", "TOKMIX_FAULT_ONCE")
 
 POINTS = (
+    "tokenizer:training",  # in the trainer's process, its first document read
     "tokenizer:after-train",
+    "backend:checking",  # in the backend check's process
     "holdout:after-write",  # val_<domain>.bin renamed, index.json not yet updated
     "holdout:after-index",
     "streams:unit-mid-write",  # half of a batch of a unit's tokens written (tokmix.shards.TokenFileWriter)
@@ -40,19 +42,40 @@ POINTS = (
     "cleanup:before",  # validated, intermediates not yet removed
     "runner:before-restart",  # the supervisor between a stage process's restart exit and the next start
     "publish:before-index",  # a store's run validated, its index.json not yet uploaded
+    "report:before-write",  # tokmix report, its figures computed
     "write:middle",  # half of a file's bytes written (tokmix.shards.write_bytes: every file but token files)
 )
 
 _counts: dict[str, int] = {}
 
 
+def end_descendants(seconds: float = 10.0) -> None:
+    """Kill every process this one started, and their own (a tokenizer trainer, a backend check, worker
+    processes, a local Ray instance): none may outlive the stage process, holding memory, the CPU or the
+    terminal's pipes. multiprocessing's resource tracker goes last and is stopped, not killed: it removes the
+    semaphores the pools left, once no process holds its pipe."""
+    from multiprocessing import resource_tracker
+
+    import psutil
+
+    tracker = resource_tracker._resource_tracker
+    children = [c for c in psutil.Process().children(recursive=True) if c.pid != tracker._pid]
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:  # gone already
+            pass
+    psutil.wait_procs(children, timeout=seconds)
+    try:
+        tracker._stop()  # closes its pipe and waits for it (Python >= 3.8)
+    except Exception:  # noqa: BLE001 - another version's tracker: it stops by itself once its pipe is closed
+        pass
+
+
 def exit_for_restart() -> None:
     """End this stage process at once for the supervisor to start a fresh one: workers first, so that none
     is left holding the output pipes or memory."""
-    import psutil
-
-    for child in psutil.Process().children(recursive=True):
-        child.kill()
+    end_descendants()
     sys.stdout.flush()
     os._exit(RESTART_EXIT_CODE)
 

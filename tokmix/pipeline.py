@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import psutil
@@ -22,6 +20,7 @@ import psutil
 from tokmix import identity
 from tokmix.backends import (
     ORACLE,
+    ORACLE_LIBRARY,
     can_cut_documents,
     choose_backend_with_digest,
     library_versions,
@@ -29,15 +28,16 @@ from tokmix.backends import (
 )
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
-from tokmix.faults import exit_for_restart, fault_point
+from tokmix.executors import WORKER_PROCESS_BYTES, fresh_process, local_workers, make_executor
+from tokmix.faults import end_descendants, exit_for_restart, fault_point
 from tokmix.format.records import Index, TokenFileEntry
 from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
 from tokmix.ngrams import NORMALIZATION
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
-from tokmix.progress import RunProgress, tree_rss
+from tokmix.progress import RunProgress, count, read_stage, tree_rss, write_stage
+from tokmix.provenance import sources_of
 from tokmix.recipe import Recipe
 from tokmix.shards import (
     OWN_TOKENIZER_NAMES,
@@ -56,6 +56,7 @@ from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
 from tokmix.stages.decontam import benchmark_checksums, build_set, prepare_set, write_contamination
 from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
+from tokmix.stages.ids import write_ids
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.store import store_problem
@@ -69,6 +70,7 @@ from tokmix.tokenizer import (
     train_tokenizer,
 )
 
+STAGE_RECORD_SECONDS = 1.0  # how often the tokenizer trainer tells what it has read
 REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
 MEMORY_POLL_SECONDS = 0.25
 MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
@@ -107,6 +109,27 @@ def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: 
             time.sleep(MEMORY_POLL_SECONDS)
 
     threading.Thread(target=watch, daemon=True, name="memory-guard").start()
+
+
+SUPERVISOR_GONE_SECONDS = 10.0  # to stop as on Ctrl-C once the supervisor is gone, before being cut short
+
+
+def _watch_supervisor() -> None:
+    """When the supervisor dies without stopping this process (kill -9 of the tokmix command, the OOM killer),
+    stop as Ctrl-C stops a run: the stage process must not write on, holding the lock, for no one. If the
+    stages do not end in SUPERVISOR_GONE_SECONDS (a call that signals cannot interrupt), end at once."""
+    supervisor = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(MEMORY_POLL_SECONDS)
+        log(f"the tokmix command (pid {supervisor}) is gone: stopping; committed work is kept")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(SUPERVISOR_GONE_SECONDS)
+        end_descendants()
+        os._exit(ERROR_EXIT_CODE)
+
+    threading.Thread(target=watch, daemon=True, name="supervisor-watch").start()
 
 
 def remakable(path, sealed: bool = False):
@@ -200,6 +223,12 @@ def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
     max_bytes, in canonical order), once; later processes of the run load the saved file."""
     path = layout.tokenizer
     spec = recipe.tokenizer.train
+    started = (read_stage(layout) or {}).get("started")
+    read = {"chars": 0, "docs": 0, "said": float("-inf")}  # told at the first document, then every second
+
+    def tell(doing: str) -> None:  # in the stage record, for `tokmix status` and the progress lines
+        write_stage(layout, "tokenizer", doing, started)
+        read["said"] = time.monotonic()
 
     def texts():
         for name, stream in recipe.streams.items():
@@ -208,10 +237,17 @@ def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
             for text in iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS):
                 if left <= 0:
                     break
+                read["docs"] += 1
                 # a huge document's pieces end at pre-token boundaries: the trainer counts the same words
                 for piece in text.pieces() if isinstance(text, HugeText) else [text] if text else []:
                     left -= len(piece)
+                    read["chars"] += len(piece)
                     yield piece
+                    if time.monotonic() - read["said"] >= STAGE_RECORD_SECONDS:
+                        tell(f"training: {count(read['chars'])} of at most {count(spec.max_bytes)} "
+                             f"characters read ({read['docs']:,} document(s), stream {name})")
+                    fault_point("tokenizer:training")
+        tell(f"training: merging, all {count(read['chars'])} characters read ({read['docs']:,} document(s))")
 
     train_tokenizer(texts(), spec.vocab_size, spec.min_frequency, path,
                     recipe.tokenizer.doc_prefix + recipe.tokenizer.doc_suffix)
@@ -240,6 +276,7 @@ def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
 def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors, requested: str | None = None,
                    threads: int | None = None) -> tuple[str, list[str], dict[str, str]]:
     """The backend, its notices, and the digests of the oracle's ids on the check's texts."""
+    fault_point("backend:checking")
     sample = _sample_texts(recipe, split, mirrors)
     return choose_backend_with_digest(tokenizer_path, requested or recipe.tokenizer.backend, sample, threads)
 
@@ -254,13 +291,6 @@ def _checked(recipe: Recipe, tokenizer_path: str, vocab_size: int, split, mirror
         return _check_backend(recipe, tokenizer_path, split, mirrors, requested, ENCODER_THREADS)
     finally:
         release_memory()
-
-
-def fresh_process() -> ProcessPoolExecutor:
-    """A short-lived process: what it loads (every backend, HF's thread pool, a tokenizer trainer's tables)
-    goes away with it instead of staying in the stage process's heap for the rest of the run. Its first
-    submit starts it, with this process's environment as it is then."""
-    return ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
 
 
 def in_fresh_process(fn, *args):
@@ -338,25 +368,31 @@ def _same_split(layout: Layout, path: str, split: Split) -> None:
     identity.pinned(layout, "split", split, path, path=path)
 
 
-def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings) -> Context:
+def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: Timings,
+                  progress: RunProgress) -> Context:
     t0 = time.perf_counter()
+    progress.stage("split")
     mirrors = parse_mirrors(options.mirrors)
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
     tokenizer_path = tokenizer_file(recipe, layout.own_tokenizer(recipe.tokenizer.format))
     if tokenizer_path is None:
+        progress.stage("tokenizer", f"training a {recipe.tokenizer.train.vocab_size:,}-token BPE on the train files")
         tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
+    else:
+        progress.stage("tokenizer", f"loading {tokenizer_path}")
     vocab = load_vocabulary(tokenizer_path, recipe.tokenizer.format)
     delimiters = document_delimiters(vocab, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix,
                                      tokenizer_path)
     checksum = _same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
+    progress.stage("backend check", f"{recipe.tokenizer.backend}: the fast backends against "
+                   f"the oracle ({ORACLE_LIBRARY[recipe.tokenizer.format]}) on the first documents of every stream")
     backend = _backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
     libraries = identity.recorded(layout, "tokenizer libraries")
     huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
     timings.add("tokenizer", time.perf_counter() - t0)
-    progress = RunProgress(every=options.log_seconds)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab.size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
                    tokenizer_sha256=checksum, token_bytes=vocab.token_bytes(), delimiters=delimiters,
@@ -386,6 +422,7 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed.
     `options_cap`: the token cache's cap (RunOptions.cache_size)."""
     t0 = time.perf_counter()
+    ctx.progress.stage("holdout", f"{len(ctx.recipe.domains)} domain(s)")
     val = run_holdout(ctx)
     if ctx.executor == "local":
         release_memory()
@@ -393,6 +430,7 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
         drop_cached()
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
+    ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
     if ctx.recipe.decontaminate is not None:  # built in a process of its own: its arrays leave with it
         identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, benchmark_checksums(ctx.recipe, ctx.mirrors)))
         ctx.benchmarks = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
@@ -403,14 +441,16 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
         _report_cache(ctx, metas, options_cap)
     timings.add("streams", time.perf_counter() - t0)
     t0 = time.perf_counter()
+    ctx.progress.stage("assemble", f"{len(ctx.recipe.shard_blocks)} shard(s)")
     shards, used = run_assemble(ctx, metas)
     provenance = provenance_entry(ctx) if ctx.recipe.layout.provenance else None
     balance = balance_entry(ctx, metas)
     benchmarks = write_contamination(ctx.layout, ctx.benchmarks, metas) if ctx.benchmarks is not None else None
-    index = build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks)
+    index = add_document_ids(ctx, build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks))
     fault_point("assemble:before-index")
     ctx.layout.write_index(index)
     timings.add("assemble", time.perf_counter() - t0)
+    ctx.progress.stage("validate")
     fault_point("validate:before")
     t0 = time.perf_counter()
     expected = record_expected(ctx, metas)  # while the units exist: what validate checks the shards against
@@ -421,7 +461,7 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
             (ctx.layout.root / name).unlink()
             ctx.layout.shard_record(name).unlink(missing_ok=True)
         shards, used = run_assemble(ctx, metas)
-        index = build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks)
+        index = add_document_ids(ctx, build_index(ctx, val, metas, shards, used, provenance, balance, benchmarks))
         ctx.layout.write_index(index)
     problems = validate_dir(ctx.layout.root, index_path=ctx.layout.index, expected_path=ctx.layout.expected)
     timings.add("validate", time.perf_counter() - t0)
@@ -432,6 +472,22 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
         log(f"warning: {warning}")
     log(f"validated {len(shards)} shard(s) and {len(val)} holdout(s)")
     return index
+
+
+def add_document_ids(ctx: Context, index: Index) -> Index:
+    """With an id_field: each train shard's and holdout's documents' ids beside its provenance index, and the
+    index with their entries (tokmix.stages.ids)."""
+    id_fields = ctx.recipe.id_fields
+    if not id_fields:
+        return index
+    t0 = time.perf_counter()
+    sources = sources_of(index.provenance.sources)
+    shards = [write_ids(ctx.layout.root, entry, sources, id_fields, ctx.mirrors) for entry in index.shards]
+    val = {domain: write_ids(ctx.layout.root, entry, sources_of(entry.provenance.sources), id_fields, ctx.mirrors)
+           for domain, entry in index.val.items()}
+    ctx.log(f"documents' ids ({', '.join(f'{s}: {f}' for s, f in id_fields.items())}) written beside "
+            f"{len(shards)} shard(s) and {len(val)} holdout(s) in {time.perf_counter() - t0:.1f}s")
+    return index.replace(shards=shards, val=val, provenance=index.provenance.replace(id_fields=id_fields))
 
 
 def publish_index(layout: Layout) -> None:
@@ -461,17 +517,20 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     else:
         layout.remove_tmp_files()
         timings = Timings(layout)
-        ctx = build_context(recipe, layout, options, timings)
-        if ctx.executor == "processes" and local_workers(ctx.workers, options.max_memory) < ctx.workers:
-            log(f"{local_workers(ctx.workers, options.max_memory)} worker processes fit in --max-memory "
-                f"{options.max_memory / 2**30:,.1f} GiB (each may hold ~{WORKER_PROCESS_BYTES >> 20} MiB), not "
-                f"{ctx.workers}: raise --max-memory to use more cores")
-        with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
-                           (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
-            try:
+        progress = RunProgress(layout, options.log_seconds, budget=options.max_memory,
+                               supervisor=psutil.Process().parent() if options.guard_counts_supervisor else None)
+        try:
+            ctx = build_context(recipe, layout, options, timings, progress)
+            if ctx.executor == "processes" and local_workers(ctx.workers, options.max_memory) < ctx.workers:
+                log(f"{local_workers(ctx.workers, options.max_memory)} worker processes fit in --max-memory "
+                    f"{options.max_memory / 2**30:,.1f} GiB (each may hold ~{WORKER_PROCESS_BYTES >> 20} MiB), "
+                    f"not {ctx.workers}: raise --max-memory to use more cores")
+            with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
+                               (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
                 run_pipeline(ctx, timings, options.cache_size)
-            finally:
-                ctx.progress.stop()
+            progress.stage("done")
+        finally:
+            progress.stop()
         write_json(layout.done, {"fingerprint": recipe.fingerprint()})
         publish_index(layout)
         fault_point("cleanup:before")
@@ -496,7 +555,10 @@ def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
     """Hand the one-line message to the supervisor through its pipe, which needs no disk space, and keep it in
     tokmix-state/error.txt for `tokmix status` when the disk lets it be written."""
     if report_fd is not None:
-        os.write(report_fd, message.encode()[:REPORT_BYTES])
+        try:
+            os.write(report_fd, message.encode()[:REPORT_BYTES])
+        except OSError:  # the supervisor is gone (EPIPE): error.txt keeps the message
+            pass
     try:
         (layout.error).write_text(message + "\n")
     except OSError:  # the full disk that stopped the run, most likely: the pipe carried the message
@@ -507,7 +569,9 @@ def child_main(work: str, report_fd: int | None = None) -> int:
     """`work`: the run's state folder's parent (the output directory, or a store's local working folder)."""
     options = RunOptions(**json.loads(Layout(work).options.read_text()))
     layout = Layout(options.store, work=work) if options.store else Layout(work)
+    log.format = options.log_format
     signal.signal(signal.SIGTERM, interrupt)
+    _watch_supervisor()
     _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
                         with_supervisor=options.guard_counts_supervisor)
     try:
@@ -524,5 +588,6 @@ def child_main(work: str, report_fd: int | None = None) -> int:
 def main() -> None:
     """The stage process's entry point (tokmix.runner.STAGE_BOOT): `python -c ... OUT_DIR`."""
     code = child_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    end_descendants()  # whatever stopped the stages: nothing this process started outlives it
     sys.stdout.flush()
     os._exit(code)  # worker pools' threads must not stall the exit

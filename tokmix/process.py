@@ -4,7 +4,10 @@ and the SIGTERM handler."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +30,8 @@ class RunOptions:
     debug: bool = False
     # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
     unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
-    log_seconds: float = 10.0  # without a terminal: a progress line per stream this often
+    log_seconds: float = 30.0  # without a terminal: a progress line per stage and stream this often
+    log_format: str = "text"  # text | json: the lines on stdout without a terminal
     # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;
     # under the Python API the supervisor is the caller's process, whose memory is not the run's
     guard_counts_supervisor: bool = False
@@ -37,8 +41,31 @@ class RunOptions:
     cache_size: int | None = None  # the cache's cap in bytes (default: tokmix.cache.default_cap)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+class _LogLines:
+    """How this process writes its log lines: `[HH:MM:SS] message`, or one JSON object a line (--log-format
+    json, set once by the supervisor and by the stage process from the run's options)."""
+
+    format = "text"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # the stages' threads and the progress lines: one whole line at a time
+
+    def line(self, message: str, event: str = "log", **fields: object) -> str:
+        if self.format == "json":
+            return json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields,
+                               "message": message})
+        return f"[{time.strftime('%H:%M:%S')}] {message}"
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    def __call__(self, msg: str) -> None:
+        self.write(self.line(msg))
+
+
+log = _LogLines()
 
 
 def interrupt(signum: int, frame: object) -> None:

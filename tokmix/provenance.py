@@ -3,12 +3,14 @@ record per document in the order of the file's tokens: its source (an id into th
 pass, kind, file) entries in index.json), its place in that file (parquet: row, JSONL: line, both 0-based;
 plain text: 0, the file is one document), its tokens in this file (delimiters included; the first and last
 document may be cut by the file's ends) and the CRC-32 of its text's UTF-8 bytes. No header: numpy reads a
-file with `np.fromfile(path, DOC_DTYPE)`. Imports numpy, zlib and tokmix.shards alone: the training side
-reads it."""
+file with `np.fromfile(path, DOC_DTYPE)`. With a stream's id_field, `train_000.ids` beside it holds each
+document's own id, one JSON value a line in the same order (read_ids; written by tokmix.stages.ids). Imports
+numpy, zlib and tokmix.shards alone: the training side reads it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +124,27 @@ def file_documents(root: Path, entry: TokenFileEntry, sources: list[Source]) -> 
     return FileDocuments(records, ends, int(docs.skip), sources)
 
 
+def read_ids(root: Path, entry: TokenFileEntry) -> list[str | int | None] | None:
+    """The documents' own ids of the token file `entry` ([streams.X] id_field: `train_000.ids`, one JSON value a
+    line in the order of its .docs records), checked against index.json's sha256 and count; None when the run
+    kept none."""
+    ids = entry.provenance.ids if entry.provenance is not None else None
+    if ids is None:
+        return None
+    path = root / ids.file
+    if not path.is_file():
+        raise TokmixError(f"{path}: missing (listed in {INDEX_NAME})")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != ids.checksum:
+        raise TokmixError(f"{path}: damaged (sha256 differs from {INDEX_NAME}); run the same command again to "
+                          "remake it")
+    # one value a line, "\n" alone ending it (an id may hold U+2028, which splitlines() would cut at)
+    values = [json.loads(line) for line in data.decode("utf-8").split("\n")[:-1]]
+    if len(values) != ids.documents:
+        raise TokmixError(f"{path}: {len(values):,} ids, {INDEX_NAME} records {ids.documents:,} documents")
+    return values
+
+
 class RunDocuments:
     """A finished run's train documents, shard by shard (each shard's index read on first use), from its
     index.json."""
@@ -133,8 +156,15 @@ class RunDocuments:
                               "provenance = false, or by a tokmix before it)")
         self.sources = sources_of(index.provenance.sources)
         self._shards: dict[int, FileDocuments] = {}
+        self._ids: dict[int, list | None] = {}
 
     def shard(self, k: int) -> FileDocuments:
         if k not in self._shards:
             self._shards[k] = file_documents(self.root, self.index.shards[k], self.sources)
         return self._shards[k]
+
+    def ids(self, k: int) -> list[str | int | None] | None:
+        """Shard k's documents' own ids, or None when the run kept none."""
+        if k not in self._ids:
+            self._ids[k] = read_ids(self.root, self.index.shards[k])
+        return self._ids[k]

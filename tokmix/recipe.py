@@ -139,6 +139,9 @@ class StreamSpec(_Strict):
     share: float | None = None  # None only with a [[schedule]], whose phases give the shares
     files: list[str] = Field(min_length=1)
     text_field: str = "text"
+    # a field (JSONL) or column (parquet) holding each document's own id, a string or an integer: kept beside
+    # the provenance index (train_000.ids), shown by `tokmix trace` and looked up with `trace --id`
+    id_field: str | None = Field(default=None, min_length=1)
     # passes over the train documents the stream may make when they hold fewer tokens than its budget; each
     # pass after the first in a seeded order of its own (tokmix.stages.streams)
     max_epochs: int = Field(default=1, ge=1)
@@ -295,6 +298,10 @@ class Recipe(_Strict):
         for domain in self.domains:
             if not domain.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"domain name {domain!r}: use letters, digits, '_' and '-' only")
+        keyed = [n for n, s in self.streams.items() if s.id_field is not None]
+        if keyed and not self.layout.provenance:
+            raise ValueError(f"streams.{keyed[0]}.id_field: documents' ids are kept in the provenance index, which "
+                             "[layout] provenance = false turns off")
         return self
 
     def _check_schedule(self) -> None:
@@ -331,6 +338,11 @@ class Recipe(_Strict):
         for name in self.streams:
             if not any(p.shares.get(name, 0) > 0 for p in self.schedule):
                 raise ValueError(f"stream {name} has share 0 in every phase of the schedule")
+
+    @property
+    def id_fields(self) -> dict[str, str]:
+        """The streams whose documents' ids are kept, and the field each is read from."""
+        return {n: s.id_field for n, s in self.streams.items() if s.id_field is not None}
 
     # ------------------------------------------------------------------ derived numbers
     @property
@@ -492,7 +504,7 @@ class Recipe(_Strict):
             # max_epochs only allows passes, the budget and seed decide them: raising it after a run ran out
             # resumes that run instead of being refused as a change
             stream.pop("max_epochs")
-            for key in ("holdout_files", "holdout_fraction"):  # unset: a run recorded before these existed
+            for key in ("holdout_files", "holdout_fraction", "id_field"):  # unset: a run recorded before these existed
                 if stream[key] is None:
                     stream.pop(key)
         return data

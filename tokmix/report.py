@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
+from tokmix.faults import fault_point
 from tokmix.format.records import Index
 from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
@@ -851,6 +852,7 @@ def write_report(out_dir: str | os.PathLike, path: str | os.PathLike, *, scan: b
     replace = _report_target(out_dir, path)  # before the work: a target refused costs nothing
     index, facts = gather(out_dir, scan)
     page = render_html(out_dir, index, facts, plt)
+    fault_point("report:before-write")
     path.parent.mkdir(parents=True, exist_ok=True)
     publish_new(path, page.encode("utf-8"), replace)
     return path

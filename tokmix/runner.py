@@ -33,6 +33,7 @@ from tokmix.store import check_store_url, claim_object, is_url, local_path, work
 WORK_OUTPUT_NAME = "output.json"  # in a working folder's tokmix-state/: the one store output it works for
 
 MAX_FRUITLESS_RESTARTS = 3
+LOG_FORMATS = ("text", "json")
 
 
 # ---------------------------------------------------------------------------- the run's identity
@@ -93,7 +94,7 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     shards = len(recipe.shard_blocks)
     own = recipe.tokenizer.format if recipe.tokenizer.fetched else None
     paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, own, recipe.layout.provenance,
-                             recipe.decontaminate is not None)
+                             recipe.decontaminate is not None, bool(recipe.id_fields))
     for path in paths:  # a recorded folder swapped for a link: the run would write (and --restart remove) there
         if (link := layout.link_on_the_way(path)) is not None:
             raise TokmixError(f"{link}: is a link (to {os.path.realpath(link)}); tokmix writes only inside its "
@@ -126,6 +127,9 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     takes over a lock that a run on another host left (see RunLock). Keyword arguments not named here are
     RunOptions fields (workers=, max_memory=, keep_streams=, mirrors=, executor=)."""
     options = options or RunOptions(**option_values)
+    if options.log_format not in LOG_FORMATS:
+        raise TokmixError(f"--log-format {options.log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
+    log.format = options.log_format
     check_executor(options.executor, options.ray_address)  # before hours of holdout and streams, not after
     recipe = recipe.with_blocks(blocks).with_backend(backend)
     # the stage process runs elsewhere (see STAGE_BOOT): every local path it is given is absolute

@@ -53,6 +53,7 @@ STREAMS_DIR = "streams"  # intermediates: one folder per stream of committed wor
 UNITS_DIR = "units"
 STREAM_META = "stream.json"  # in a stream's folder: the finished stream's record
 DOCS_SUFFIX = ".docs"  # beside a train shard or holdout: its provenance index (tokmix.provenance)
+IDS_SUFFIX = ".ids"  # beside it, with [streams.X] id_field: each document's own id (tokmix.provenance)
 INTERLEAVE_LABELS = "interleave.labels"  # in STREAMS_DIR: the global interleave's labels, written by assemble
 RECORD_NAME = "created"  # in STATE_DIR: every path of the output directory tokmix created (Layout.record)
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
@@ -158,6 +159,11 @@ def docs_name(token_file: str) -> str:
     return token_file.removesuffix(".bin") + DOCS_SUFFIX
 
 
+def ids_name(token_file: str) -> str:
+    """The documents' ids of a token file: train_000.bin -> train_000.ids."""
+    return token_file.removesuffix(".bin") + IDS_SUFFIX
+
+
 def tokens_in_shard(blocks: int, seq_len: int) -> int:
     """Tokens of a shard of `blocks` blocks (of the whole run, for all its blocks): the last block reads one
     token past them."""
@@ -193,7 +199,7 @@ _UNIT_FILE = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units f
 _RECORDABLE = re.compile(rf"{re.escape(INDEX_NAME)}|{'|'.join(map(re.escape, OWN_TOKENIZER_NAMES.values()))}|"
                          rf"{re.escape(CONTAMINATION_NAME)}|"
                          rf"(?:val_[^/]+|train_\d{{3,}})"
-                         rf"\.(?:bin|{DOCS_SUFFIX[1:]})|{STREAMS_DIR}(?:/[^/]+(?:/{UNITS_DIR})?)?")
+                         rf"\.(?:bin|{DOCS_SUFFIX[1:]}|{IDS_SUFFIX[1:]})|{STREAMS_DIR}(?:/[^/]+(?:/{UNITS_DIR})?)?")
 
 
 def _lines_digest(lines: list[str]) -> str:
@@ -259,6 +265,7 @@ class Layout:
     options = _In("state", "options.json")
     done = _In("state", "done.json")  # written last: the run of this fingerprint was validated
     timings = _In("state", "timings.json")
+    stage = _In("state", "stage.json")  # the stage running, since when, what it has done (tokmix status)
     error = _In("state", "error.txt")  # the one line a failed stage process ended with, for `tokmix status`
     unit_bytes = _In("state", "unit_bytes.json")  # the unit size the streams were cut with: a resume keeps it
     documents_used = _In("state", "documents_used.json")
@@ -303,6 +310,10 @@ class Layout:
         """The provenance index beside a train shard or holdout."""
         return token_file.with_name(docs_name(token_file.name))
 
+    def ids(self, token_file: Path) -> Path:
+        """The documents' ids beside a train shard or holdout (with an id_field)."""
+        return token_file.with_name(ids_name(token_file.name))
+
     def stream(self, name: str) -> Path:
         return self.streams / name
 
@@ -314,11 +325,13 @@ class Layout:
 
     # ------------------------------------------------------------------ what the run creates, and the record
     def run_paths(self, domains: list[str], streams: list[str], shards: int, own_tokenizer: str | None,
-                  provenance: bool = True, decontaminates: bool = False) -> list[Path]:
+                  provenance: bool = True, decontaminates: bool = False, ids: bool = False) -> list[Path]:
         """Every path a run of these domains, streams and shards creates, the state folder's content aside;
         `own_tokenizer`: the format of the run's own tokenizer file, None for none."""
         paths = [self.published_index, *map(self.val, domains), *map(self.train, range(shards))]
-        paths += [self.docs(p) for p in paths[1:]] if provenance else []
+        token_files = paths[1:]
+        paths += [self.docs(p) for p in token_files] if provenance else []
+        paths += [self.ids(p) for p in token_files] if ids else []
         paths += [self.contamination] if decontaminates else []
         paths += [self.root / OWN_TOKENIZER_NAMES[own_tokenizer]] if own_tokenizer else []
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,17 @@ class Status:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     tokenizer_changed: str | None = None  # the line saying the tokenizer is not the one the shards were made with
+    # the stage record (tokmix-state/stage.json): the stage the run is in or stopped in, since when, what it did
+    stage: dict = field(default_factory=dict)
+    backend: str | None = None  # the backend the run checked and chose, once it has
+    now: float = field(default_factory=time.time)
+
+    def in_stage(self, name: str) -> bool:
+        """Whether the running run is in stage `name` now."""
+        return self.running and self.stage.get("stage") == name
+
+    def stage_seconds(self) -> float:
+        return max(self.now - float(self.stage.get("started") or self.now), 0.0)
 
     @property
     def complete(self) -> bool:
@@ -204,7 +216,14 @@ def status(out_dir: str | os.PathLike) -> Status:
         error=_error_line(error) if not running else None,
         timings=_json(layout.timings) or {},
         tokenizer_changed=tokenizer_change(layout.root, index) if index is not None and index.shards else None,
+        stage=_stage_record(layout),
+        backend=(_json(layout.backend_choice) or {}).get("backend"),
     )
+
+
+def _stage_record(layout: Layout) -> dict:
+    record = _json(layout.stage)
+    return record if isinstance(record, dict) and isinstance(record.get("stage"), str) else {}
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -214,9 +233,25 @@ def _state(done: bool, started: bool) -> Text:
     return Text("in progress", style="yellow") if started else Text("not started", style="dim")
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _time(st: Status, stage: str, timing: str | None = None) -> str:
+    """How long a stage has run: its running time when it is the run's stage now, else its recorded seconds."""
+    if st.in_stage(stage):
+        return _clock(st.stage_seconds())
+    seconds = st.timings.get(timing or stage)
+    return f"{seconds:,.1f}s" if seconds is not None else ""
+
+
 def render_status(st: Status) -> Group:
     if st.running:
         head = Text.assemble(("running", "bold yellow"), f": pid {st.lock[1]} on {st.lock[0]} holds the lock")
+        if st.stage:
+            doing = f": {st.stage['doing']}" if st.stage.get("doing") else ""
+            head.append(f"; stage {st.stage['stage']} for {_clock(st.stage_seconds())}{doing}")
     elif st.lock:
         head = Text.assemble(
             ("not running", "bold"),
@@ -225,38 +260,41 @@ def render_status(st: Status) -> Group:
     else:
         head = Text.assemble(("not running", "bold"))
     table = Table(title=f"{st.out}: recipe {st.recipe.fingerprint()}", title_justify="left")
-    for col in ("stage", "state", "progress", "", "detail"):
-        table.add_column(col, justify="right" if col == "progress" else "left")
-    table.add_row(
-        "tokenizer",
-        _state(st.tokenizer, False),
-        "",
-        "",
-        st.recipe.tokenizer_path or ("trained (tokenizer.json)" if st.tokenizer else "trained by the run"),
-    )
-    for domain, tokens in st.holdouts.items():
-        table.add_row(
-            f"holdout {domain}", _state(tokens is not None, False), f"{tokens:,}" if tokens is not None else "", "", ""
-        )
+    for col in ("stage", "state", "progress", "", "time", "detail"):
+        table.add_column(col, justify="right" if col in ("progress", "time") else "left")
+    training = st.in_stage("tokenizer")
+    tokenizer = st.recipe.tokenizer_path or ("trained (tokenizer.json)" if st.tokenizer else "trained by the run")
+    table.add_row("tokenizer", _state(st.tokenizer and not training, training), "", "", _time(st, "tokenizer"),
+                  st.stage.get("doing", "") if training else tokenizer)
+    checking = st.in_stage("backend check")
+    table.add_row("backend check", _state(st.backend is not None and not checking, checking), "", "",
+                  _clock(st.stage_seconds()) if checking else "",
+                  st.stage.get("doing", "") if checking else (st.backend or ""))
+    first_todo = next((d for d, n in st.holdouts.items() if n is None), None)
+    for k, (domain, tokens) in enumerate(st.holdouts.items()):
+        table.add_row(f"holdout {domain}", _state(tokens is not None, st.in_stage("holdout") and domain == first_todo),
+                      f"{tokens:,}" if tokens is not None else "", "", _time(st, "holdout") if k == 0 else "", "")
     table.add_section()
-    for s in st.streams.values():
+    for k, s in enumerate(st.streams.values()):
         bar = ProgressBar(total=s.budget, completed=min(s.tokens, s.budget), width=20)
         table.add_row(
             f"stream {s.name}",
             _state(s.done, s.units > 0),
             f"{s.tokens:,} / {s.budget:,}",
             bar,
+            _time(st, "streams") if k == 0 else "",
             ", ".join(
                 x for x in (f"{s.units:,} unit(s)" if s.units else "", f"{s.docs:,} docs" if s.docs else "") if x
             ),
         )
     table.add_section()
     n, planned = len(st.shards_written), len(st.shards_planned)
-    table.add_row(
-        "shards", _state(n == planned, n > 0), f"{n} / {planned}", ProgressBar(total=planned, completed=n, width=20), ""
-    )
-    table.add_row("validate", _state(st.validated, False), "", "", "")
+    table.add_row("shards", _state(n == planned, n > 0 or st.in_stage("assemble")), f"{n} / {planned}",
+                  ProgressBar(total=planned, completed=n, width=20), _time(st, "assemble"), "")
+    table.add_row("validate", _state(st.validated, st.in_stage("validate")), "", "", _time(st, "validate"), "")
     parts: list = [head, table]
+    if not st.running and st.stage.get("stage") not in (None, "done") and not st.complete:
+        parts.append(Text(f"stopped in stage {st.stage['stage']}"))
     if st.error:
         parts.append(Text.assemble(("last error: ", "bold red"), st.error))
     if st.tokenizer_changed:

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokmix.data import TrainBlocks
 from tokmix.errors import TokmixError
-from tokmix.provenance import RunDocuments, Source, text_crc32
+from tokmix.provenance import RunDocuments, Source, file_documents, read_ids, sources_of, text_crc32
 
 PREVIEW_CHARS = 60  # of a document's text shown by --text
 
@@ -32,6 +32,7 @@ class TracedDocument:
     shard_tokens: int  # its tokens in the shard
     text: str | None = None  # with --text: its text read again from the source
     text_ok: bool | None = None  # ... and whether its CRC-32 is the recorded one
+    id: str | int | None = None  # its own id, with [streams.X] id_field (the run's .ids files)
 
 
 @dataclass
@@ -104,7 +105,7 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
         k, first = loader.locate(j)
         docs = run.shard(k)
         lo, hi = first, first + loader.shard_seq_len[k] + 1
-        documents = []
+        documents, ids = [], run.ids(k)
         for i in docs.overlapping(lo, hi).tolist():
             start, end = int(docs.ends[i]) - int(docs.records["tokens"][i]), int(docs.ends[i])
             record, source = docs.records[i], run.sources[int(docs.records[i]["source"])]
@@ -112,7 +113,7 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
                 i, source.stream, source.pass_no, source.kind, source.file, int(record["place"]),
                 source.where(int(record["place"])), int(record["crc32"]), max(start - lo, 0),
                 min(end, hi) - max(start, lo), max(lo - start, 0) + (docs.skip if i == 0 else 0),
-                int(record["tokens"])))
+                int(record["tokens"]), id=ids[i] if ids is not None else None))
         traced.append(TracedBlock(j, k, loader.files[k].name, j - int(loader.first_block[k]), first, documents))
     if text:
         fields = loader.index.provenance.text_fields
@@ -122,6 +123,124 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
                 doc.text = read_document(source, doc.place, fields[doc.stream], mirrors or [])
                 doc.text_ok = int(text_crc32([doc.text])[0]) == doc.crc32
     return traced
+
+
+@dataclass
+class FoundDocument:
+    """A document found by its own id: where it is in a train shard (the blocks and steps it spans) or a holdout."""
+
+    id: str | int
+    file: str  # train_XXX.bin or val_<domain>.bin
+    index: int  # its record in the file's provenance index
+    stream: str
+    where: str  # file:row N / file:line N+1
+    first_token: int  # in the file
+    tokens: int
+    blocks: tuple[int, int] | None = None  # first and last global block holding its tokens (train shards)
+    steps: tuple[int, int] | None = None  # ... and their steps
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def find_id(out_dir: str | os.PathLike, wanted: str) -> list[FoundDocument]:
+    """Every document whose own id is `wanted` (a string id, or an integer id written in digits): a document
+    repeated over passes is found once per copy, a holdout document in its holdout."""
+    loader = TrainBlocks(out_dir)
+    index = loader.index
+    if index.provenance is None or not index.provenance.id_fields:
+        raise TokmixError(f"{loader.root}: the run kept no documents' ids (give a stream id_field = \"...\" in "
+                          "the recipe)")
+    keys = {wanted} | ({int(wanted)} if wanted.lstrip("-").isdigit() else set())
+    run, found = RunDocuments(loader.root, index), []
+    entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
+    entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
+    for k, entry, sources in entries:
+        ids = read_ids(loader.root, entry) or []
+        hits = [i for i, v in enumerate(ids) if v in keys and not isinstance(v, bool)]
+        if not hits:
+            continue
+        docs = run.shard(k) if k is not None else file_documents(loader.root, entry, sources)
+        for i in hits:
+            record, source = docs.records[i], sources[int(docs.records[i]["source"])]
+            end = int(docs.ends[i])
+            start = end - int(record["tokens"])
+            doc = FoundDocument(ids[i], entry.file, i, source.stream, source.where(int(record["place"])), start,
+                                int(record["tokens"]))
+            if k is not None:
+                first = int(loader.first_block[k])
+                blocks = int(loader.first_block[k + 1]) - first
+                S = loader.shard_seq_len[k]
+                lo, hi = first + min(start // S, blocks - 1), first + min((end - 1) // S, blocks - 1)
+                doc.blocks, doc.steps = (lo, hi), (lo // loader.seqs_per_step, hi // loader.seqs_per_step)
+            found.append(doc)
+    if not found:
+        raise TokmixError(f"{loader.root}: no document has the id {wanted!r}")
+    return found
+
+
+def render_found(found: list[FoundDocument]):
+    from rich.table import Table
+
+    table = Table(title=f"documents with the id {found[0].id!r}", title_justify="left")
+    for col in ("file", "#", "stream", "source", "tokens", "blocks", "steps"):
+        table.add_column(col, justify="right" if col in ("#", "tokens", "blocks", "steps") else "left",
+                         overflow="fold" if col == "source" else "ellipsis")
+    for d in found:
+        table.add_row(d.file, str(d.index), d.stream, _shown_where(d.where), f"{d.first_token:,}-"
+                      f"{d.first_token + d.tokens:,}", _span_of(d.blocks), _span_of(d.steps))
+    return table
+
+
+def _span_of(pair: tuple[int, int] | None) -> str:
+    if pair is None:
+        return ""
+    return f"{pair[0]:,}" if pair[0] == pair[1] else f"{pair[0]:,}-{pair[1]:,}"
+
+
+def _shown_where(where: str) -> str:
+    path, sep, rest = where.partition(":")
+    return _shown(path) + sep + rest
+
+
+@dataclass
+class StepSummary:
+    documents: int
+    tokens: int
+    streams: dict[str, list[int]]  # stream -> [documents, tokens] in the step
+    sources: int  # distinct source files (the phase of a scheduled run's step: step_phase)
+
+
+def step_summary(blocks: list[TracedBlock]) -> StepSummary:
+    """What a step's blocks hold: its distinct documents (a document spanning blocks counted once), tokens and
+    files, per stream."""
+    seen, streams, files, tokens = set(), {}, set(), 0
+    for b in blocks:
+        for d in b.documents:
+            key = (b.shard, d.index)
+            entry = streams.setdefault(d.stream, [0, 0])
+            if key not in seen:
+                seen.add(key)
+                entry[0] += 1
+            entry[1] += d.tokens
+            tokens += d.tokens
+            files.add(d.file)
+    return StepSummary(len(seen), tokens, streams, len(files))
+
+
+def render_summary(summary: StepSummary, title: str):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text(f"{title}: {summary.documents:,} document(s), {summary.tokens:,} tokens, from "
+                f"{len(summary.streams)} stream(s) and {summary.sources:,} source file(s)")
+    table = Table()
+    for col in ("stream", "documents", "tokens", "share"):
+        table.add_column(col, justify="left" if col == "stream" else "right")
+    for name, (documents, tokens) in sorted(summary.streams.items(), key=lambda kv: -kv[1][1]):
+        table.add_row(name, f"{documents:,}", f"{tokens:,}", f"{tokens / max(summary.tokens, 1):.1%}")
+    return Group(head, table)
 
 
 def read_document(source: Source, place: int, field: str, mirrors: list[tuple[str, str]]) -> str:
@@ -154,25 +273,31 @@ def render_trace(blocks: list[TracedBlock]) -> list:
         if b.token is not None:
             title += f"; token {b.token} of the block"
         table = Table(title=title, title_justify="left")
-        columns = ["#", "stream", "source", "pass", "crc32", "block tokens", "document tokens"]
+        with_ids = any(d.id is not None for d in b.documents)
+        columns = ["#", "stream", "source", *(["id"] if with_ids else []), "pass", "crc32", "block tokens",
+                   "document tokens"]
         with_text = any(d.text is not None for d in b.documents)
         for col in columns + (["text"] if with_text else []):
             right = col in ("#", "pass", "block tokens", "document tokens")
             table.add_column(col, justify="right" if right else "left",
-                             overflow="fold" if col in ("source", "text") else "ellipsis")
+                             overflow="fold" if col in ("source", "text", "id") else "ellipsis")
         for d in b.documents:
             here = f"{d.start}-{d.start + d.tokens}"  # half-open ranges, as Python slices
             if b.token is not None and d.start <= b.token < d.start + d.tokens:
                 here = f"▶ {here}"
             where = Source(d.stream, d.pass_no, d.kind, _shown(d.file)).where(d.place)
-            row = [str(d.index), d.stream, where, str(d.pass_no), f"{d.crc32:08x}", here,
-                   f"{d.offset:,}-{d.offset + d.tokens:,}"]
+            row = [str(d.index), d.stream, where, *([_id(d.id)] if with_ids else []), str(d.pass_no),
+                   f"{d.crc32:08x}", here, f"{d.offset:,}-{d.offset + d.tokens:,}"]
             if with_text:
                 mark = Text("ok " if d.text_ok else "CHANGED ", style="green" if d.text_ok else "bold red")
                 row.append(mark + Text(repr(d.text[:PREVIEW_CHARS])[1:-1]))
             table.add_row(*row)
         tables.append(table)
     return tables
+
+
+def _id(value: str | int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _shown(path: str) -> str:

@@ -100,6 +100,15 @@ NULL = {"null": True}  # a field whose None is written (an unlimited unit's `lim
 
 # ---------------------------------------------------------------------------- what index.json holds
 @dataclass(frozen=True)
+class IdsEntry(Record):
+    """The documents' own ids (.ids, with a stream's id_field) beside a token file's provenance index."""
+
+    file: str = ""
+    documents: int = 0
+    checksum: str = ""
+
+
+@dataclass(frozen=True)
 class DocsEntry(Record):
     """The provenance index (.docs) of one token file, as its shard or holdout entry records it."""
 
@@ -109,6 +118,7 @@ class DocsEntry(Record):
     skip: int = 0
     checksum: str | None = None  # None: recorded by a tokmix before it was
     sources: list | None = None  # a holdout's own table of sources (a train shard's is the run's)
+    ids: IdsEntry | None = field(default=None, metadata=_one(IdsEntry))  # without an id_field: absent
 
 
 @dataclass(frozen=True)
@@ -199,6 +209,7 @@ class Provenance(Record):
     record: list | None = None
     sources: list = field(default_factory=list)
     text_fields: dict[str, str] = field(default_factory=dict)
+    id_fields: dict[str, str] | None = None  # the streams whose documents' ids are kept, and each one's field
 
 
 @dataclass(frozen=True)

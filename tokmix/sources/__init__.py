@@ -14,6 +14,7 @@ from tokmix.sources.split import Split, create_split, load_or_create_split, stre
 from tokmix.sources.units import (  # noqa: E402
     Unit,
     batches,
+    document_ids,
     file_kind,
     iter_file_texts,
     plan_units,
@@ -23,6 +24,7 @@ from tokmix.sources.units import (  # noqa: E402
 
 __all__ = [
     "HEAVY_ROW_GROUP_BYTES", "HugeText", "Piece", "Places", "SourceError", "Split", "Unit", "batches", "create_split",
+    "document_ids",
     "expand", "file_kind", "file_size", "iter_file_texts", "load_or_create_split", "open_file", "parse_mirrors",
     "plan_units", "read_texts", "remap", "stream_files", "text_hashes",
 ]

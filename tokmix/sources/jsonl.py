@@ -14,7 +14,7 @@ import orjson
 
 from tokmix.errors import TokmixError
 from tokmix.sources.files import file_size, open_file
-from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad
+from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, document_id
 from tokmix.text import clean_surrogates
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -240,6 +240,28 @@ class _ZstdFrames(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+def ids(path: str, field: str, stream: str, mirrors, lines: list[int]) -> list[str | int]:
+    """The ids (field `field`) of the documents at `lines` (0-based line numbers, ascending) of the file."""
+    wanted, found = set(lines), {}
+    with _open(Piece(path, "jsonl"), mirrors) as f:
+        for n, line in enumerate(f):
+            if n in wanted:
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    record = json.loads(line)
+                if not isinstance(record, dict) or field not in record:
+                    fields = list(record)[:20] if isinstance(record, dict) else []
+                    raise bad(stream, path, f"line {n + 1}", f"no id field {field!r} (fields: {fields})")
+                found[n] = document_id(record[field], field, stream, path, f"line {n + 1}")
+                if len(found) == len(wanted):
+                    break
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise bad(stream, path, f"line {missing[0] + 1}", "not in the file any more (it holds fewer lines)")
+    return [found[n] for n in lines]
 
 
 def _line_number(piece: Piece, mirrors, offset: int) -> int:

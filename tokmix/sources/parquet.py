@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokmix.sources.files import open_file
-from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, reading
+from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, document_id, reading
 
 PARQUET_READ_ROWS = 1024
 PARQUET_READ_BYTES = 1 << 20  # Arrow batches of ~1 MiB: its buffers stay in cache and are reused by malloc
@@ -37,6 +37,19 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
         if size >= unit_bytes or g == meta.num_row_groups - 1:
             yield Piece(path, "parquet", start, g + 1, first_row, size, file_bytes)
             start, size, first_row = g + 1, 0, row
+
+
+def ids(path: str, field: str, stream: str, mirrors, rows: list[int]) -> list[str | int]:
+    """The ids (column `field`) of the documents at `rows` (ascending) of the file: the id column alone is read."""
+    with open_file(path, mirrors) as f:
+        pf = pq.ParquetFile(f)
+        if field not in pf.schema_arrow.names:
+            raise bad(stream, path, "schema", f"no id column {field!r} (columns: {pf.schema_arrow.names})")
+        column = pf.read(columns=[field], use_threads=False).column(0)
+    if rows and rows[-1] >= len(column):
+        raise bad(stream, path, f"row {rows[-1]}", "not in the file any more (it holds fewer rows)")
+    values = column.take(pa.array(rows, pa.int64())).to_pylist()
+    return [document_id(v, field, stream, path, f"row {r}") for v, r in zip(values, rows)]
 
 
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,

@@ -59,6 +59,14 @@ class SourceError(TokmixError):
     pass
 
 
+def document_id(value: object, field: str, stream: str, path: str, where: str) -> str | int:
+    """A document's own id as the source has it: a string or an integer, anything else named."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    kind = "null" if value is None else f"a {type(value).__name__}, not a string or an integer"
+    raise bad(stream, path, where, f"id field {field!r} is {kind}")
+
+
 class HugeText:
     """A document too large to hold as one Python string (200 MB of text with a single emoji is 800 MB as a
     str): its UTF-8 bytes, which the tokenizing worker turns into str pieces one at a time."""

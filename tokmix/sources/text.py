@@ -19,6 +19,12 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
     yield Piece(path, "text", size=size, file_bytes=size)
 
 
+def ids(path: str, field: str, stream: str, mirrors, places: list[int]) -> list[str | int]:
+    """A text file is one document, with no field to hold an id."""
+    raise bad(stream, path, "file", f"a plain text file has no id field {field!r} (ids come from JSONL fields and "
+              "parquet columns)")
+
+
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
           skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The file's one document; with `huge`, see tokmix.sources.units.read_texts."""

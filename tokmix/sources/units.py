@@ -48,6 +48,15 @@ def file_kind(path: str) -> str:
     return next(kind for kind, module in FORMATS.items() if module.claims(path))
 
 
+def document_ids(kind: str, path: str, field: str, stream: str, mirrors, places: list[int]) -> list[str | int]:
+    """The ids of the documents at `places` (rows or lines, ascending) of one source file, from field `field`."""
+    try:
+        return FORMATS[kind].ids(path, field, stream, mirrors, places)
+    except FileNotFoundError:
+        raise TokmixError(f"stream {stream}: file {path}: not found (its documents' ids are read from it once "
+                          "the shards are written)") from None
+
+
 def file_pieces(path: str, mirrors, unit_bytes: int, stream: str) -> Iterator[Piece]:
     """The file's pieces, by its format; a missing or unreadable file is one line naming the stream."""
     try:

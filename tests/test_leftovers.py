@@ -1,0 +1,271 @@
+"""No process outlives a run, whatever the stage when Ctrl-C, SIGTERM or a SIGKILL of the supervisor comes.
+
+One output directory is taken through every stage by a chain of `tokmix run` commands, each started in a
+session of its own, stopped at a fault point of a stage (tokmix.faults, action `pause`: the process standing
+there says so through a FIFO) and then interrupted; each command resumes what the one before committed. After
+each, no process of its session is left: at once once the command has returned (Ctrl-C, SIGTERM), or once the
+stage process notices its supervisor is gone (SIGKILL of the supervisor)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from tests.pausing import wait_for_pause
+from tests.reference import GOLDEN
+from tokmix.cli import app
+
+PAUSE_SECONDS = 120  # how long a run may take to reach its pause point on a loaded machine
+NOTICE_SECONDS = 30  # a stage process notices a lost supervisor in 0.25 s; its cleanup on a loaded machine
+TRAIN = "[tokenizer.train]\nvocab_size = 600\n"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """The golden JSONL corpus with a recipe that trains its tokenizer (a run's first stage)."""
+    root = tmp_path_factory.mktemp("leftovers")
+    for part in ("corpus", "data"):
+        shutil.copytree(GOLDEN / part, root / part)
+    recipe = (GOLDEN / "recipe.toml").read_text()
+    given = next(line for line in recipe.splitlines() if line.startswith("path = "))
+    (root / "recipe.toml").write_text(recipe.replace(f"[tokenizer]\n{given}\n", TRAIN))
+    return root
+
+
+def session(sid: int) -> list[psutil.Process]:
+    """Every process of session `sid`: whatever the run started, however it was reparented."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, ProcessLookupError):
+            pass
+    return found
+
+
+def described(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return out
+
+
+STARTED: list[int] = []  # the sessions the tests started, killed at the end whatever happened
+
+
+@pytest.fixture
+def no_session_left():
+    """A test that fails while a run stands paused must not leave that run behind."""
+    yield
+    while STARTED:
+        sid = STARTED.pop()
+        for proc in session(sid):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
+class Paused:
+    """`tokmix ARGS` in a session of its own, standing at `point` (its `hit`-th passage). Its output goes to
+    pipes, or with `tty` to a pseudo-terminal of 80 columns that is the session's controlling terminal, where a
+    Ctrl-C is the character a user types."""
+
+    def __init__(self, root: Path, args: list[str], point: str | None, hit: int = 1, tty: bool = False):
+        self.fifo, self.tty = root / "paused", None
+        self.fifo.unlink(missing_ok=True)
+        os.mkfifo(self.fifo)
+        env = {**os.environ, "TOKMIX_PAUSE_FIFO": str(self.fifo), "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}
+        env.pop("TOKMIX_FAULT", None)
+        if point:
+            env["TOKMIX_FAULT"] = f"{point}:{hit}:pause"
+        command = [sys.executable, "-m", "tokmix", *args]
+        if tty:
+            self.tty, terminal = pty.openpty()
+            fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+
+            def controlling_terminal() -> None:  # a session of its own whose terminal is the pty
+                os.setsid()
+                fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+
+            env.pop("COLUMNS", None)
+            self.proc = subprocess.Popen(command, cwd=root, env={**env, "TERM": "xterm"}, stdin=terminal,
+                                         stdout=terminal, stderr=terminal, preexec_fn=controlling_terminal)
+            os.close(terminal)
+            self.shown = b""
+        else:
+            self.proc = subprocess.Popen(command, cwd=root, env=env, start_new_session=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.sid = self.proc.pid
+        STARTED.append(self.sid)
+        self.lines: list[str] = []
+        if point:
+            paused = wait_for_pause(self.fifo, lambda: self.proc.poll() is None, PAUSE_SECONDS)
+            if not paused:
+                self.stop("sigkill")
+                pytest.fail(f"{args} never reached {point}: {self.lines[-20:]} {self.shown[-2000:]!r}")
+
+    def line_matching(self, pattern: str) -> str:
+        """The first line of its stdout (read as it comes, while it stands paused) that matches `pattern`."""
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if re.search(pattern, line):
+                return line
+        pytest.fail(f"no line matching {pattern!r} in {self.lines[-30:]}")
+
+    def screen_until(self, pattern: bytes) -> str:
+        """What the terminal showed, read until `pattern` has been shown."""
+        while not re.search(pattern, self.shown):
+            try:
+                chunk = os.read(self.tty, 1 << 16)
+            except OSError:  # EIO: the terminal's other side is closed
+                chunk = b""
+            if not chunk:
+                pytest.fail(f"the terminal never showed {pattern!r}: {self.shown[-3000:]!r}")
+            self.shown += chunk
+        return self.shown.decode(errors="replace")
+
+    def stop(self, how: str) -> tuple[int, str, str]:
+        """Interrupt as a user or a scheduler would; returns the exit code, stdout and stderr once the command
+        has returned, after checking that nothing of its session is left."""
+        if how == "ctrl-c" and self.tty is not None:
+            os.write(self.tty, b"\x03")  # typed: the terminal sends SIGINT to its foreground process group
+        elif how == "ctrl-c":
+            os.killpg(self.sid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        elif how == "sigterm":
+            self.proc.send_signal(signal.SIGTERM)
+        elif how == "sigkill":
+            self.proc.kill()
+        if self.tty is not None:
+            self.screen_until(b"committed work is kept")
+            self.proc.wait(timeout=120)
+            out, err = self.shown.decode(errors="replace"), ""
+        else:
+            out, err = self.proc.communicate(timeout=120)
+            out = "".join(self.lines) + out
+        left = session(self.sid)
+        if how == "sigkill":  # the stage process notices, stops its children, and goes
+            _, left = psutil.wait_procs(left, timeout=NOTICE_SECONDS)
+        try:
+            assert not left, f"{how}: left behind {described(left)}; {err[-1500:]}"
+        finally:
+            for proc in left:
+                proc.kill()
+            if self.tty is not None:
+                os.close(self.tty)
+        return self.proc.returncode, out, err
+
+
+def status_of(root: Path) -> str:
+    """`tokmix status out`, as the command prints it without a terminal (140 columns)."""
+    result = CliRunner().invoke(app, ["status", str(root / "out")])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def flat(shown: str) -> str:
+    """Status's text with its lines joined (a long line wraps at 140 columns)."""
+    return " ".join(shown.split())
+
+
+def row(shown: str, stage: str) -> str:
+    return next(line for line in shown.splitlines() if line.startswith(f"│ {stage} "))
+
+
+UNIT_BYTES = 1000  # a few units per stream: a run stands in the streams stage with some committed
+RUN = ["run", "recipe.toml", "--out", "out", "--workers", "2", "--log-every", "0.05"]
+TRAINING = r"training: [\d.]+k? of at most 268M characters read \(1 document\(s\), stream dclm\)"
+
+
+def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_each(workspace, no_session_left):
+    """One output directory through every stage: at each stop, `tokmix status` names the stage, what it has done
+    and for how long; the piped log has the stage's progress lines (text, or JSON lines); the terminal's live
+    view fits 80 columns with readable rates; then the interrupt, after which no process is left."""
+    # tokenizer training, Ctrl-C: the trainer's process (the one that was left behind, holding the pipe)
+    run = Paused(workspace, RUN, "tokenizer:training")
+    shown = status_of(workspace)
+    head = rf"running: pid {run.proc.pid} .*; stage tokenizer for 0:00:\d\d: {TRAINING}"
+    assert re.search(head, flat(shown)), shown
+    assert re.search(r"│ in progress │ .*│ +0:00:\d\d │ training: [\d.]+k? of at most", row(shown, "tokenizer"))
+    assert "not started" in row(shown, "backend check") and "not started" in row(shown, "stream dclm")
+    run.line_matching(rf"^\[[\d:]+\] tokenizer: {TRAINING}, running 0:00:\d\d; tree RSS [\d,]+ MiB of 1,024 MiB$")
+    code, out, err = run.stop("ctrl-c")
+    assert code == 130 and "committed work is kept" in err and "Resume with the same command" in err, err
+    assert "] stage split: done in " in out and "] stage tokenizer: started (training a 600-token BPE" in out
+    shown = status_of(workspace)
+    assert "not running" in shown and "stopped in stage tokenizer" in shown and "last error: interrupted" in shown
+    assert "remaining: train the tokenizer; holdout dclm;" in flat(shown)
+
+    # the backend check's own process, SIGTERM
+    run = Paused(workspace, RUN, "backend:checking")
+    shown = status_of(workspace)
+    assert "; stage backend check for 0:00:" in flat(shown)
+    assert "done" in row(shown, "tokenizer")
+    checking = row(shown, "backend check")
+    assert re.search(r"│ in progress │ .*│ +0:00:\d\d │ auto: the fast backends against the oracle", checking), shown
+    assert run.stop("sigterm")[0] == 130
+
+    # holdout, SIGKILL of the supervisor: the stage process notices and stops
+    run = Paused(workspace, RUN, "holdout:after-write")
+    shown = status_of(workspace)
+    assert "; stage holdout for " in flat(shown) and "in progress" in row(shown, "holdout dclm")
+    assert re.search(r"│ done +│ +│ +│ +│ (fastokens|tiktoken|hf) ", row(shown, "backend check")), shown
+    assert run.stop("sigkill")[0] == -signal.SIGKILL
+    assert "stopped in stage holdout" in status_of(workspace)
+
+    # streams on a terminal: the live view, then a Ctrl-C typed
+    run = Paused(workspace, RUN, "streams:after-unit", hit=3, tty=True)
+    screen = run.screen_until(rb"code_other .* tok/s")
+    assert "; stage streams for " in flat(status_of(workspace))
+    code, screen, _ = run.stop("ctrl-c")
+    assert code == 130
+    rows = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "\n").splitlines()
+            if re.match(r"(dclm|edu|code_py|code_other) ", line)]
+    assert rows and all(len(line.rstrip()) <= 80 and "tok/s" in line and " MiB" in rows[0] for line in rows), rows
+    assert not re.search(r"\b0\.0M\b", screen) and re.search(r"\d(\.\d+)?[kM]? tok/s", screen)
+
+    # streams again, JSON lines for a log collector, SIGTERM
+    run = Paused(workspace, [*RUN, "--log-format", "json"], "streams:after-unit", hit=2)
+    line = json.loads(run.line_matching(r'"stream": '))
+    assert line["event"] == "progress" and line["stage"] == "streams" and line["tokens"] <= line["target"]
+    assert line["memory_budget"] == 1 << 30 and 0 < line["tree_rss"] < 1 << 30 and "tok_per_s" in line
+    assert "eta_s" in line and line["message"].startswith(f"streams {line['stream']}: ")
+    code, out, err = run.stop("sigterm")
+    assert code == 130 and all(json.loads(x)["event"] for x in out.splitlines()), out
+
+    # assemble, SIGKILL of the supervisor
+    run = Paused(workspace, RUN, "assemble:mid-write")
+    shown = status_of(workspace)
+    assert "; stage assemble for " in flat(shown) and "in progress" in row(shown, "shards")
+    assert all("done" in row(shown, f"stream {s}") for s in ("dclm", "edu", "code_py", "code_other"))
+    run.line_matching(r"^\[[\d:]+\] assemble: 4 shard\(s\), running 0:00:\d\d; tree RSS [\d,]+ MiB of 1,024 MiB$")
+    assert run.stop("sigkill")[0] == -signal.SIGKILL
+
+    # validate, Ctrl-C
+    run = Paused(workspace, RUN, "validate:before")
+    assert "in progress" in row(status_of(workspace), "validate")
+    assert run.stop("ctrl-c")[0] == 130
+
+    code, out, err = Paused(workspace, RUN, None).stop("wait")
+    assert code == 0 and "done in" in out, err[-2000:]
+    assert "complete and validated" in status_of(workspace)
+    code, _, err = Paused(workspace, ["report", "out"], "report:before-write").stop("ctrl-c")
+    assert code == 130, err
