@@ -13,12 +13,14 @@ import json
 import os
 import pty
 import re
+import select
 import shutil
 import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import psutil
@@ -90,7 +92,7 @@ class Paused:
     Ctrl-C is the character a user types."""
 
     def __init__(self, root: Path, args: list[str], point: str | None, hit: int = 1, tty: bool = False):
-        self.fifo, self.tty = root / "paused", None
+        self.fifo, self.tty, self.shown = root / "paused", None, b""
         self.fifo.unlink(missing_ok=True)
         os.mkfifo(self.fifo)
         env = {**os.environ, "TOKMIX_PAUSE_FIFO": str(self.fifo), "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}
@@ -110,10 +112,10 @@ class Paused:
             self.proc = subprocess.Popen(command, cwd=root, env={**env, "TERM": "xterm"}, stdin=terminal,
                                          stdout=terminal, stderr=terminal, preexec_fn=controlling_terminal)
             os.close(terminal)
-            self.shown = b""
         else:
             self.proc = subprocess.Popen(command, cwd=root, env=env, start_new_session=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        self.read = b""  # of its stdout, by line_matching
         self.sid = self.proc.pid
         STARTED.append(self.sid)
         self.lines: list[str] = []
@@ -121,19 +123,34 @@ class Paused:
             paused = wait_for_pause(self.fifo, lambda: self.proc.poll() is None, PAUSE_SECONDS)
             if not paused:
                 self.stop("sigkill")
-                pytest.fail(f"{args} never reached {point}: {self.lines[-20:]} {self.shown[-2000:]!r}")
+                pytest.fail(f"{args} never reached {point}: {self.shown[-2000:]!r}")
 
     def line_matching(self, pattern: str) -> str:
-        """The first line of its stdout (read as it comes, while it stands paused) that matches `pattern`."""
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if re.search(pattern, line):
-                return line
-        pytest.fail(f"no line matching {pattern!r} in {self.lines[-30:]}")
+        """The first line of its stdout (read as it comes, while it stands paused) that matches `pattern`.
+        select() wakes on the output; its timeout only bounds how long a missing line is waited for."""
+        deadline, fd = time.monotonic() + PAUSE_SECONDS, self.proc.stdout.fileno()
+        while time.monotonic() < deadline:
+            *lines, rest = self.read.decode(errors="replace").split("\n")
+            for k, line in enumerate(lines):
+                if re.search(pattern, line):
+                    self.read = "\n".join(lines[k + 1:] + [rest]).encode()
+                    self.lines += lines[: k + 1]
+                    return line
+            if select.select([fd], [], [], 1.0)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                self.read += chunk
+        pytest.fail(f"no line matching {pattern!r} in {self.read[-3000:]!r}")
 
     def screen_until(self, pattern: bytes) -> str:
         """What the terminal showed, read until `pattern` has been shown."""
+        deadline = time.monotonic() + PAUSE_SECONDS
         while not re.search(pattern, self.shown):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the terminal never showed {pattern!r}: {self.shown[-3000:]!r}")
+            if not select.select([self.tty], [], [], 1.0)[0]:
+                continue
             try:
                 chunk = os.read(self.tty, 1 << 16)
             except OSError:  # EIO: the terminal's other side is closed
@@ -160,7 +177,7 @@ class Paused:
             out, err = self.shown.decode(errors="replace"), ""
         else:
             out, err = self.proc.communicate(timeout=120)
-            out = "".join(self.lines) + out
+            out, err = "".join(f"{line}\n" for line in self.lines) + (self.read + out).decode(), err.decode()
         left = session(self.sid)
         if how == "sigkill":  # the stage process notices, stops its children, and goes
             _, left = psutil.wait_procs(left, timeout=NOTICE_SECONDS)
@@ -191,7 +208,7 @@ def row(shown: str, stage: str) -> str:
 
 
 UNIT_BYTES = 1000  # a few units per stream: a run stands in the streams stage with some committed
-RUN = ["run", "recipe.toml", "--out", "out", "--workers", "2", "--log-every", "0.05"]
+RUN = ["run", "recipe.toml", "--out", "out", "--workers", "2", "--log-every", "0.2"]
 TRAINING = r"training: [\d.]+k? of at most 268M characters read \(1 document\(s\), stream dclm\)"
 
 

@@ -75,13 +75,17 @@ class LocalExecutor:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _start_child_process(parent: int) -> None:
+def _start_child_process(parent: int, die_with_parent: bool = True) -> None:
     """A process the stage process started (a worker, a tokenizer trainer, a backend check): Ctrl-C reaches the
     whole process group, but stopping is the stage process's job (it kills what it started; a unit in flight
-    leaves only a temporary file), so the child ignores it. And it dies with the stage process, whatever ends
-    that one (kill -9, the OOM killer): the kernel sends it SIGKILL then (Linux), so no trainer or worker goes
-    on alone holding memory, a core and the terminal's pipes."""
+    leaves only a temporary file), so the child ignores it. A trainer or a check also dies with the stage
+    process, whatever ends that one (kill -9, the OOM killer): the kernel sends it SIGKILL then (Linux), so it
+    does not go on alone holding memory, a core and the terminal's pipes. A worker process is not tied so: one
+    left by a killed stage process ends with its unit, and until then holds the writers' lock (tokmix.lock), which
+    keeps a new run out of the directory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not die_with_parent:
+        return
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the stage process still kills its children as it ends
@@ -116,7 +120,7 @@ def fresh_process() -> Iterator[ProcessPoolExecutor]:
 def _start_worker_process(parent: int, encoder: tuple[str, str] | None) -> None:
     """A local worker process (see _start_child_process). It builds its encoder (tokenizer path, backend) as it
     starts, while the stage process runs the holdout stage."""
-    _start_child_process(parent)
+    _start_child_process(parent, die_with_parent=False)
     os.environ.update(WORKER_ENV)
     if encoder is not None:
         from tokmix.stages import shared_encoder

@@ -113,7 +113,8 @@ class RunProgress:
     def __init__(self, layout: Layout, every: float = 30.0, live: bool | None = None, budget: int = 1 << 30,
                  supervisor: psutil.Process | None = None):
         self.layout, self.every, self.budget, self.supervisor = layout, every, budget, supervisor
-        self.live = sys.stdout.isatty() if live is None else live
+        # JSON lines are for a log collector, even when stdout is a terminal: no bars between them
+        self.live = (sys.stdout.isatty() and log.format != "json") if live is None else live
         self.bars_by_name: dict[str, _Bar] = {}
         self.tasks: dict[str, int] = {}
         self.current: tuple[str, float] | None = None  # the stage and when it started (monotonic)
