@@ -262,7 +262,8 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     # streams again, JSON lines for a log collector, SIGTERM
     run = Paused(workspace, [*RUN, "--log-format", "json"], "streams:after-unit", hit=2)
     line = json.loads(run.line_matching(r'"stream": '))
-    assert line["event"] == "progress" and line["stage"] == "streams" and line["tokens"] <= line["target"]
+    # (a stream's last line may pass its target: it ends with the document that crosses it)
+    assert line["event"] == "progress" and line["stage"] == "streams" and line["tokens"] > 0 < line["target"]
     assert line["memory_budget"] == 1 << 30 and 0 < line["tree_rss"] < 1 << 30 and "tok_per_s" in line
     assert "eta_s" in line and line["message"].startswith(f"streams {line['stream']}: ")
     code, out, err = run.stop("sigterm")
