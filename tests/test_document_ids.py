@@ -173,3 +173,21 @@ def test_a_missing_or_unusable_id_is_one_line_naming_stream_file_and_place(tmp_p
     pq.write_table(pa.table({"text": ["a"]}), tmp_path / "p.parquet")
     with pytest.raises(TokmixError, match=r"p\.parquet: schema: no id column 'id' \(columns: \['text'\]\)$"):
         document_ids("parquet", str(tmp_path / "p.parquet"), "id", "web", [], [0])
+
+
+def test_a_damaged_ids_file_is_named_and_the_same_command_remakes_it(run):
+    """(Last of the module: it damages the module's run, and the run command puts it back.)"""
+    path = run / "train_002.ids"
+    whole = path.read_bytes()
+    path.write_bytes(whole.replace(b"<urn:uuid:", b"<urn:uuiD:", 1))
+    try:
+        result = CliRunner().invoke(app, ["validate", str(run)])
+        assert result.exit_code != 0 and "train_002.ids: damaged (sha256 differs from index.json)" in result.output
+        result = CliRunner().invoke(app, ["trace", str(run), "--id", "no-such-id"])
+        assert result.exit_code == 2 and "train_002.ids: damaged" in result.output, result.output
+        proc = subprocess.run([sys.executable, "-m", "tokmix", "run", "recipe.toml", "--out", "run"], cwd=run.parent,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0 and "train_002.ids: missing or damaged" in proc.stdout, proc.stderr
+        assert path.read_bytes() == whole
+    finally:
+        path.write_bytes(whole)

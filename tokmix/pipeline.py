@@ -190,13 +190,16 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
 
 
 def _damage(layout: Layout, entry: TokenFileEntry) -> str | None:
-    """Why a finished run's token file must be made again: it, or its provenance index (made with it), is not
-    what index.json's checksum says."""
+    """Why a finished run's token file must be made again: it, or its provenance index or documents' ids (made
+    with it), is not what index.json's checksum says."""
     if first_damage([Part(layout.root / entry.file, entry.checksum)]) is not None:
         return f"{entry.file}: damaged (sha256 differs from index.json)"
     docs = entry.provenance
     if docs is not None and first_damage([Part(layout.root / docs.file, docs.checksum)]) is not None:
         return f"{docs.file}: missing or damaged (sha256 differs from index.json)"
+    ids = docs.ids if docs is not None else None
+    if ids is not None and first_damage([Part(layout.root / ids.file, ids.checksum)]) is not None:
+        return f"{ids.file}: missing or damaged (sha256 differs from index.json)"
     return None
 
 

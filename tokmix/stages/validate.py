@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
-from tokmix.provenance import DOC_DTYPE
+from tokmix.provenance import DOC_DTYPE, read_ids
 from tokmix.shards import (
     CHECKSUM,
     EOT_TOKEN,
@@ -173,6 +174,8 @@ def _check_documents(root: Path, entry: TokenFileEntry, scanned: dict, index: In
         return problems + [f"{name}: {len(data):,} bytes, index.json records {docs.documents:,} documents "
                            f"of {DOC_DTYPE.itemsize} bytes"]
     records = np.frombuffer(data, dtype=DOC_DTYPE)
+    if docs.ids is not None:
+        problems += _check_ids(root, entry, len(records))
     ends = np.cumsum(records["tokens"], dtype=np.int64)
     if not len(ends) or int(ends[-1]) != scanned["tokens"]:
         return problems + [f"{name}: its documents hold {int(ends[-1]) if len(ends) else 0:,} tokens, "
@@ -192,6 +195,17 @@ def _check_documents(root: Path, entry: TokenFileEntry, scanned: dict, index: In
         problems.append(f"{name}: its documents do not start where {entry.file}'s delimiters do "
                         f"(first at token {at:,})")
     return problems
+
+
+def _check_ids(root: Path, entry: TokenFileEntry, documents: int) -> list[str]:
+    """The documents' own ids beside the provenance index (an id_field): whole, and one for each document."""
+    try:
+        ids = read_ids(root, entry)
+    except (TokmixError, ValueError) as e:  # ValueError: not UTF-8 or not JSON, with a matching checksum
+        return [str(e)]
+    if len(ids) != documents:
+        return [f"{entry.provenance.ids.file}: {len(ids):,} ids, {entry.provenance.file} has {documents:,} documents"]
+    return []
 
 
 def _check_shares(index: Index) -> list[str]:
