@@ -329,7 +329,7 @@ def test_the_loader_gives_each_step_its_phase_and_skips_within_it(scheduled):
 def test_trace_step_takes_each_phase_its_own_blocks_and_names_it(scheduled):
     """`trace --step` on ranks of a world of 2, after skips: a step's blocks are its phase's (its own
     seqs_per_step and seq_len, the skips of that phase), as index.json's phases give them, each block's documents
-    hold its phase's seq_len + 1 tokens, and the table names the phase."""
+    hold its phase's seq_len + 1 tokens, and the step's summary names the phase."""
     from typer.testing import CliRunner
 
     from tokmix.cli import app
@@ -344,7 +344,9 @@ def test_trace_step_takes_each_phase_its_own_blocks_and_names_it(scheduled):
         assert sum(d.tokens for d in traced.documents) == phase["seq_len"] + 1
     shown = CliRunner().invoke(app, ["trace", str(scheduled), "--step", "130", "--rank", "1", "--world-size", "2"])
     assert shown.exit_code == 0, shown.output
-    assert "step 130 is in phase final (steps 126-150, seq_len 128" in shown.output
+    flat = " ".join(shown.output.split())  # the step's summary opens it, its head line naming the phase
+    assert flat.startswith("step 130, rank 1 of 2: ") and "; phase final (steps 126-150, seq_len 128, " in flat
+    assert flat.index("; phase final") < flat.index("block "), flat[:400]
     refused = CliRunner().invoke(app, ["trace", str(scheduled), "--step", "100", "--skipped", "5"])
     assert refused.exit_code != 0 and "phase anneal's 4 margin steps" in refused.output
 

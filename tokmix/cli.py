@@ -418,11 +418,9 @@ def trace(
     if as_json:
         print(json.dumps([b.to_json() for b in traced], indent=1))
         return
-    if phase is not None:
-        console.print(phase)
     if step is not None:  # the step as a whole first: a document spanning its blocks shows in each table below
         title = f"step {step:,}" + (f", rank {rank} of {world_size}" if world_size > 1 else "")
-        console.print(render_summary(step_summary(traced), title))
+        console.print(render_summary(step_summary(traced), title, phase))
     for table in render_trace(traced):
         console.print(table)
 

@@ -60,13 +60,14 @@ def step_blocks(out_dir: str | os.PathLike, step: int, rank: int = 0, world_size
 
 
 def step_phase(out_dir: str | os.PathLike, step: int) -> str | None:
-    """The line naming the phase of logical `step` (None for a run without a schedule)."""
+    """What names the phase of logical `step` in its summary (None for a run without a schedule): its name, steps,
+    seq_len and requested shares."""
     loader = TrainBlocks(out_dir)
     if not loader.phases:
         return None
     phase = loader.phases[loader.phase_number(step)]
     first, end = phase["steps"]
-    return (f"step {step:,} is in phase {phase['name']} (steps {first:,}-{end:,}, seq_len {phase['seq_len']:,}, "
+    return (f"phase {phase['name']} (steps {first:,}-{end:,}, seq_len {phase['seq_len']:,}, "
             f"shares {', '.join(f'{n} {v:g}' for n, v in phase['requested_share_by_stream'].items())})")
 
 
@@ -208,7 +209,7 @@ class StepSummary:
     documents: int
     tokens: int
     streams: dict[str, list[int]]  # stream -> [documents, tokens] in the step
-    sources: int  # distinct source files (the phase of a scheduled run's step: step_phase)
+    sources: int  # distinct source files
 
 
 def step_summary(blocks: list[TracedBlock]) -> StepSummary:
@@ -228,13 +229,15 @@ def step_summary(blocks: list[TracedBlock]) -> StepSummary:
     return StepSummary(len(seen), tokens, streams, len(files))
 
 
-def render_summary(summary: StepSummary, title: str):
+def render_summary(summary: StepSummary, title: str, phase: str | None = None):
+    """The step's head line (with a schedule, ending with its phase: step_phase) and its table per stream."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     head = Text(f"{title}: {summary.documents:,} document(s), {summary.tokens:,} tokens, from "
-                f"{len(summary.streams)} stream(s) and {summary.sources:,} source file(s)")
+                f"{len(summary.streams)} stream(s) and {summary.sources:,} source file(s)"
+                + (f"; {phase}" if phase is not None else ""))
     table = Table()
     for col in ("stream", "documents", "tokens", "share"):
         table.add_column(col, justify="left" if col == "stream" else "right")
