@@ -212,11 +212,11 @@ RUN = ["run", "recipe.toml", "--out", "out", "--workers", "2", "--log-every", "0
 TRAINING = r"training: [\d.]+k? of at most 268M characters read \(1 document\(s\), stream dclm\)"
 
 
-def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_each(workspace, no_session_left):
-    """One output directory through every stage: at each stop, `tokmix status` names the stage, what it has done
-    and for how long; the piped log has the stage's progress lines (text, or JSON lines); the terminal's live
-    view fits 80 columns with readable rates; then the interrupt, after which no process is left."""
-    # tokenizer training, Ctrl-C: the trainer's process (the one that was left behind, holding the pipe)
+# One test per stage, in the order a run goes through them, on the module's one output directory: each resumes
+# what the tests before it committed (a test that fails leaves less done, and the next runs that part again).
+def test_tokenizer_training_ctrl_c_sigterm_and_a_killed_supervisor_leave_no_process(workspace, no_session_left):
+    """The trainer's process (the one that was left behind, holding the pipe): stopped by Ctrl-C, by SIGTERM
+    and by a SIGKILL of the supervisor. While it trains, `tokmix status` and the piped log say what it has read."""
     run = Paused(workspace, RUN, "tokenizer:training")
     shown = status_of(workspace)
     head = rf"running: pid {run.proc.pid} .*; stage tokenizer for 0:00:\d\d: {TRAINING}"
@@ -231,7 +231,14 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     assert "not running" in shown and "stopped in stage tokenizer" in shown and "last error: interrupted" in shown
     assert "remaining: train the tokenizer; holdout dclm;" in flat(shown)
 
-    # the backend check's own process, SIGTERM
+    assert Paused(workspace, RUN, "tokenizer:training").stop("sigterm")[0] == 130
+    assert Paused(workspace, RUN, "tokenizer:training").stop("sigkill")[0] == -signal.SIGKILL
+    assert "stopped in stage tokenizer" in status_of(workspace)
+
+
+def test_the_backend_check_sigterm_leaves_no_process(workspace, no_session_left):
+    """The backend check (in the stage process for a vocabulary this small), SIGTERM; status names the check and
+    how long it has run."""
     run = Paused(workspace, RUN, "backend:checking")
     shown = status_of(workspace)
     assert "; stage backend check for 0:00:" in flat(shown)
@@ -240,7 +247,9 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     assert re.search(r"│ in progress │ .*│ +0:00:\d\d │ auto: the fast backends against the oracle", checking), shown
     assert run.stop("sigterm")[0] == 130
 
-    # holdout, SIGKILL of the supervisor: the stage process notices and stops
+
+def test_holdout_a_killed_supervisor_leaves_no_process(workspace, no_session_left):
+    """SIGKILL of the supervisor: the stage process notices and stops."""
     run = Paused(workspace, RUN, "holdout:after-write")
     shown = status_of(workspace)
     assert "; stage holdout for " in flat(shown) and "in progress" in row(shown, "holdout dclm")
@@ -248,9 +257,10 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     assert run.stop("sigkill")[0] == -signal.SIGKILL
     assert "stopped in stage holdout" in status_of(workspace)
 
-    # streams on a terminal: the live view, then a Ctrl-C typed
+
+def test_streams_on_a_terminal_ctrl_c_typed_leaves_no_process_and_the_view_fits_80_columns(workspace, no_session_left):
     run = Paused(workspace, RUN, "streams:after-unit", hit=3, tty=True)
-    screen = run.screen_until(rb"code_other .* tok/s")
+    run.screen_until(rb"code_other .* tok/s")
     assert "; stage streams for " in flat(status_of(workspace))
     code, screen, _ = run.stop("ctrl-c")
     assert code == 130
@@ -259,7 +269,9 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     assert rows and all(len(line.rstrip()) <= 80 and "tok/s" in line and " MiB" in rows[0] for line in rows), rows
     assert not re.search(r"\b0\.0M\b", screen) and re.search(r"\d(\.\d+)?[kM]? tok/s", screen)
 
-    # streams again, JSON lines for a log collector, SIGTERM
+
+def test_streams_json_lines_sigterm_leaves_no_process(workspace, no_session_left):
+    """JSON lines for a log collector, then SIGTERM."""
     run = Paused(workspace, [*RUN, "--log-format", "json"], "streams:after-unit", hit=2)
     line = json.loads(run.line_matching(r'"stream": '))
     # (a stream's last line may pass its target: it ends with the document that crosses it)
@@ -269,7 +281,8 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     code, out, err = run.stop("sigterm")
     assert code == 130 and all(json.loads(x)["event"] for x in out.splitlines()), out
 
-    # assemble, SIGKILL of the supervisor
+
+def test_assemble_a_killed_supervisor_leaves_no_process(workspace, no_session_left):
     run = Paused(workspace, RUN, "assemble:mid-write")
     shown = status_of(workspace)
     assert "; stage assemble for " in flat(shown) and "in progress" in row(shown, "shards")
@@ -277,11 +290,15 @@ def test_no_process_outlives_a_run_stopped_in_any_stage_and_status_and_logs_see_
     run.line_matching(r"^\[[\d:]+\] assemble: 4 shard\(s\), running 0:00:\d\d; tree RSS [\d,]+ MiB of 1,024 MiB$")
     assert run.stop("sigkill")[0] == -signal.SIGKILL
 
-    # validate, Ctrl-C
+
+def test_validate_ctrl_c_leaves_no_process(workspace, no_session_left):
     run = Paused(workspace, RUN, "validate:before")
     assert "in progress" in row(status_of(workspace), "validate")
     assert run.stop("ctrl-c")[0] == 130
 
+
+def test_report_ctrl_c_leaves_no_process(workspace, no_session_left):
+    """The run finished (the whole session gone once the command returns), then its report interrupted."""
     code, out, err = Paused(workspace, RUN, None).stop("wait")
     assert code == 0 and "done in" in out, err[-2000:]
     assert "complete and validated" in status_of(workspace)
