@@ -79,7 +79,8 @@ def test_a_killed_ray_worker_is_retried_and_the_output_is_unchanged(ray_address,
 
 def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, ray_corpus, ray_local_run, tmp_path):
     """ray.init makes SIGTERM a sys.exit; the executor puts tokmix's handler back, so a SIGTERM still ends the
-    stage process as an interruption with its work kept, and the same run resumes to the same bytes."""
+    stage process as an interruption with its work kept, and the same run resumes to the same bytes. While it
+    stands in the streams stage, `tokmix status` sees the stage and what the Ray tasks committed."""
     fifo, out = tmp_path / "paused", tmp_path / "out"
     os.mkfifo(fifo)
     call = (
@@ -97,6 +98,11 @@ def test_sigterm_in_a_ray_stage_stops_cleanly_and_the_run_resumes(ray_address, r
     )
     paused = wait_for_pause(fifo, lambda: proc.poll() is None, PAUSE_SECONDS)
     assert paused, proc.stderr.read() if proc.poll() is not None else f"no pause within {PAUSE_SECONDS} s"
+    # `tokmix status` while the Ray tasks write: the stage, for how long, and the units committed so far
+    shown = subprocess.run([sys.executable, "-m", "tokmix", "status", str(out)], capture_output=True, text=True)
+    flat = " ".join(shown.stdout.split())
+    assert shown.returncode == 0 and re.search(r"running: pid \d+ .*; stage streams for \d+:\d\d:\d\d", flat), flat
+    assert "in progress" in flat and re.search(r"\d+ unit\(s\)", flat) and "holdout" in flat, flat
     proc.send_signal(signal.SIGTERM)  # the supervisor passes it on to the stage process
     proc.communicate(timeout=60)
     assert proc.returncode != 0
