@@ -49,11 +49,14 @@ POINTS = (
 _counts: dict[str, int] = {}
 
 
-def end_descendants(seconds: float = 10.0) -> None:
+def end_descendants(seconds: float = 10.0, stop_tracker: bool = True) -> None:
     """Kill every process this one started, and their own (a tokenizer trainer, a backend check, worker
     processes, a local Ray instance): none may outlive the stage process, holding memory, the CPU or the
     terminal's pipes. multiprocessing's resource tracker goes last and is stopped, not killed: it removes the
-    semaphores the pools left, once no process holds its pipe."""
+    semaphores the pools left, once no process holds its pipe. Called from a thread other than the main one,
+    which may still be tearing a pool down, `stop_tracker=False`: the tracker would unlink that pool's semaphores
+    under it (a 'sem_unlink: No such file' traceback per semaphore on stderr); it ends by itself once this
+    process has exited."""
     from multiprocessing import resource_tracker
 
     import psutil
@@ -66,6 +69,8 @@ def end_descendants(seconds: float = 10.0) -> None:
         except psutil.Error:  # gone already
             pass
     psutil.wait_procs(children, timeout=seconds)
+    if not stop_tracker:
+        return
     try:
         tracker._stop()  # closes its pipe and waits for it (Python >= 3.8)
     except Exception:  # noqa: BLE001 - another version's tracker: it stops by itself once its pipe is closed
@@ -74,8 +79,9 @@ def end_descendants(seconds: float = 10.0) -> None:
 
 def exit_for_restart() -> None:
     """End this stage process at once for the supervisor to start a fresh one: workers first, so that none
-    is left holding the output pipes or memory."""
-    end_descendants()
+    is left holding the output pipes or memory. (The memory guard's thread calls it, and a fault point in any
+    thread: the tracker is left to end with this process.)"""
+    end_descendants(stop_tracker=False)
     sys.stdout.flush()
     os._exit(RESTART_EXIT_CODE)
 

@@ -126,7 +126,7 @@ def _watch_supervisor() -> None:
         log(f"the tokmix command (pid {supervisor}) is gone: stopping; committed work is kept")
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(SUPERVISOR_GONE_SECONDS)
-        end_descendants()
+        end_descendants(stop_tracker=False)
         os._exit(ERROR_EXIT_CODE)
 
     threading.Thread(target=watch, daemon=True, name="supervisor-watch").start()
