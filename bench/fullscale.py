@@ -148,14 +148,16 @@ class DiskSampler(threading.Thread):
 
 
 # ---------------------------------------------------------------------------- the two programs
-def run_tokmix(recipe: Path, out: Path) -> dict:
+def run_tokmix(recipe: Path, out: Path, fresh_cache: bool = True, keep_cache: bool = False) -> dict:
     """`tokmix run RECIPE --out OUT`, default flags otherwise; seconds, peaks of RSS and disk per stage."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     # default flags: the token cache on, as a user's first run of these sources finds it (empty; filling it is part
-    # of the cost); removed afterwards (bench/cache.py measures a remix against it)
+    # of the cost); removed afterwards (bench/cache.py measures a remix against it), unless a later run of
+    # compare_interleaves --reuse-cache takes its units
     cache = WORK / "token-cache"
-    shutil.rmtree(cache, ignore_errors=True)
+    if fresh_cache:
+        shutil.rmtree(cache, ignore_errors=True)
     os.environ["TOKMIX_CACHE"] = str(cache)
     log, peaks, disk = out.parent / "tokmix.log", {}, {}
     log.unlink(missing_ok=True)
@@ -167,7 +169,8 @@ def run_tokmix(recipe: Path, out: Path) -> dict:
                                     WORK, log, stage, peaks)
     finally:
         sampler.stop()
-        shutil.rmtree(cache, ignore_errors=True)
+        if not keep_cache:
+            shutil.rmtree(cache, ignore_errors=True)
     if code != 0:
         sys.exit(f"tokmix exited with {code}; see {log}:\n" + log.read_text()[-3000:])
     recorded = json.loads((out / "tokmix-state" / "timings.json").read_text())
@@ -225,6 +228,9 @@ def main() -> None:
     ap.add_argument("--interleave", default="global",
                     help="comma-separated interleaves, each a whole run in turn (e.g. global,balanced: their "
                          "assemble times as a ratio; the previous run's output is deleted first)")
+    ap.add_argument("--reuse-cache", action="store_true",
+                    help="with several interleaves: the later runs take every unit from the first run's token cache "
+                         "(their streams stage is a remix's, not a tokenization; assemble is unchanged)")
     args = ap.parse_args()
     if not (args.corpus / "bench.toml").exists():
         sys.exit(f"{args.corpus}: no bench.toml; build the corpus first: python bench/corpus.py {args.corpus}")
@@ -242,7 +248,7 @@ def main() -> None:
                                            _base_split(args.corpus.resolve(), split)), args.tokenizer_mb)
     kinds = args.interleave.split(",")
     if kinds != ["global"]:
-        compare_interleaves(recipe, kinds)
+        compare_interleaves(recipe, kinds, args.reuse_cache)
         return
     recipe_path = write_recipe(recipe)
     mem = psutil.virtual_memory().total / GIB
@@ -291,26 +297,34 @@ def main() -> None:
         sys.exit(1)
 
 
-def compare_interleaves(recipe: dict, kinds: list[str]) -> None:
+def compare_interleaves(recipe: dict, kinds: list[str], reuse_cache: bool = False) -> None:
     """One whole run per interleave, in turn, on the same corpus and tokenizer: each stage's seconds, the peak
-    tree RSS, and each interleave's assemble time over the first's, with the load average beside each run."""
+    tree RSS, and the assemble time of each interleave's runs over the first interleave's (an interleave named
+    twice, e.g. global,balanced,global,balanced: each time is a run, and the ratio is of their means), with the
+    load average beside each run."""
     results = {}
-    for kind in kinds:
+    for i, kind in enumerate(kinds):
+        label = kind if kinds.count(kind) == 1 else f"{kind} #{kinds[: i + 1].count(kind)}"
         path = write_recipe(recipe, kind)
         before = _load()
-        run = run_tokmix(path, WORK / "runs" / "tokmix")
+        run = run_tokmix(path, WORK / "runs" / "tokmix", fresh_cache=i == 0 or not reuse_cache,
+                         keep_cache=reuse_cache and i < len(kinds) - 1)
         after = _load()
-        results[kind] = {"seconds": run["seconds"], "wall": run["wall"], "peak_rss": max(run["peaks"].values()),
-                         "load": [before, after], "balance": run["index"]["mix"].get("balance")}
-        print_stages(f"tokmix, interleave = {kind} ({run['index']['blocks']:,} blocks; load average before {before}, "
-                     f"after {after})", run["seconds"], cr.stage_tokens(run["index"]), run["peaks"], run["disk"],
-                     run["wall"])
-        print(f"peak tree RSS {results[kind]['peak_rss'] / MIB:,.0f} MiB", flush=True)
+        results[label] = {"interleave": kind, "seconds": run["seconds"], "wall": run["wall"],
+                          "peak_rss": max(run["peaks"].values()), "load": [before, after],
+                          "balance": run["index"]["mix"].get("balance")}
+        print_stages(f"tokmix, interleave = {label} ({run['index']['blocks']:,} blocks; load average before "
+                     f"{before}, after {after})", run["seconds"], cr.stage_tokens(run["index"]), run["peaks"],
+                     run["disk"], run["wall"])
+        print(f"peak tree RSS {results[label]['peak_rss'] / MIB:,.0f} MiB", flush=True)
         shutil.rmtree(WORK / "runs" / "tokmix", ignore_errors=True)  # ~10 GiB a run
-    first = results[kinds[0]]["seconds"]["assemble"]
-    for kind in kinds[1:]:
-        print(f"assemble {kind} / {kinds[0]}: {results[kind]['seconds']['assemble'] / first:.3f}x "
-              f"({results[kind]['seconds']['assemble']:.1f} s / {first:.1f} s)")
+    mean = {k: sum(r["seconds"]["assemble"] for r in results.values() if r["interleave"] == k)
+            / kinds.count(k) for k in dict.fromkeys(kinds)}
+    for label, r in results.items():
+        print(f"assemble {label}: {r['seconds']['assemble']:.1f} s (load average before {r['load'][0]})")
+    for kind in list(mean)[1:]:
+        print(f"assemble {kind} / {kinds[0]}: {mean[kind] / mean[kinds[0]]:.3f}x (mean {mean[kind]:.1f} s / "
+              f"{mean[kinds[0]]:.1f} s)")
     (WORK / "interleaves.json").write_text(json.dumps(results, indent=2))
 
 
