@@ -292,9 +292,19 @@ def test_assemble_a_killed_supervisor_leaves_no_process(workspace, no_session_le
 
 
 def test_validate_ctrl_c_leaves_no_process(workspace, no_session_left):
+    """Then the stage record is input to `tokmix status`: one of another shape, or a FIFO in its place (which
+    would hang a reader that opens it), is ignored, never a traceback or a hang."""
     run = Paused(workspace, RUN, "validate:before")
     assert "in progress" in row(status_of(workspace), "validate")
     assert run.stop("ctrl-c")[0] == 130
+    record = workspace / "out" / "tokmix-state" / "stage.json"
+    assert "stopped in stage validate" in status_of(workspace)
+    record.write_text(json.dumps({"stage": "streams", "started": "soon", "doing": 5}))
+    assert "stopped in stage" not in status_of(workspace)
+    record.unlink()
+    os.mkfifo(record)
+    assert "stopped in stage" not in status_of(workspace)
+    record.unlink()
 
 
 def test_report_ctrl_c_leaves_no_process(workspace, no_session_left):

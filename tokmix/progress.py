@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeR
 from rich.text import Text
 
 from tokmix.process import log
-from tokmix.shards import Layout, write_bytes
+from tokmix.shards import DamagedFile, Layout, read_json, write_bytes
 
 
 def tree_rss(extra: psutil.Process | None = None) -> int:
@@ -64,11 +64,17 @@ def write_stage(layout: Layout, stage: str, doing: str = "", started: float | No
 
 
 def read_stage(layout: Layout) -> dict | None:
+    """The stage record as write_stage wrote it, or None (missing, damaged, or not of its shape: it is input; a
+    link, FIFO or device in its place is never opened)."""
     try:
-        record = json.loads(layout.stage.read_text())
-    except (OSError, ValueError):
+        record = read_json(layout.stage, remedy="")
+    except (DamagedFile, OSError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("stage"), str) else None
+    if not isinstance(record, dict) or not isinstance(record.get("stage"), str) or \
+            not isinstance(record.get("doing", ""), str) or \
+            not isinstance(record.get("started"), (int, float)) or isinstance(record.get("started"), bool):
+        return None
+    return record
 
 
 @dataclass

@@ -20,6 +20,7 @@ from rich.text import Text
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.lock import flock_holders, read_holder
+from tokmix.progress import read_stage
 from tokmix.recipe import Recipe, recipe_from_dict
 from tokmix.shards import (
     DamagedFile,
@@ -216,14 +217,9 @@ def status(out_dir: str | os.PathLike) -> Status:
         error=_error_line(error) if not running else None,
         timings=_json(layout.timings) or {},
         tokenizer_changed=tokenizer_change(layout.root, index) if index is not None and index.shards else None,
-        stage=_stage_record(layout),
+        stage=read_stage(layout) or {},
         backend=(_json(layout.backend_choice) or {}).get("backend"),
     )
-
-
-def _stage_record(layout: Layout) -> dict:
-    record = _json(layout.stage)
-    return record if isinstance(record, dict) and isinstance(record.get("stage"), str) else {}
 
 
 # ---------------------------------------------------------------------------- rendering
