@@ -175,9 +175,24 @@ def test_a_committed_shard_damaged_before_the_resume_is_rewritten(corpus, clean,
     assert shards(out) == clean
 
 
-def test_a_finished_run_again_verifies_checksums_and_remakes_a_damaged_shard(corpus, clean, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def finished(corpus, tmp_path_factory) -> Path:
+    """A finished run (each test damages a copy of it)."""
+    out = tmp_path_factory.mktemp("finished") / "out"
     assert run(corpus, out).returncode == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished_kept(corpus, tmp_path_factory) -> Path:
+    """A finished run that kept its intermediates."""
+    out = tmp_path_factory.mktemp("finished-kept") / "out"
+    assert run(corpus, out, "--keep-streams").returncode == 0
+    return out
+
+
+def test_a_finished_run_again_verifies_checksums_and_remakes_a_damaged_shard(corpus, clean, finished, tmp_path):
+    out = copy_of(finished, tmp_path)
     again = run(corpus, out)
     assert again.returncode == 0
     assert f"already complete: sha256 of {len(clean) - 3} shard(s) and 3 holdout(s) verified; nothing to do" \
@@ -224,9 +239,8 @@ def _truncate_resume_and_compare(corpus, clean, out: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["done.json", "index.json", "timings.json"])
-def test_a_damaged_state_file_of_a_finished_run_is_remade(corpus, clean, tmp_path, name):
-    out = tmp_path / "out"
-    assert run(corpus, out, "--keep-streams").returncode == 0
+def test_a_damaged_state_file_of_a_finished_run_is_remade(corpus, clean, finished_kept, tmp_path, name):
+    out = copy_of(finished_kept, tmp_path)
     _truncate_resume_and_compare(corpus, clean, out, name)
 
 
@@ -243,9 +257,9 @@ def test_a_damaged_state_file_of_a_stopped_run_is_remade(corpus, clean, assemble
     _truncate_resume_and_compare(corpus, clean, out, name)
 
 
-def test_every_command_names_a_damaged_index_in_one_line(corpus, tmp_path):
+def test_every_command_names_a_damaged_index_in_one_line(corpus, finished, tmp_path):
     out = tmp_path / "run [v2]"
-    assert run(corpus, out).returncode == 0
+    shutil.copytree(finished, out)
     (out / "index.json").write_bytes((out / "index.json").read_bytes()[:100])
     for command in ("validate", "status", "inspect", "report"):
         proc = tokmix(command, out)
