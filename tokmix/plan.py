@@ -250,9 +250,14 @@ def _estimate_measure(
     paths: list[str], sizes: list[int], text_field: str, stream: str, mirrors, count, limit: int
 ) -> tuple[_Count, _Count, bool]:
     """Files of one measure: (the estimate, the sample, whether the sample read them all whole)."""
-    per_file = max(1, limit // min(len(paths), SAMPLE_FILES))
-    sample, whole, read_whole = _Count(), _Count(), set()
-    for i in _spread(len(paths))[:MAX_SAMPLE_FILES]:
+    # an empty file holds nothing and is not read: the sample is spread over the files that hold bytes (a stream of
+    # 50,000 empty files beside 3 real ones is the 3 real ones, not a sample of empty files scaled up to them)
+    read_whole = {i for i, n in enumerate(sizes) if n == 0 and file_kind(paths[i]) != "parquet"}  # (a parquet
+    # file's measure is its text column's bytes: 0 also when the column is missing, which its sample says)
+    full = [i for i in _spread(len(paths)) if i not in read_whole]
+    per_file = max(1, limit // max(1, min(len(full), SAMPLE_FILES)))
+    sample, whole = _Count(), _Count()
+    for i in full[:MAX_SAMPLE_FILES]:
         if sample.used >= limit:
             break
         got = _sample_file(paths[i], text_field, stream, mirrors, per_file)

@@ -49,13 +49,21 @@ def remote_errors(url: str, mirrors: list[tuple[str, str]]):
 
 
 def open_file(url: str, mirrors: list[tuple[str, str]], mode: str = "rb"):
+    """The file, opened: a local path directly (fsspec's local layer costs ~0.2 ms a call, minutes over a
+    stream of 50,000 small files), a URL through fsspec."""
+    path = remap(url, mirrors)
+    if "://" not in path:
+        return open(path, mode)
     with remote_errors(url, mirrors):
-        return fsspec.open(remap(url, mirrors), mode).open()
+        return fsspec.open(path, mode).open()
 
 
 def file_size(url: str, mirrors: list[tuple[str, str]]) -> int:
+    path = remap(url, mirrors)
+    if "://" not in path:  # as open_file
+        return os.stat(path).st_size
     with remote_errors(url, mirrors):
-        fs, path = fsspec.core.url_to_fs(remap(url, mirrors))
+        fs, path = fsspec.core.url_to_fs(path)
         return int(fs.size(path))
 
 
@@ -74,7 +82,8 @@ def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
     local = remap(pattern, mirrors)
     with remote_errors(pattern, mirrors):
         fs, path = fsspec.core.url_to_fs(local)
-        found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+        isdir = os.path.isdir if "://" not in local else fs.isdir
+        found = sorted(p for p in fs.glob(path) if not isdir(p))
     if "://" not in local:  # a FIFO, device or socket a glob matches is named here, never opened (it could block)
         for p in found:
             try:

@@ -119,7 +119,7 @@ def _part_files(recipe: Recipe, split: Split, stream: str, part: str) -> list[st
     spec = recipe.streams[stream]
     match = matcher([recipe.resolve(p) for p in spec.files])
     entries = split.get(spec.domain, {}).get(part, [])
-    return [normalize(f) for f in (recipe.resolve(e) for e in entries) if match.fullmatch(normalize(f))]
+    return [f for f in (normalize(recipe.resolve(e)) for e in entries) if match.fullmatch(f)]
 
 
 def create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:

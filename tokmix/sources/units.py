@@ -71,11 +71,12 @@ def plan_units(
     stream: str, files: list[str], mirrors: list[tuple[str, str]], unit_bytes: int = UNIT_BYTES
 ) -> Iterator[Unit]:
     """The stream's work units in canonical order, planned lazily: only the files a run reaches are opened.
-    Small whole-file pieces are grouped so that 10,000 small files do not make 10,000 units."""
+    Pieces that are a whole file (a plain-text file, a JSONL file of one piece, an empty one included) are grouped
+    up to `unit_bytes`, so that 10,000 small files do not make 10,000 units."""
     index, group, group_bytes = 0, [], 0
     for path in files:
         for piece in file_pieces(path, mirrors, unit_bytes, stream):
-            if piece.stop == -1 and piece.kind == "text":
+            if _whole_file(piece):
                 group.append(piece)
                 group_bytes += piece.size
                 if group_bytes >= unit_bytes:
@@ -89,6 +90,10 @@ def plan_units(
             index += 1
     if group:
         yield Unit(stream, index, tuple(group))
+
+
+def _whole_file(piece: Piece) -> bool:
+    return piece.kind == "text" or (piece.kind == "jsonl" and piece.start == 0 and piece.stop in (-1, piece.file_bytes))
 
 
 def read_texts(unit_or_piece: Unit | Piece, field: str, stream: str, mirrors, huge: int | None = None,
