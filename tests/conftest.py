@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus import make_inputs
+from tests.corpus import make_inputs, with_schedule
 from tests.ray_nodes import RUN, RayNode
 
 # What CI may skip: only what its test command does not install or lay beside the clone. The default torch
@@ -70,11 +70,36 @@ def pytest_sessionfinish() -> None:
     _stop_ray_head()  # an interrupted session
 
 
+# The Ray tests' schedule: a ramp and a long-context phase, (74 + 34) x 8 + 24 x 4 = 960 blocks with the margins
+RAY_SCHEDULE = """
+[[schedule]]
+name = "main"
+steps = 70
+shares = { dclm = 0.45, edu = 0.35, code_py = 0.07, code_other = 0.13 }
+
+[[schedule]]
+name = "anneal"
+steps = 30
+ramp_steps = 10
+shares = { dclm = 0.25, edu = 0.45, code_py = 0.1, code_other = 0.2 }
+
+[[schedule]]
+name = "long"
+steps = 20
+seq_len = 128
+shares = { dclm = 0.3, edu = 0.4, code_py = 0.1, code_other = 0.2 }
+"""
+
+
 @pytest.fixture(scope="session")
 def ray_corpus(tmp_path_factory) -> Path:
-    """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit."""
+    """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit. The recipe
+    is a schedule of three phases on the balanced interleave, the order that depends on the documents' lengths
+    (the global order's bytes are the same on every executor too: test_pipeline runs it on threads and
+    processes), so every Ray test checks that Ray writes a schedule's bytes as the local executor does."""
     root = tmp_path_factory.mktemp("ray-corpus")
-    make_inputs(root, rows_per_group=16, decontaminate=True)
+    recipe = make_inputs(root, rows_per_group=16, decontaminate=True, steps=120, interleave='"balanced"')
+    with_schedule(recipe, RAY_SCHEDULE, recipe.name)
     return root
 
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import psutil
 
-# The run every Ray test makes (on tests/conftest.py's ray_corpus): about 45 units of 16 rows each across the four
-# streams, so a kill lands inside one.
-BLOCKS = 1024
+# The run every Ray test makes (on tests/conftest.py's ray_corpus, whose schedule gives it 960 blocks): about 45
+# units of 16 rows each across the four streams, so a kill lands inside one.
 UNIT_BYTES = 1  # every parquet row group is a unit
-RUN = {"workers": 2, "blocks": BLOCKS, "unit_bytes": UNIT_BYTES}
+RUN = {"workers": 2, "unit_bytes": UNIT_BYTES}
 START_SECONDS = 180  # `ray start` on a loaded 2-core machine: ~10-25 s a node
 # The head declares a killed node dead after ~5 failed health checks a second apart (Ray's default takes
 # 15-30 s), and Ray then reruns the node's tasks elsewhere; 2 s per check spares a node slowed by a loaded

@@ -20,7 +20,7 @@ import pytest
 
 import tokmix
 from tests.pausing import wait_for_pause
-from tests.ray_nodes import BLOCKS, RUN, UNIT_BYTES
+from tests.ray_nodes import RUN, UNIT_BYTES
 from tokmix import TokmixError
 from tokmix.executors import make_executor
 
@@ -47,11 +47,15 @@ def outputs(out: Path) -> dict[str, bytes]:
 
 
 def test_ray_writes_the_same_bytes_as_local(ray_address, ray_corpus, ray_local_run, ray_cache, tmp_path):
-    """Its Ray tasks take every unit from the token cache that the local run filled (tokmix.cache)."""
+    """Its Ray tasks take every unit from the token cache that the local run filled (tokmix.cache), but perhaps
+    the one in which a stream reaches its budget: a unit gets its limit (the tokens left) only if every unit
+    before it is committed when it is handed out, which depends on timing, so the local run may have cut it
+    shorter than a Ray task given none needs, and that task tokenizes the rest on top of the entry."""
     index = tokmix.run(tokmix.load_recipe(ray_corpus / "recipe.toml"), tmp_path, executor="ray",
                        ray_address=ray_address, cache=str(ray_cache), **RUN)
     assert len(index["shards"]) > 1
-    assert index["cache"]["units_from_cache"] == index["cache"]["units"] > 1
+    for name, cache in index["cache"]["by_stream"].items():
+        assert cache["units_from_cache"] >= cache["units"] - 1 and cache["tokens_from_cache"] > 0, name
     assert outputs(tmp_path) == outputs(ray_local_run)
 
 
@@ -166,8 +170,7 @@ def test_ray_workers_never_import_tokmix_from_the_working_directory(ray_address,
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("tokmix")), "run", str(ray_corpus / "recipe.toml"), "--out",
-         str(tmp_path / "out"), "--executor", "ray", "--ray-address", ray_address, "--workers", "2",
-         "--blocks", str(BLOCKS)],
+         str(tmp_path / "out"), "--executor", "ray", "--ray-address", ray_address, "--workers", "2"],
         cwd=cwd, env={**env, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES)}, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
