@@ -95,8 +95,11 @@ def test_runs_filling_one_cache_at_once_write_the_same_bytes_and_one_whole_entry
     cache, a, b = cold
     assert outputs(a) == outputs(b)
     whole, problems = UnitCache(str(cache)).verify()
-    units = len(list((b / "streams").glob("*/units/*.json")))
-    assert problems == [] and whole == units > 8
+    used = {(p.parent.parent.name, p.stem) for p in (b / "streams").glob("*/units/*.json")}
+    filled = [(e.record["parts"]["stream"], e.record["parts"]["unit"]) for e in UnitCache(str(cache)).entries()]
+    # one entry per unit (a unit tokenized past a budget while the ones before it were in flight has one too)
+    assert problems == [] and whole == len(filled) == len(set(filled)) and set(filled) >= used and len(used) > 8
+    units = len(used)
     assert not list((cache / "tmp").iterdir()), "nothing left of the fill that lost the race"
     index = json.loads((a / "index.json").read_text())
     assert index["cache"]["location"] == str(cache) and index["cache"]["units"] == units
@@ -253,28 +256,34 @@ def test_a_unit_needing_more_than_its_partial_entry_holds_goes_on_from_it_encodi
         recipes, tmp_path, monkeypatch):
     """A stream's last unit stopped at its budget is a partial entry; a run that needs more of that unit takes
     the entry's tokens for its first documents (reading them again: holdout copies, benchmark items, provenance)
-    and encodes only the documents after them, writing exactly what tokenizing it from its start writes."""
+    and encodes only the documents after them, writing exactly what tokenizing it from its start writes. (On a
+    store: tests/test_store.py.)"""
+    goes_on_from_a_partial_entry(recipes[0].parent, str(tmp_path / "cache"), tmp_path, monkeypatch)
+
+
+def goes_on_from_a_partial_entry(root: Path, cache: str, work: Path, monkeypatch, thirds: tuple = (2, 3)) -> None:
+    """A unit of `root`'s test corpus tokenized whole without a cache, then to a third of it (a partial entry in
+    `cache`), then to each of `thirds` of it (3: whole), each going on from the entry the one before left."""
     import numpy as np
     import pyarrow.parquet as pq
 
+    from tokmix.shards import read_json
     from tokmix.sources import plan_units
     from tokmix.stages import shared_encoder
     from tokmix.stages.streams import UnitTask, tokenize_unit
 
-    root = recipes[0].parent
     path = root / "corpus" / "edu" / "part-0.parquet"
     unit = next(plan_units("edu", [str(path)], [], 1 << 30))  # the whole file
     texts = [t for t in pq.read_table(path)["text"].to_pylist() if t]
     tokenizer = str(root / "tokenizer" / "tokenizer.json")
-    cache = str(tmp_path / "cache")
     key = "ab" * 32
 
     def run(name: str, limit: int | None, cache: str | None = None) -> tuple[dict, dict[str, bytes]]:
-        (tmp_path / name).mkdir()
-        task = UnitTask(unit, "text", tokenizer, "hf", "<u2", str(tmp_path / name), None, (), 4 << 20, limit,
+        (work / name).mkdir()
+        task = UnitTask(unit, "text", tokenizer, "hf", "<u2", str(work / name), None, (), 4 << 20, limit,
                         provenance=True, cache=cache, cache_key=key if cache else None, cache_parts={})
         record = tokenize_unit(task)
-        return record, {kind: (tmp_path / name / f"{unit.name}.{kind}").read_bytes() for kind in ("tok", "len", "src")}
+        return record, {kind: (work / name / f"{unit.name}.{kind}").read_bytes() for kind in ("tok", "len", "src")}
 
     whole, want = run("whole", None)
     ends = np.cumsum(np.frombuffer(want["len"], "<u4"))
@@ -283,7 +292,8 @@ def test_a_unit_needing_more_than_its_partial_entry_holds_goes_on_from_it_encodi
     encoder = shared_encoder(tokenizer, "hf")
     encode = encoder.encode_batch
     monkeypatch.setattr(encoder, "encode_batch", lambda batch: encoded.extend(batch) or encode(batch))
-    for limit in (int(ends[2 * len(ends) // 3]), None):  # a later stream's end in the same unit; then all of it
+    # a later stream's end in the same unit; then all of it
+    for limit in (int(ends[k * len(ends) // 3]) if k < 3 else None for k in thirds):
         encoded.clear()
         record, got = run(f"more-{limit}", limit, cache)
         docs, tokens = record["docs"], record["tokens"]
@@ -291,6 +301,6 @@ def test_a_unit_needing_more_than_its_partial_entry_holds_goes_on_from_it_encodi
         assert encoded[0] == texts[stopped["docs"]], "the first document encoded is the first one after the entry's"
         assert got["tok"] == want["tok"][:2 * tokens] and got["len"] == want["len"][:4 * docs]
         assert got["src"] == want["src"][:len(want["src"]) * docs // whole["docs"]]
-        entry = json.loads(next((tmp_path / "cache" / "entries").glob(f"*/{key}/{ENTRY}")).read_text())
+        entry = read_json(UnitCache(cache).entry_dir(key) / ENTRY, sealed=True)
         assert entry["unit"]["tokens"] == tokens and entry["complete"] == (limit is None)
         stopped = record

@@ -134,6 +134,14 @@ def test_a_token_cache_on_the_store_gives_a_local_run_every_unit_checked_and_the
     assert cache.verify() == (whole_entries, [])
 
 
+def test_a_unit_goes_on_from_a_partial_entry_on_the_store(s3, finished_run, tmp_path, monkeypatch):
+    """A partial entry (a stream's last unit) on the store: a unit that needs more of it takes its tokens,
+    checked, and encodes only the rest (tests/test_cache.py)."""
+    from tests.test_cache import goes_on_from_a_partial_entry
+
+    goes_on_from_a_partial_entry(finished_run.parent, f"s3://{BUCKET}/tail-cache", tmp_path, monkeypatch, (3,))
+
+
 def objects_of(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 

@@ -217,7 +217,7 @@ class UnitCache:
                     return None
             except (DamagedFile, FileNotFoundError) as e:
                 self.problem = getattr(e, "why", "a file of it is missing")
-                self.remove(key)
+                self._discard(key, record)
                 return None
         if self.remote:
             self._touch(key)  # first: an entry used within STORE_HOLD_SECONDS is not evicted while it is copied
@@ -236,7 +236,7 @@ class UnitCache:
         if damaged:
             for path in placed:
                 path.unlink(missing_ok=True)
-            self.remove(key)
+            self._discard(key, record)
             return None
         if not self.remote:
             self._touch(key)
@@ -266,11 +266,12 @@ class UnitCache:
         try:
             if accept is not None and not accept(record, lambda part: self._read_extra(key, record, part)):
                 return None
-            tokens = self._read_checked(key, record["files"]["tok"], unit["tok_sha256"])
-            lengths = self._read_checked(key, record["files"]["len"], unit["len_sha256"])
+            with self._locked():  # as a take: no eviction or replacement while its files are read
+                tokens = self._read_checked(key, record["files"]["tok"], unit["tok_sha256"])
+                lengths = self._read_checked(key, record["files"]["len"], unit["len_sha256"])
         except (DamagedFile, FileNotFoundError) as e:
             self.problem = getattr(e, "why", "a file of it is missing")
-            self.remove(key)
+            self._discard(key, record)
             return None
         self._touch(key)
         return unit, tokens, lengths
@@ -397,6 +398,20 @@ class UnitCache:
             except FileNotFoundError:
                 pass
         return used, held
+
+    def _discard(self, key: str, record: dict) -> None:
+        """Remove the damaged entry `record` was read from, unless another run has put a new one in its place
+        since (a larger unit replacing a partial entry): that one is checked when it is used."""
+        if not self.remote:
+            with self._locked(exclusive=True):
+                try:
+                    now = read_json(self.entry_dir(key) / ENTRY, sealed=True)
+                except DamagedFile:
+                    now = None
+                if now is None or now == record:
+                    self._remove_local(key)
+            return
+        self.remove(key)
 
     def remove(self, key: str) -> None:
         """Remove one entry, its record first (the record is the commit)."""
