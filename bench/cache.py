@@ -1,6 +1,6 @@
 """Issue 30's benchmark: what a remix costs with the token cache (tokmix.cache, docs/cache.md).
 
-    .venv/bin/python bench/cache.py bench [--backend hf] [--corpus bench/work/corpus]
+    .venv/bin/python bench/cache.py bench [--backend hf] [--repeat 2] [--tokenizer T] [--corpus bench/work/corpus]
     .venv/bin/python bench/cache.py full  [--corpus bench/work/corpus]
 
 `bench`: the bench-scale corpus's recipe (bench/work/corpus/bench.toml), run cold with an empty cache (it fills
@@ -122,20 +122,31 @@ def bench(args) -> None:
     if not args.tokenizer:
         shutil.copy(WORK / "cold" / "tokenizer.json", WORK / "tokenizer.json")
     mixed = use_tokenizer(remix(recipe, view / "bench-remix.toml"))  # beside it: its paths are relative
-    fresh = tokmix(mixed, WORK / "remix-nocache", None, *flags)
-    warm = tokmix(mixed, WORK / "remix", cache, *flags)
-    same = digest(WORK / "remix") == digest(WORK / "remix-nocache")
-    done, grown = tokenized(warm, cold)
-    took = warm["index"]["cache"]
-    print(f"remix: {took['units_from_cache']:,} of {took['units']:,} units ({took['tokens_from_cache']:,} tokens) "
-          f"from the cache; tokenized {done:,} tokens, goal <= {grown:,} (budget growth) + "
-          f"{len(MOVES)} x {biggest:,} (a unit a stream) = {grown + len(MOVES) * biggest:,}")
-    print(f"remix wall {warm['wall']:,.1f} s = {warm['wall'] / fresh['wall']:.0%} of the same recipe's cold run "
-          f"({fresh['wall']:,.1f} s); streams stage {warm['timings']['streams']:,.2f} s against "
-          f"{fresh['timings']['streams']:,.2f} s; byte-identical to --no-cache: {same}")
-    for name in ("cold", "remix-nocache", "remix", "corpus"):
+    after_cold = WORK / "bench-cache-after-cold"  # each warm remix starts from the cache the cold run left
+    shutil.rmtree(after_cold, ignore_errors=True)
+    shutil.copytree(cache, after_cold, copy_function=os.link)
+    for round_no in range(args.repeat):  # the pair's order alternates: a load that drifts favours neither
+        runs = {}
+        for kind in (("nocache", "warm") if round_no % 2 == 0 else ("warm", "nocache")):
+            if kind == "warm":
+                shutil.rmtree(cache, ignore_errors=True)
+                shutil.copytree(after_cold, cache, copy_function=os.link)
+            runs[kind] = tokmix(mixed, WORK / f"remix-{kind}", cache if kind == "warm" else None, *flags)
+        fresh, warm = runs["nocache"], runs["warm"]
+        same = digest(WORK / "remix-warm") == digest(WORK / "remix-nocache")
+        done, grown = tokenized(warm, cold)
+        took = warm["index"]["cache"]
+        print(f"round {round_no + 1}: remix: {took['units_from_cache']:,} of {took['units']:,} units "
+              f"({took['tokens_from_cache']:,} tokens) from the cache; tokenized {done:,} tokens, goal <= "
+              f"{grown:,} (budget growth) + {len(MOVES)} x {biggest:,} (a unit a stream) = "
+              f"{grown + len(MOVES) * biggest:,}")
+        print(f"round {round_no + 1}: remix wall {warm['wall']:,.1f} s = {warm['wall'] / fresh['wall']:.0%} of the "
+              f"same recipe's cold run ({fresh['wall']:,.1f} s); streams stage {warm['timings']['streams']:,.2f} s "
+              f"against {fresh['timings']['streams']:,.2f} s; byte-identical to --no-cache: {same}", flush=True)
+    for name in ("cold", "remix-nocache", "remix-warm", "corpus"):
         shutil.rmtree(WORK / name, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(after_cold, ignore_errors=True)
 
 
 def full(args) -> None:
@@ -181,6 +192,7 @@ def main() -> None:
     parser.add_argument("scale", choices=("bench", "full"))
     parser.add_argument("--corpus", default=str(HERE / "work" / "corpus"))
     parser.add_argument("--backend", default=None, help="bench: --tokenizer-backend of every run (e.g. hf)")
+    parser.add_argument("--repeat", type=int, default=1, help="bench: rounds of the remix pair (--no-cache, warm)")
     parser.add_argument("--tokenizer", default=None, help="bench: a tokenizer.json for every run (default: the cold "
                                                           "run trains the recipe's)")
     args = parser.parse_args()
