@@ -27,7 +27,7 @@ from tests.test_export import read_llmc, read_megatron
 from tokmix.data import TrainBlocks
 from tokmix.export import export_llmc, export_megatron
 from tokmix.interleave import Deviation, Mix, balanced_chunks
-from tokmix.report import gather, write_report
+from tokmix.report import gather
 from tokmix.trace import step_blocks, token_block, trace_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,17 +139,20 @@ def test_the_report_tells_the_streams_apart_from_the_provenance_index(run):
     assert {n: f.tokens_in_shards for n, f in facts.items()} == index.total.tokens_by_stream
 
 
-def test_the_report_of_a_schedule_gives_each_phase_its_own_layout(scheduled, tmp_path):
+def test_the_report_of_a_schedule_gives_each_phase_its_own_layout(scheduled):
     """The report of the 3-phase run: its overview says each phase's blocks, their length and its sequences per
     step (a long-context phase's are not the layout's), the schedule table each phase's steps, ramp, seq_len and
-    margin; the shard scan's per-stream tokens are index.json's."""
+    margin; the shard scan's per-stream tokens are index.json's. (The page itself, plots included, is
+    test_report's: its lines are checked here without drawing them.)"""
+    from tokmix.report import _blocks_line, _schedule_table, _steps_line
+
     index, facts = gather(scheduled, scan=True)
     assert {n: f.tokens_in_shards for n, f in facts.items()} == index.total.tokens_by_stream
-    text = write_report(scheduled, tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "1,184 blocks (main 752 of 64, anneal 320 of 64, final 112 of 128 tokens)" in text
-    assert "150 in 3 phases (main 90 x 8, anneal 36 x 8, final 24 x 4 sequences), each with its own margin" in text
+    assert _blocks_line(index) == "1,184 blocks (main 752 of 64, anneal 320 of 64, final 112 of 128 tokens)"
+    assert _steps_line(index) == ("150 in 3 phases (main 90 x 8, anneal 36 x 8, final 24 x 4 sequences), each with "
+                                  "its own margin")
     row = "<td>final</td><td>126-150</td><td>0</td><td>4</td><td>128</td><td>4</td>"
-    assert row in text.replace("<td class=\"l\">", "<td>")
+    assert row in _schedule_table(index).replace("<td class=\"l\">", "<td>")
 
 
 def _order(lengths: list[np.ndarray], mix: Mix, tokens: int) -> Deviation:
