@@ -99,10 +99,12 @@ def test_runs_filling_one_cache_at_once_write_the_same_bytes_and_one_whole_entry
     filled = [(e.record["parts"]["stream"], e.record["parts"]["unit"]) for e in UnitCache(str(cache)).entries()]
     # one entry per unit (a unit tokenized past a budget while the ones before it were in flight has one too)
     assert problems == [] and whole == len(filled) == len(set(filled)) and set(filled) >= used and len(used) > 8
-    units = len(used)
     assert not list((cache / "tmp").iterdir()), "nothing left of the fill that lost the race"
     index = json.loads((a / "index.json").read_text())
-    assert index["cache"]["location"] == str(cache) and index["cache"]["units"] == units
+    # index.json counts the units the budgets used: b may keep one more, tokenized past a budget while the units
+    # before it were in flight, and which of the two runs did so depends on their timing
+    assert index["cache"]["location"] == str(cache) and 8 < index["cache"]["units"] <= len(used)
+    assert index["cache"]["units"] == json.loads((b / "index.json").read_text())["cache"]["units"]
 
 
 def test_plan_shows_what_the_cache_holds_of_a_recipe_and_the_disk_it_and_the_run_need(recipes, cold, tmp_path,
