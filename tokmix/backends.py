@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.text import clean_surrogates
+from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
 
 BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "sentencepiece", "hf")  # fastest first
 _MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers"}
@@ -597,6 +597,12 @@ def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: s
 
 
 # ---------------------------------------------------------------------------- documents too large to encode whole
+def huge_doc_chars(tokenizer_path: str | Path) -> int:
+    """Characters past which a run encodes a document piece by piece (HUGE_DOC_CHARS) where the tokenizer allows
+    cutting (can_cut_documents), else a bound no document reaches: part of every unit's cache key."""
+    return HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
+
+
 def can_cut_documents(tokenizer_path: str | Path) -> bool:
     """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
     byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text

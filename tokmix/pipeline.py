@@ -21,8 +21,8 @@ from tokmix import identity
 from tokmix.backends import (
     ORACLE,
     ORACLE_LIBRARY,
-    can_cut_documents,
     choose_backend_with_digest,
+    huge_doc_chars,
     library_versions,
     tokenizer_format,
 )
@@ -77,8 +77,8 @@ MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart befor
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
 # The backend check runs in the stage process for vocabularies up to this many ids (a 32k BPE's encoders are a
-# few MiB, and a fresh process would cost an interpreter's start and every import, about a third of the CPU of
-# a small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
+# few MiB, and a fresh process would cost an interpreter's start and every import, about 40% of the CPU of a
+# small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
 # (o200k_base: ~270 MiB each, a tree of 912 MiB at the run's peak otherwise).
 CHECK_IN_PROCESS_IDS = 1 << 16
 
@@ -394,7 +394,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                    f"the oracle ({ORACLE_LIBRARY[recipe.tokenizer.format]}) on the first documents of every stream")
     backend = _backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
     libraries = identity.recorded(layout, "tokenizer libraries")
-    huge = HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
+    huge = huge_doc_chars(tokenizer_path)
     timings.add("tokenizer", time.perf_counter() - t0)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab.size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,

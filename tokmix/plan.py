@@ -28,7 +28,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tokmix.backends import can_cut_documents, choose_backend, make_encoder
+from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
 from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
@@ -41,7 +41,7 @@ from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.stages.streams import key_base
 from tokmix.store import is_url
-from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
+from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
@@ -638,7 +638,7 @@ def make_plan(
         cache_plan = CachePlan(cache, default_cap(cache), size, entries)
         if encoder is not None:
             _cached(recipe, split, mirrors, key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
-                                                     HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62,
+                                                     huge_doc_chars(tokenizer_path),
                                                      benchmark_fingerprint), streams, unit_cache)
     shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards, cache_plan)
