@@ -15,14 +15,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-from rich.text import Text
 
 from tokmix.process import log
 from tokmix.shards import DamagedFile, Layout, read_json, write_bytes
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 def tree_rss(extra: psutil.Process | None = None) -> int:
@@ -93,24 +94,26 @@ class _Bar:
         return (self.done - self.started_done) / seconds if seconds > 0 else 0.0
 
 
-class _Tokens(ProgressColumn):
-    def __init__(self, bars: dict[str, _Bar]) -> None:
-        super().__init__()
-        self.bars = bars
+def _terminal_bars(bars: dict[str, _Bar], rss) -> Progress:
+    """rich's bars, one per stream, with its tokens, rate and the tree's memory; rich is imported only on a
+    terminal (a stage process writing a log does not pay its import)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
 
-    def render(self, task) -> Text:
-        bar = self.bars.get(task.description)
-        rate = bar.rate(time.monotonic()) if bar else 0.0
-        return Text(f"{count(task.completed):>5}/{count(task.total):<5} {count(rate):>5} tok/s")
+    class Tokens(ProgressColumn):
+        def render(self, task) -> Text:
+            bar = bars.get(task.description)
+            rate = bar.rate(time.monotonic()) if bar else 0.0
+            return Text(f"{count(task.completed):>5}/{count(task.total):<5} {count(rate):>5} tok/s")
 
+    class Memory(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{rss() / 2**20:,.0f} MiB") if task.id == 0 else Text("")
 
-class _Memory(ProgressColumn):
-    def __init__(self, rss) -> None:
-        super().__init__()
-        self.rss = rss
-
-    def render(self, task) -> Text:
-        return Text(f"{self.rss() / 2**20:,.0f} MiB") if task.id == 0 else Text("")
+    # 80 columns: name 12, bar 16, "12.3k/45.6k  1.23M tok/s" 26, ETA 7, memory 9, and the gaps
+    return Progress(TextColumn("{task.description:<12.12}"), BarColumn(bar_width=16), Tokens(),
+                    TimeRemainingColumn(), Memory(), console=Console(), transient=False)
 
 
 class RunProgress:
@@ -127,10 +130,7 @@ class RunProgress:
         self.stopped = threading.Event()
         self.bars = None
         if self.live:
-            # 80 columns: name 12, bar 16, "12.3k/45.6k  1.23M tok/s" 26, ETA 7, memory 9, and the gaps
-            self.bars = Progress(TextColumn("{task.description:<12.12}"), BarColumn(bar_width=16),
-                                 _Tokens(self.bars_by_name),
-                                 TimeRemainingColumn(), _Memory(self.rss), console=Console(), transient=False)
+            self.bars = _terminal_bars(self.bars_by_name, self.rss)
         else:
             threading.Thread(target=self._heartbeat, daemon=True, name="tokmix-progress-lines").start()
 

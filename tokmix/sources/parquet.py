@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokmix.sources.files import open_file
@@ -105,6 +105,19 @@ def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
     return max(1, min(PARQUET_READ_ROWS, group.num_rows * PARQUET_READ_BYTES // size))
 
 
+def _longest(column: pa.Array) -> int:
+    """The byte length of the column's longest value, from its offsets (pyarrow.compute would do it too, but
+    importing it costs each stage process ~0.1 CPU-second)."""
+    if not len(column):
+        return 0
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        column = column.cast(pa.large_binary())  # another layout (a string view): as offsets and bytes
+    wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+    offsets = np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)
+    return int(np.diff(offsets[column.offset:column.offset + len(column) + 1]).max())
+
+
 def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,
                   row: int) -> Iterator[str | HugeText]:
     """One batch's documents; `row` is the file's row number of its first."""
@@ -113,7 +126,7 @@ def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge:
     if column.null_count:
         first = column.is_null().index(True).as_py()
         raise bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
-    if huge is None or pc.max(pc.binary_length(column)).as_py() <= huge:
+    if huge is None or _longest(column) <= huge:
         yield from column.to_pylist()
     else:  # documents past `huge` bytes stay Arrow bytes, never one Python string
         for value in column:
