@@ -68,8 +68,9 @@ def peak_rss() -> int:
 
 def _plan(work: Path, tokens: float, interleave: str):
     from tokmix.interleave import Labels, interleave_order
-    from tokmix.shards import shard_blocks, write_tokens
+    from tokmix.shards import shard_blocks
     from tokmix.stages.assemble import StreamUnits, plan_tasks
+    from tokmix.tokens import write_tokens
 
     metas = json.loads((work / "streams.json").read_text())
     blocks = int((tokens - 1) // SEQ_LEN)
@@ -80,8 +81,8 @@ def _plan(work: Path, tokens: float, interleave: str):
         labels = Labels("chunked", tuple(docs), 1234)
     elif interleave == "balanced":  # as assemble's write_labels: one streaming pass over the .len files
         from tokmix.interleave import Mix, balanced_chunks
-        from tokmix.shards import TokenFileWriter
         from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader
+        from tokmix.tokens import TokenFileWriter
 
         path = work / "interleave.labels"
         readers = [LengthReader(u.paths(0, len(u.names) - 1), 0) for u in streams.values()]

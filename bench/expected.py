@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.interleave import Labels, interleave_order
-from tokmix.shards import LENGTH_DTYPE, file_checksum, shard_blocks, train_name, write_bytes
+from tokmix.shards import file_checksum, shard_blocks, train_name, write_bytes
 from tokmix.stages.assemble import StreamUnits, plan_tasks, write_shard
 from tokmix.stages.expected import expected_digests
+from tokmix.tokens import LENGTH_DTYPE
 
 SEQ_LEN = 1024
 SHARES = {"web": 0.45, "edu": 0.35, "code": 0.20}

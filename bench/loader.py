@@ -20,6 +20,7 @@ import numpy as np
 
 from tokmix import shards
 from tokmix.data import TrainBlocks
+from tokmix.tokens import write_tokens
 
 SEQ_LEN = 1024
 SEQS_PER_STEP = 128
@@ -40,7 +41,7 @@ def write_run(root: Path, total_tokens: int) -> None:
     entries, first = [], 0
     for k, b in enumerate(shards.shard_blocks(blocks, per_shard)):
         tokens = stream[first * SEQ_LEN : (first + b) * SEQ_LEN + 1]
-        shards.write_tokens(root / shards.train_name(k), tokens)
+        write_tokens(root / shards.train_name(k), tokens)
         entries.append({"file": shards.train_name(k), "tokens": len(tokens), "blocks": b, "tokens_by_stream": {}})
         first += b
     index = {

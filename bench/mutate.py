@@ -51,7 +51,7 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
     return Mutation(name, guarantee, file, old, new, tests, equivalent)
 
 
-SHARDS, VALIDATE, STORE = "tokmix/shards.py", "tokmix/stages/validate.py", "tokmix/store.py"
+SHARDS, TOKENS, VALIDATE, STORE = "tokmix/shards.py", "tokmix/tokens.py", "tokmix/stages/validate.py", "tokmix/store.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
 INTERLEAVE, LOCK = "tokmix/interleave.py", "tokmix/lock.py"
 RECIPE, DATA, SOURCES = "tokmix/recipe.py", "tokmix/data.py", "tokmix/sources/units.py"
@@ -102,7 +102,7 @@ MUTATIONS = [
       f"{FAULT_KILL}[assemble:after-rename:1]",
       equivalent="the shard is committed inside write_shard before its result reaches this loop: the order is unchanged"),
     # ------------------------------------------------------------------ checksums
-    m("the shard checksum hashes nothing", "checksums", SHARDS,
+    m("the shard checksum hashes nothing", "checksums", TOKENS,
       "        if self.hash is not None:\n            self.hash.update(data)",
       "        if self.hash is not None:\n            pass",
       f"{V}::test_the_untouched_copy_is_valid", "tests/test_pipeline.py::test_index_matches_the_files"),
@@ -114,7 +114,7 @@ MUTATIONS = [
       "        while data := f.read(READ_CHUNK_BYTES):\n            h.update(data)\n    return h.hexdigest()",
       "        data = f.read(16)\n        h.update(data)\n    return h.hexdigest()",
       "tests/test_oracles.py::test_file_checksum_is_sha256_of_the_whole_file"),
-    m("fingerprints weight every token alike", "checksums", SHARDS,
+    m("fingerprints weight every token alike", "checksums", TOKENS,
       "return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)",
       "return np.ones(seq_len, dtype=np.uint32)",
       f"{V}::test_a_flipped_shard_byte_names_its_block", f"{V}::test_two_swapped_tokens_name_their_block"),
@@ -278,11 +278,11 @@ MUTATIONS = [
       "    random.Random(seed).shuffle(docs)\n", "    random.Random(0).shuffle(docs)\n",
       "tests/test_oracles.py::test_each_holdout_is_the_seeded_shuffle_of_its_streams_documents"),
     # ------------------------------------------------------------------ EOT placement
-    m("EOT after each document, not before", "EOT placement", SHARDS,
+    m("EOT after each document, not before", "EOT placement", TOKENS,
       "            out[starts + j] = token\n        for j, token in enumerate(self.suffix):",
       "            out[starts + lengths + j] = token\n        for j, token in enumerate(self.suffix):",
       "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget", f"{V}::test_the_untouched_copy_is_valid"),
-    m("EOT written as id 1", "EOT placement", SHARDS,
+    m("EOT written as id 1", "EOT placement", TOKENS,
       "            out[starts + j] = token\n", "            out[starts + j] = 1\n", f"{V}::test_the_untouched_copy_is_valid"),
     m("empty texts kept as lone EOTs", "EOT placement", SOURCES,
       "        if not text:\n            continue\n        if not batch and", "        if not batch and", "tests/test_oracles.py::test_each_stream_ends_at_the_document_that_crosses_its_budget"),

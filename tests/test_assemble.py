@@ -11,8 +11,9 @@ import pytest
 
 from tokmix.errors import TokmixError
 from tokmix.interleave import CHUNK_DOCS, Labels, chunked_order, interleave_labels, interleave_order
-from tokmix.shards import LENGTH_DTYPE, block_fingerprints, fingerprints_path
+from tokmix.shards import fingerprints_path
 from tokmix.stages.assemble import GATHER_TOKENS, StreamUnits, plan_tasks, write_shard
+from tokmix.tokens import LENGTH_DTYPE, block_fingerprints
 
 SEQ_LEN = 1024
 

@@ -25,8 +25,9 @@ from tokmix.errors import TokmixError
 from tokmix.inspect import DOC_MARKER, read_block, read_window, render_block, summary
 from tokmix.recipe import load_recipe
 from tokmix.runner import run
-from tokmix.shards import EOT_TOKEN, read_index, read_tokens
+from tokmix.shards import EOT_TOKEN, read_index
 from tokmix.status import render_status, status
+from tokmix.tokens import read_tokens
 
 PAUSE_SECONDS = 120  # how long the run may take to reach code_py on a loaded machine
 

@@ -23,9 +23,10 @@ from tests.corpus import _documents
 from tests.vocab import DATA, package_file, tiktoken_package_cache
 from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
 from tokmix.provenance import RunDocuments
-from tokmix.shards import read_index, read_tokens
+from tokmix.shards import read_index
 from tokmix.stages.validate import validate_dir
 from tokmix.text import clean_surrogates
+from tokmix.tokens import read_tokens
 
 # text where the encodings' split patterns differ: digit runs (cl100k/o200k split \p{N}{1,3}), whitespace runs,
 # contractions in any case, mixed scripts, emoji, a lone surrogate (U+FFFD after tokmix's replacement)

@@ -26,7 +26,7 @@ from tests.corpus import make_inputs
 from tokmix.data import TrainBlocks
 from tokmix.format.records import HoldoutEntry, Index, ShardRecord
 from tokmix.provenance import DOC_DTYPE, file_documents, sources_of
-from tokmix.shards import Delimiters
+from tokmix.tokens import Delimiters
 from tokmix.trace import token_block, trace_blocks
 
 UNIT_BYTES = 4000  # JSONL files cut into several units: a piece's lines continue its file's earlier pieces'

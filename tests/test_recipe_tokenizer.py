@@ -11,8 +11,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tokmix.errors import TokmixError
 from tokmix.recipe import load_recipe
-from tokmix.shards import Delimiters, dtype_for_vocab
 from tokmix.tokenizer import HFVocabulary, document_delimiters, load_tokenizer, token_byte_lengths, token_dtype
+from tokmix.tokens import Delimiters, dtype_for_vocab
 
 RECIPE = """
 seed = 1

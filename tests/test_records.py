@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tokmix.format.records import FORMAT_VERSION, HoldoutEntry, Index, ShardRecord, UnitRecord
-from tokmix.shards import DamagedFile, Delimiters, read_index
+from tokmix.shards import DamagedFile, read_index
+from tokmix.tokens import Delimiters
 
 REFERENCE_INDEX = Path(__file__).parent / "golden" / "reference" / "index.json"
 

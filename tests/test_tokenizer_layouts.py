@@ -26,8 +26,8 @@ from tokmix.backends import read_tiktoken_file
 from tokmix.data import TrainBlocks
 from tokmix.export import export_megatron
 from tokmix.inspect import DOC_MARKER, read_block
-from tokmix.shards import Delimiters, read_tokens
 from tokmix.stages.validate import validate_dir
+from tokmix.tokens import Delimiters, read_tokens
 
 # Llama-3's (and GPT-4's cl100k) pre-tokenizer split
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

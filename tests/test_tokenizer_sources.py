@@ -17,9 +17,9 @@ from tests.vocab import MISTRAL_IDS, gpt2_tiktoken, mistral_tokenizer_json, tikt
 from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
 from tokmix.errors import TokmixError
 from tokmix.recipe import recipe_from_dict
-from tokmix.shards import Delimiters
 from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_file
+from tokmix.tokens import Delimiters
 
 BASE = {"seed": 1, "layout": {"steps": 1, "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
         "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}

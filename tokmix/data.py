@@ -22,6 +22,7 @@ from tokmix.errors import TokmixError
 from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import RunDocuments
 from tokmix.store import as_path, storage
+from tokmix.tokens import read_array, read_tokens
 
 BATCH_DTYPE = np.int64
 STATE_VERSION = 1
@@ -137,7 +138,7 @@ class TrainBlocks:
     # ------------------------------------------------------------------ blocks
     def _shard(self, k: int) -> np.ndarray:
         if self._tokens[k] is None:  # opened on first use, so a pickled loader carries no data
-            self._tokens[k] = shards.read_tokens(self.files[k], self.dtype)
+            self._tokens[k] = read_tokens(self.files[k], self.dtype)
         return self._tokens[k]
 
     def locate(self, j: int) -> tuple[int, int]:
@@ -151,7 +152,7 @@ class TrainBlocks:
         """`count` tokens of shard k from token `start`: a slice of the local file's mapping, or one ranged read
         of the object on a store (a shard is never fetched whole: a step reads the bytes of its blocks only)."""
         if storage(self.files[k]).remote:
-            return shards.read_array(self.files[k], self.dtype, start, count)
+            return read_array(self.files[k], self.dtype, start, count)
         return self._shard(k)[start : start + count]
 
     def block(self, j: int) -> np.ndarray:
@@ -388,7 +389,7 @@ class HoldoutWindows:
                     f"{path}: {windows:,} eval windows of {S} need {windows * S + 1:,} tokens and eval_targets = "
                     f"{windows * S:,}; the index records {entry.tokens:,} and {entry.eval_targets:,}"
                 )
-            self._tokens[path] = shards.read_tokens(path, self.dtype)
+            self._tokens[path] = read_tokens(path, self.dtype)
         return self._tokens[path]
 
     def eval_windows(self, domain: str | None = None) -> int:

@@ -39,6 +39,7 @@ from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
 from tokmix.provenance import file_documents, read_ids, sources_of
 from tokmix.store import storage
+from tokmix.tokens import Delimiters, iter_token_chunks
 
 FORMATS = ("megatron", "llmc")
 
@@ -163,7 +164,7 @@ def train_stream(blocks: TrainBlocks, chunk_bytes: int = shards.READ_CHUNK_BYTES
     last = None
     for k in part if part is not None else range(len(blocks.files)):
         path, first = blocks.files[k], True
-        chunks = shards.iter_token_chunks(path, blocks.dtype, chunk_bytes)
+        chunks = iter_token_chunks(path, blocks.dtype, chunk_bytes)
         for chunk in _checked(path, chunks, checksums[k] if checksums else None):
             tail = int(chunk[-1])
             if first and last is not None:
@@ -221,10 +222,10 @@ def megatron_token_dtype(vocab_size: int) -> np.dtype:
 
 class _DocumentSplitter:
     """Fed the token stream chunk by chunk, returns the lengths of the documents each chunk completes. A
-    document runs from where one starts (shards.Delimiters.starts) to where the next does; the last one is
+    document runs from where one starts (Delimiters.starts) to where the next does; the last one is
     completed by `finish()`."""
 
-    def __init__(self, delimiters: shards.Delimiters):
+    def __init__(self, delimiters: Delimiters):
         self.delimiters = delimiters
         self.start: int | None = None  # where the open document began
         self.previous: int | None = None  # the token before this chunk
@@ -272,7 +273,7 @@ def index_lengths(out_dir: Path, entries: list[TokenFileEntry], sources: list) -
         yield np.array([carry])
 
 
-def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: shards.Delimiters, prefix: Path,
+def _write_megatron(chunks: Iterable[np.ndarray], dtype: np.dtype, delimiters: Delimiters, prefix: Path,
                     chunk_bytes: int, documents: Iterator[np.ndarray] | None = None,
                     replace: frozenset[Path] = frozenset()) -> list[Path]:
     """The .bin and .idx of a token stream: one sequence per document, its documents' lengths from `documents`
@@ -363,7 +364,7 @@ def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, c
                      replace: frozenset[Path]) -> list[Path]:
     # an index without vocab_size: the largest vocabulary the run's dtype holds
     dtype = megatron_token_dtype(index.vocab_size or np.iinfo(blocks.dtype).max + 1)
-    delimiters = shards.Delimiters.from_index(index)
+    delimiters = Delimiters.from_index(index)
     # documents where the provenance index says they are; a run without one is cut at its delimiters
     traced = index.provenance is not None
     written = []
@@ -375,7 +376,7 @@ def _export_megatron(out_dir, blocks: TrainBlocks, index: Index, prefix: Path, c
                                    documents, replace)
         written += _write_ids(out_dir, entries, _megatron_ids_path(_megatron_prefix(prefix, phase)), replace)
     for domain, path, _, checksum in _holdout_files(out_dir):
-        chunks = _checked(path, shards.iter_token_chunks(path, blocks.dtype, chunk_bytes), checksum)
+        chunks = _checked(path, iter_token_chunks(path, blocks.dtype, chunk_bytes), checksum)
         entry = index.val[domain]
         documents = index_lengths(out_dir, [entry], sources_of(entry.provenance.sources)) if traced else None
         val_prefix = prefix.with_name(f"{prefix.name}_val_{domain}")
@@ -425,7 +426,7 @@ def _write_llmc(src: Path, dst: Path, tokens: int, dtype: np.dtype, checksum: st
     header[:3] = magic, version, tokens
     with _AtomicFile(dst, replace) as f:
         f.write(header.tobytes())
-        for chunk in _checked(src, shards.iter_token_chunks(src, dtype), checksum):
+        for chunk in _checked(src, iter_token_chunks(src, dtype), checksum):
             f.write(memoryview(chunk).cast("B"))  # shard tokens are already llm.c's little-endian ints
     return dst
 

@@ -25,7 +25,7 @@ POINTS = (
     "backend:checking",  # in the backend check's process
     "holdout:after-write",  # val_<domain>.bin renamed, index.json not yet updated
     "holdout:after-index",
-    "streams:unit-mid-write",  # half of a batch of a unit's tokens written (tokmix.shards.TokenFileWriter)
+    "streams:unit-mid-write",  # half of a batch of a unit's tokens written (tokmix.tokens.TokenFileWriter)
     "streams:unit-before-rename",  # a unit's tokens written under the temporary name
     "streams:unit-before-record",  # tokens and lengths committed, the unit's record not yet
     "streams:after-unit",  # the coordinator got a committed unit

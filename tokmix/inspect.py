@@ -17,15 +17,9 @@ from rich.text import Text
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.provenance import Source
-from tokmix.shards import (
-    Delimiters,
-    as_path,
-    block_tokens,
-    read_array,
-    read_index,
-    read_json,
-)
+from tokmix.shards import as_path, block_tokens, read_index, read_json
 from tokmix.summary import holdout_table, mix_table
+from tokmix.tokens import Delimiters, read_array
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokmix.shards import read_array
+from tokmix.tokens import read_array
 
 CHUNK_DOCS = 1 << 20  # documents per chunk of the "chunked" interleave
 

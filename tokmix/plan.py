@@ -32,7 +32,7 @@ from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
 from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
-from tokmix.shards import UNIT_BYTES, UNITS_DIR, Delimiters, Layout, dtype_for_vocab, tokens_in_shard
+from tokmix.shards import UNIT_BYTES, UNITS_DIR, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
@@ -43,6 +43,7 @@ from tokmix.stages.streams import key_base
 from tokmix.store import is_url
 from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file
+from tokmix.tokens import Delimiters, dtype_for_vocab
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it

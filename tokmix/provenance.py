@@ -19,7 +19,8 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
-from tokmix.shards import INDEX_NAME, as_path, read_array
+from tokmix.shards import INDEX_NAME, as_path
+from tokmix.tokens import read_array
 
 DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
 # a unit's documents as the streams stage writes them (NNNNNN.src beside its .tok and .len): the pass-1 unit and

@@ -26,14 +26,11 @@ from tokmix.format.records import Index
 from tokmix.interleave import interleave_labels
 from tokmix.provenance import RunDocuments
 from tokmix.shards import (
-    LENGTH_DTYPE,
     REMAKE_REMEDY,
     DamagedFile,
-    Delimiters,
     Layout,
     NotAFile,
     as_path,
-    iter_token_chunks,
     publish_new,
     read_index,
     read_json,
@@ -43,6 +40,7 @@ from tokmix.shards import (
 )
 from tokmix.store import storage
 from tokmix.summary import passes
+from tokmix.tokens import LENGTH_DTYPE, Delimiters, iter_token_chunks
 
 REPORT_MARK = '<meta name="generator" content="tokmix report">'  # in its first bytes: a report tokmix wrote
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB

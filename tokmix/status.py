@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import psutil
 from rich.console import Group
 from rich.progress_bar import ProgressBar
@@ -200,6 +199,8 @@ def status(out_dir: str | os.PathLike) -> Status:
     holdouts = {d: (val[d].tokens if d in val and layout.val(d).exists() else None) for d in recipe.domains}
     forced = recipe.tokenizer.dtype if recipe.tokenizer.dtype != "auto" else None
     recorded = index.dtype if index is not None and index.has("dtype") else None
+    import numpy as np  # here only: `tokmix status` starts without it
+
     itemsize = np.dtype(recorded or forced or Index.DEFAULTS["dtype"]).itemsize
     plan = recipe.shard_blocks
     error = layout.error

@@ -12,9 +12,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tokmix.format.commit import (
     check_regular,
@@ -26,6 +24,9 @@ from tokmix.format.commit import (
     tmp_name,
     write_in_halves,
 )
+
+if TYPE_CHECKING:  # numpy is imported where arrays are mapped or read: a supervisor or `tokmix status` needs none
+    import numpy as np
 
 # Bytes an upload buffers before it sends them as one part of a multipart upload (S3 takes parts of 5 MiB to
 # 5 GiB, GCS multiples of 256 KiB): a writer holds at most this much of an object in memory.
@@ -338,6 +339,8 @@ class LocalFiles:
         """The file's items, memory-mapped read-only: a plain ndarray over the mapping, not an np.memmap (slicing a
         memmap runs Python code for every slice, which per-document gathers pay for). Only a regular file is
         mapped or read (check_regular: a FIFO or a device in a shard's place is named, never opened)."""
+        import numpy as np
+
         if check_regular(path).st_size == 0:
             return np.empty(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
@@ -346,6 +349,8 @@ class LocalFiles:
         return os.fdopen(open_regular(path), "rb", buffering=buffering)
 
     def read_array(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+        import numpy as np
+
         check_regular(path)
         return np.fromfile(path, dtype=dtype, count=count, offset=offset * dtype.itemsize)
 
@@ -367,6 +372,8 @@ class ObjectStore:
         f.close()
 
     def write_array(self, path: ObjectPath, array: np.ndarray) -> None:
+        import numpy as np
+
         self.write(path, memoryview(np.ascontiguousarray(array)).cast("B"))
 
     def create(self, path: ObjectPath) -> Pending:
@@ -374,12 +381,16 @@ class ObjectStore:
 
     def map(self, path: ObjectPath, dtype: np.dtype | str) -> np.ndarray:
         """An object is read whole."""
+        import numpy as np
+
         return np.frombuffer(path.read_bytes(), dtype=dtype)
 
     def open_read(self, path: ObjectPath, buffering: int, fetch: int) -> BinaryIO:
         return path.open("rb", buffering=fetch)
 
     def read_array(self, path: ObjectPath, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+        import numpy as np
+
         stop = None if count < 0 else (offset + count) * dtype.itemsize
         return np.frombuffer(path.read_range(offset * dtype.itemsize, stop), dtype=dtype)
 

@@ -38,16 +38,15 @@ from tokmix.recipe import REFERENCE_PREFIX, Recipe, is_tiktoken_file
 from tokmix.shards import (
     CHECKSUM,
     TOKENIZER_NAME,
-    Delimiters,
     as_path,
     check_input_file,
-    dtype_for_vocab,
     read_bytes_of,
     run_tokenizer_path,
     storage,
     tokenizer_change,
     write_bytes,
 )
+from tokmix.tokens import Delimiters, dtype_for_vocab
 
 
 def tokenizer_checksum(path: str) -> str:

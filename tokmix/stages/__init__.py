@@ -14,9 +14,10 @@ import numpy as np
 from tokmix.backends import Encoder, make_encoder
 from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
-from tokmix.shards import REFERENCE_DELIMITERS, UNIT_BYTES, Delimiters, Layout
+from tokmix.shards import UNIT_BYTES, Layout
 from tokmix.sources import Split
 from tokmix.text import HUGE_DOC_CHARS
+from tokmix.tokens import REFERENCE_DELIMITERS, Delimiters
 
 
 class Progress(Protocol):

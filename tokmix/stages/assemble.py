@@ -23,11 +23,8 @@ from tokmix.interleave import Deviation, Labels, Mix, balanced_chunks, interleav
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
-    LENGTH_DTYPE,
-    BlockFingerprinter,
     DamagedFile,
     Part,
-    TokenFileWriter,
     fingerprints_path,
     first_damage,
     open_read,
@@ -37,10 +34,10 @@ from tokmix.shards import (
     write_bytes,
     write_json,
     write_record,
-    write_tokens,
 )
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, drop_cached
 from tokmix.store import ObjectPath, as_path
+from tokmix.tokens import LENGTH_DTYPE, BlockFingerprinter, TokenFileWriter, write_tokens
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time

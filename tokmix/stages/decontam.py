@@ -19,10 +19,11 @@ import numpy as np
 
 from tokmix.ngrams import NORMALIZATION, Words, gram_hashes_at, split_words
 from tokmix.recipe import Recipe
-from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_npy, write_record
+from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_record
 from tokmix.sources import HugeText
 from tokmix.sources.benchmarks import benchmark_files, file_sha256, read_items
 from tokmix.stages import cached
+from tokmix.tokens import write_npy
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16

@@ -20,20 +20,10 @@ from tokmix.faults import fault_point
 from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
-from tokmix.shards import (
-    CHECKSUM,
-    DamagedFile,
-    Delimiters,
-    Part,
-    damage,
-    read_json,
-    write_bytes,
-    write_npy,
-    write_record,
-    write_tokens,
-)
+from tokmix.shards import CHECKSUM, DamagedFile, Part, damage, read_json, write_bytes, write_record
 from tokmix.sources import Places, file_kind, iter_file_texts, stream_files, text_hashes
 from tokmix.stages import Context, shared_encoder
+from tokmix.tokens import Delimiters, write_npy, write_tokens
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
 

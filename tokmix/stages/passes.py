@@ -17,22 +17,10 @@ import numpy as np
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE
-from tokmix.shards import (
-    LENGTH_DTYPE,
-    DamagedFile,
-    Part,
-    TokenFileWriter,
-    damage,
-    read_array,
-    read_tokens,
-    sealed_record,
-    unit_file,
-    unit_name,
-    write_bytes,
-    write_record,
-)
+from tokmix.shards import DamagedFile, Part, damage, sealed_record, unit_file, unit_name, write_bytes, write_record
 from tokmix.stages import cached
 from tokmix.store import ObjectPath, as_path, storage
+from tokmix.tokens import LENGTH_DTYPE, TokenFileWriter, read_array, read_tokens
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 

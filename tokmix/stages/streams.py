@@ -28,24 +28,14 @@ from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.recipe import Recipe
-from tokmix.shards import (
-    LENGTH_DTYPE,
-    REFERENCE_DELIMITERS,
-    DamagedFile,
-    Delimiters,
-    TokenFileWriter,
-    read_array,
-    read_json,
-    unit_file,
-    write_bytes,
-    write_record,
-)
+from tokmix.shards import DamagedFile, read_json, unit_file, write_bytes, write_record
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cached, shared_encoder
 from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
+from tokmix.tokens import LENGTH_DTYPE, REFERENCE_DELIMITERS, Delimiters, TokenFileWriter, read_array
 
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 

@@ -20,12 +20,9 @@ from tokmix.shards import (
     READ_CHUNK_BYTES,
     STATE_DIR,
     DamagedFile,
-    Delimiters,
     Layout,
-    block_fingerprints,
     fingerprints_path,
     open_read,
-    read_array,
     read_index,
     read_index_file,
     read_json,
@@ -33,6 +30,7 @@ from tokmix.shards import (
     tokens_in_shard,
 )
 from tokmix.store import ObjectPath, as_path
+from tokmix.tokens import Delimiters, block_fingerprints, read_array
 
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
 
