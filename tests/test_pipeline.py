@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -343,6 +344,28 @@ def test_a_glob_that_names_no_file_is_one_line_when_the_split_is_made(corpus, tm
     bad.write_text(bad.read_text().replace("corpus/edu/*.parquet", "corpus/edu/*.nothing"))
     with pytest.raises(TokmixError, match=r"stream edu: 0 file\(s\) match \['corpus/edu/\*.nothing'\]"):
         tokmix.run(tokmix.load_recipe(bad), tmp_path / "out", workers=1)
+
+
+def test_a_folder_named_with_glob_brackets_is_named_by_escaping_them_and_the_mistake_says_how(corpus, tmp_path):
+    """'corpus [v2]/edu/*.parquet' as a glob means "corpus v" or "corpus 2": it matches nothing, and the refusal
+    gives the spelling that names the folder; with it, the split holds the folder's files by their real names."""
+    from tokmix.sources.split import create_split
+
+    root = tmp_path / "c"
+    shutil.copytree(corpus, root)
+    (root / "data" / "file_splits.json").unlink()
+    (root / "corpus").rename(root / "corpus [v2]")
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace('"corpus/', '"corpus [v2]/'))
+    with pytest.raises(TokmixError, match=re.escape("stream dclm: 'corpus [v2]/dclm/*.parquet' matches no file: "
+                                                    "in a pattern [...] is a set of characters") +
+                       r".*\(files = \['corpus \[\[\]v2\]/dclm/\*\.parquet'\]\)$"):
+        tokmix.run(tokmix.load_recipe(recipe), tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.bin"))
+    recipe.write_text(recipe.read_text().replace('"corpus [v2]/', '"corpus [[]v2]/'))
+    split = create_split(tokmix.load_recipe(recipe), [])
+    names = sorted(f for part in split["edu"].values() for f in part)
+    assert names == [f"corpus [v2]/edu/part-{i}.parquet" for i in range(4)]
 
 
 def test_an_output_path_that_cannot_be_a_directory_is_one_line(corpus, tmp_path):

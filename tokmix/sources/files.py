@@ -102,6 +102,18 @@ def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
     return [prefix + p[len(root_path) :] for p in found]
 
 
+def literal_brackets(pattern: str, mirrors: list[tuple[str, str]]) -> str | None:
+    """For a pattern that matched nothing: the same pattern with each "[" made literal ("[[]") when that one
+    matches files (a folder named "data [v2]", where "[v2]" as a glob is one character of "v" or "2"), else None."""
+    if "[" not in pattern:
+        return None
+    escaped = pattern.replace("[", "[[]")
+    try:
+        return escaped if expand(escaped, mirrors) else None
+    except (OSError, TokmixError):
+        return None
+
+
 def matcher(patterns: list[str]) -> re.Pattern:
     return re.compile("|".join(f"(?:{glob_translate(normalize(p))})" for p in patterns))
 
