@@ -9,7 +9,8 @@ files so that some documents are dropped), alternating which goes first, --repea
 PATH: a tokenizer.json, or a .tiktoken file (GPT-2's: gunzip -c tests/data/vocab/gpt2.tiktoken.gz > gpt2.tiktoken).
 
 Each run is `tokmix run` to the end in a fresh output directory (deleted after); the figures are the streams
-stage's seconds (tokmix-state/timings.json, which includes building the benchmark set), their ratio to the
+stage's seconds (tokmix-state/timings.json, which includes building the benchmark set; every run with
+--no-cache, so that each tokenizes every unit), their ratio to the
 run without, the peak RSS of the whole process tree (polled every 50 ms), and the documents and tokens the
 benchmarks took (index.json). The load average is printed beside them.
 """
@@ -95,7 +96,8 @@ def run(recipe_path: Path, workers: int) -> dict:
     out = WORK / f"out-{recipe_path.stem}"
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe_path), "--out", str(out),
-                             "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--workers", str(workers), "--no-cache"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     peak = [0]
 
     def poll() -> None:

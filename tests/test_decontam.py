@@ -262,6 +262,63 @@ def test_the_normalization_splits_as_documented():
     assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))
 
 
+def humaneval_set(root: Path, ngram: int = NGRAM):
+    """The HumanEval set as a run builds it, in-process, and as its workers read it."""
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    data = {"seed": 1, "tokenizer": {"path": "t.json"}, "layout": {"steps": 1, "seqs_per_step": 1},
+            "holdout": {"tokens": 1, "eval_windows": 0}, "streams": {"a": {"domain": "a", "share": 1.0,
+                                                                             "files": ["x"]}},
+            "decontaminate": {"ngram": ngram, "benchmarks": {"humaneval": {
+                "files": [str(HUMANEVAL)], "fields": ["prompt", "canonical_solution"], "id_field": "task_id"}}}}
+    build_set(recipe_from_dict(data, root), root / "set", [])
+    return BenchmarkSet(str(root / "set"))
+
+
+# what NFKC and lowercasing keep of a word (full-width letters, a ligature, the Kelvin sign) or change (a
+# combining accent, a dotted capital I, "=" + U+0338, which NFKC composes into one character, no separator)
+KEEPING = (str.upper, str.title, lambda w: "".join(chr(ord(c) + 0xFEE0) for c in w),
+           lambda w: w.replace("fi", "\ufb01"), lambda w: w.replace("k", "\u212a"))
+CHANGING = (lambda w: w + "\u0301", lambda w: w.replace("i", "\u0130"), lambda w: w + "=\u0338")
+# separators (odd spaces, curly quotes, full-width and CJK punctuation) and what is not one or adds words
+SEPARATING = (" ", "  ", "\n", ", ", "\u00a0", "\u2014", " \u201c", "\u2003", "'", "_", "\uff0c", "\u3000")
+JOINING = (" \u00bd ", "\u03a3'", "\ue000", "\ufffd ", "\u0301 ")
+
+
+def test_every_document_the_oracle_drops_in_process(tmp_path):
+    """The check of a batch (its cheap pass over raw bytes first, tokmix.ngrams.run_candidates, then the exact
+    one) against the oracle, on documents of HumanEval's words around 13-word windows of its problems, words
+    changed by what NFKC and lowercasing keep or change, glued by odd separators and by what is none: the same
+    items found in each."""
+    import random
+
+    bench = humaneval_set(tmp_path)
+    problems = humaneval()
+    words = [oracle_words(p["prompt"] + "\n" + p["canonical_solution"]) for p in problems]
+    items = [oracle_grams(w, NGRAM) for w in words]
+    rng = random.Random(29)
+    vocabulary = sorted({w for ws in words for w in ws}) + ["zebra", "\u00e9clair"]
+
+    def glued(chosen: list[str], changes: float) -> str:
+        return "".join((rng.choice(KEEPING)(w) if rng.random() < 0.3 else w)
+                       + (rng.choice(CHANGING)(w) if rng.random() < changes else "")[len(w):]
+                       + rng.choice(JOINING if rng.random() < changes else SEPARATING) for w in chosen)
+
+    texts = []
+    for _ in range(600):
+        text = glued([rng.choice(vocabulary) for _ in range(rng.randrange(0, 12))], 0.2)
+        if rng.random() < 0.6:
+            w = words[rng.randrange(len(words))]
+            at = rng.randrange(max(1, len(w) - NGRAM))
+            text += glued(w[at:at + NGRAM], 0.01) + glued([rng.choice(vocabulary) for _ in range(5)], 0.2)
+        texts.append(text)
+    got = bench.contaminating(texts)
+    expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
+    assert got == expected
+    assert sum(map(bool, expected)) > 150 and sum(not e for e in expected) > 150
+
+
 def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     """`tokmix report` has the contamination table, `tokmix inspect --contamination` names each item and the
     document it took, and `tokmix plan` estimates the share from a sample, and finds every unit of the recipe in

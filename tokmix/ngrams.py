@@ -8,6 +8,7 @@ collision never drops a document (tokmix.stages.decontam)."""
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,18 +105,142 @@ def split_words(texts: list[str]) -> Words:
     """The texts' words: NFKC, lowercase; every ASCII character that is not a letter or a digit (punctuation,
     '_', whitespace, controls) and the non-ASCII punctuation of _punctuation separates words; a word is a
     maximal run of the rest (letters, digits, any other non-ASCII character)."""
-    parts = [normalized_bytes(t) for t in texts]
-    # each text's first byte in the joined bytes, which start and end with a separator
+    raw, offsets = _joined([normalized_bytes(t) for t in texts])
+    return _words_of(raw, offsets, not all(t.isascii() for t in texts))
+
+
+def _joined(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts end to end with a zero byte before and between them and 9 after them (prefix_hashes reads 8
+    bytes from a word's start), and each one's first byte in it (one more entry: the end)."""
     offsets = np.cumsum([1] + [len(p) + 1 for p in parts])
-    raw = np.frombuffer(b"\0" + b"\0".join(parts) + b"\0", np.uint8)
+    return np.frombuffer(b"\0" + b"\0".join(parts) + bytes(9), np.uint8), offsets
+
+
+def _words_of(raw: np.ndarray, offsets: np.ndarray, non_ascii: bool, cuts: np.ndarray | None = None) -> Words:
+    """split_words of the texts' normalized bytes joined (_joined); `cuts`: more bytes that separate."""
     data = _BYTE_MAP[raw]
-    if not all(t.isascii() for t in texts):
+    if non_ascii:
         data[_punctuation(raw)] = 0
-    letter = data != 0
-    starts = np.flatnonzero(letter[1:] & ~letter[:-1]) + 1
-    ends = np.flatnonzero(letter[:-1] & ~letter[1:]) + 1
+    if cuts is not None:
+        data[cuts] = 0
+    starts, ends = _word_bounds(data != 0)
     first = np.searchsorted(starts, offsets)
     return Words(data, offsets, starts, ends, word_hashes(data, starts, ends), first)
+
+
+def _word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each maximal run of True's first index and end (`letter` starts and ends with False)."""
+    edges = np.flatnonzero(letter[1:] != letter[:-1]) + 1
+    return edges[0::2], edges[1::2]
+
+
+def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
+                   member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[int]:
+    """The texts that may hold `shortest` consecutive words (after normalization) each two of which are a `pair`
+    (of their prefix_hashes, pair_hashes) and each a `member` (of their word hashes); no other text holds an
+    n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits an ASCII text, and
+    only the runs with non-ASCII characters are normalized.
+
+    Why that is exact: NFKC never changes an ASCII character that no non-ASCII one follows (an ASCII character
+    composes with nothing before it, only with combining marks after it), and lowercasing one is ASCII's. So a
+    run of ASCII letters and digits between ASCII separators that no non-ASCII character follows ("plain") is
+    one normalized word between separators. Each other run ("wild": non-ASCII characters with the ASCII letters
+    and digits joined to them, and an ASCII separator just before one) is normalized alone: it is cut before
+    ASCII characters, where NFKC may cut a text, and where lowercasing's one context, a final sigma, ends but
+    across case-ignorable ASCII (a wild run with a sigma counts as a member). A wild run gives its words: none
+    (it links its neighbours), some with a member (taken as all members, linked to both neighbours) or no member
+    (it breaks the chain). A chain of linked runs must hold `shortest` words."""
+    forced, parts = [], []
+    for i, text in enumerate(texts):
+        try:
+            parts.append(text.encode())
+        except UnicodeEncodeError:  # a lone surrogate: checked the slow way
+            forced.append(i)
+            parts.append(b"")
+    raw, offsets = _joined(parts)
+    data = _BYTE_MAP[raw]
+    letter = data != 0
+    high = np.flatnonzero(raw >= 0x80)
+    if len(high):
+        letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
+        letter[offsets - 1] = False  # never across two texts
+    starts, ends = _word_bounds(letter)
+    if not len(starts):
+        return forced
+    first = np.searchsorted(starts, offsets)
+    prefix = prefix_hashes(data, starts, ends)
+    link = pair(pair_hashes(prefix[:-1], prefix[1:]))  # word i and i + 1 may be an item's two words
+    counts = np.ones(len(starts), np.int64)
+    if len(high):
+        wild = np.unique(np.searchsorted(starts, high, side="right") - 1)
+        joints = _joints(raw)
+        if len(joints):  # a run holding _JOINT itself: its text is checked the slow way
+            held = np.unique(np.searchsorted(starts, joints, side="right") - 1)
+            forced += (np.searchsorted(first, held, side="right") - 1).tolist()
+            wild = np.setdiff1d(wild, held)
+        if len(wild):
+            words, found = _wild_words(raw, starts[wild], ends[wild], member)
+            counts[wild] = words
+            linked = ~((words > 0) & ~found)  # its words link to both sides, unless none is a member
+            link[wild[wild < len(link)]] = linked[wild < len(link)]
+            link[wild[wild > 0] - 1] = linked[wild > 0]
+            counts[wild[~linked]] = 0
+    heads = first[1:-1]
+    link[heads[(heads > 0) & (heads < len(starts))] - 1] = False  # never across two texts
+    # a chain: words linked one to the next; its words summed
+    new = np.concatenate([[True], ~link])
+    sums = np.bincount(np.cumsum(new) - 1, weights=counts)
+    heads = np.flatnonzero(new)[sums >= shortest]
+    return sorted(set(forced) | set((np.searchsorted(first, heads, side="right") - 1).tolist()))
+
+
+def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A cheaper word value than word_hashes for run_candidates: a word's first 8 bytes and its length, mixed by
+    one multiplication (its top bits depend on every bit; words that differ only after their 8th byte share
+    it: a candidate more, never one less). `data` ends with 8 zero bytes (_joined)."""
+    eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
+    lengths = ends - starts
+    with np.errstate(over="ignore"):
+        return ((eights[starts] & _KEEP[np.minimum(lengths, 8)]) ^ lengths.astype(np.uint64) * _STEP) * _MIX1
+
+
+_KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # a word's first k bytes of 8
+
+
+def pair_hashes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The value of two consecutive words from their prefix_hashes."""
+    with np.errstate(over="ignore"):
+        return _mix(a * _STEP ^ b)
+
+
+_SIGMAS = (0x82, 0x83)  # the second byte of ς and σ in UTF-8 (0xCF 0x82, 0xCF 0x83)
+_JOINT = "\ue000"  # between two wild runs: a starter nothing composes with, not cased, never lowered
+
+
+def _joints(data: np.ndarray) -> np.ndarray:
+    """Where _JOINT's UTF-8 bytes start in `data`."""
+    lead = np.flatnonzero(data[:-2] == 0xEE)
+    return lead[(data[lead + 1] == 0x80) & (data[lead + 2] == 0x80)]
+
+
+def _wild_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                member: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """For each wild run raw[starts[i]:ends[i]]: how many normalized words it has and whether one of them is a
+    member (or it has a sigma). All are normalized at once, _JOINT between two (NFKC keeps the cut, a sigma's
+    context ends there; no run holds _JOINT itself)."""
+    joined = raw.tobytes()
+    text = _JOINT.encode().join([joined[s:e] for s, e in zip(starts.tolist(), ends.tolist())]).decode()
+    normal, offsets = _joined([normalized_bytes(text)])
+    cuts = _joints(normal)
+    if len(cuts) != len(starts) - 1:  # (no character's NFKC form holds _JOINT: it has none)
+        raise AssertionError(f"{len(cuts)} cuts between {len(starts)} wild runs")
+    words = _words_of(normal, offsets, True, np.concatenate([cuts, cuts + 1, cuts + 2]))
+    run = np.searchsorted(cuts, words.starts)  # which wild run each word is in
+    count = np.bincount(run, minlength=len(starts))
+    found = np.bincount(run, weights=member(words.hashes), minlength=len(starts)) > 0
+    lead = np.flatnonzero(normal[:-1] == 0xCF)
+    found[np.searchsorted(cuts, lead[np.isin(normal[lead + 1], _SIGMAS)])] = True
+    return count, found
 
 
 def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

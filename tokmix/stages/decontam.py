@@ -17,7 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.ngrams import NORMALIZATION, Words, gram_hashes_at, split_words
+from tokmix.ngrams import (
+    NORMALIZATION,
+    Words,
+    gram_hashes_at,
+    pair_hashes,
+    prefix_hashes,
+    run_candidates,
+    split_words,
+)
 from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_record
 from tokmix.sources import HugeText
@@ -30,7 +38,8 @@ MIN_FILTER_BITS = 1 << 16
 WORD_FILTER_LOG2 = 24  # the items' words' filter: 2 MiB, 16 bits per word for a million distinct words
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
 ITEM_SETS_KEPT = 1024  # items' n-gram sets a process keeps for checking candidates (~10-100 kB each)
-ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter")
+ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs")
+PREFILTER = ("pairs",)  # arrays that only spare work (ngrams.run_candidates): not in the set's fingerprint
 
 
 def set_files(directory: Path) -> dict[str, Path]:
@@ -77,6 +86,10 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     out["grams"].append(hashes)
     out["owners"].append((owner + first).astype(np.uint32))
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
+    prefix = prefix_hashes(group.data, group.starts, group.ends)
+    inside = np.ones(max(0, len(prefix) - 1), bool)  # each two consecutive words of one item
+    inside[(group.first[1:] - 1)[(group.first[1:] > 0) & (group.first[1:] < len(prefix))] - 1] = False
+    out["pairs"].append(pair_hashes(prefix[:-1], prefix[1:])[inside])
     base = out["bytes"]
     out["blobs"].append(group.data)
     out["starts"].append(base + group.offsets[:-1])
@@ -93,7 +106,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     out = {"grams": [], "owners": [], "blobs": [], "word_shift": 64 - WORD_FILTER_LOG2,
            "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8), "starts": [], "bytes": 0,
-           "short_lengths": set(), "short": 0, "empty": 0}
+           "short_lengths": set(), "short": 0, "empty": 0, "pairs": []}
     benchmarks, ids = {}, []
     for name, bench in spec.benchmarks.items():
         items, checksums = read_items(name, [recipe.resolve(f) for f in bench.files], bench.fields,
@@ -122,16 +135,21 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     starts = np.concatenate([*out["starts"], [len(word_blob)]]).astype(np.int64)
     short_lengths = out["short_lengths"]
     shift, filt = bit_filter(hashes)
+    pairs = np.concatenate(out.pop("pairs")) if out["pairs"] else np.empty(0, np.uint64)
+    pair_shift, pair_filt = bit_filter(pairs)
+    del pairs
     word_shift, word_filt = out["word_shift"], out["word_filter"]
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": word_blob,
-              "word_starts": np.array(starts, np.int64), "word_filter": word_filt}
+              "word_starts": np.array(starts, np.int64), "word_filter": word_filt, "pairs": pair_filt}
     files = set_files(directory)
     checksums = {kind: write_npy(files[kind], array) for kind, array in arrays.items()}
     # what decides which documents go: the rules and every array (the items' words check the candidates)
-    fingerprint = hashlib.sha256(json.dumps([NORMALIZATION, n, spec.min_matches, spec.action, checksums],
+    decisive = {kind: value for kind, value in checksums.items() if kind not in PREFILTER}
+    fingerprint = hashlib.sha256(json.dumps([NORMALIZATION, n, spec.min_matches, spec.action, decisive],
                                             sort_keys=True).encode()).hexdigest()
     record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
-              "filter_shift": shift, "word_filter_shift": word_shift, "short_lengths": sorted(short_lengths),
+              "filter_shift": shift, "word_filter_shift": word_shift, "pair_filter_shift": pair_shift,
+              "short_lengths": sorted(short_lengths),
               "benchmarks": benchmarks, "ids": ids,
               "arrays": checksums, "fingerprint": fingerprint}
     write_record(directory / "set.json", record)
@@ -147,7 +165,7 @@ def benchmark_checksums(recipe: Recipe, mirrors) -> dict[str, dict[str, str]]:
 
 def arrays_damage(directory: Path, record: dict) -> str | None:
     for kind, path in set_files(directory).items():
-        if not path.is_file():
+        if not path.is_file() or kind not in record["arrays"]:  # (a set built before the kind existed)
             return f"{path} is missing"
         if hashlib.sha256(path.read_bytes()).hexdigest() != record["arrays"][kind]:
             return f"{path}: sha256 differs from its record"
@@ -191,6 +209,8 @@ class BenchmarkSet:
         self.words = np.load(files["words"], mmap_mode="r")
         self.word_starts = np.load(files["word_starts"], mmap_mode="r")
         self.word_filter = np.load(files["word_filter"], mmap_mode="r")
+        self.pair_shift = np.uint64(record["pair_filter_shift"])
+        self.pairs = np.load(files["pairs"], mmap_mode="r")
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._item_sets: dict[tuple[int, int], set] = {}
 
@@ -221,10 +241,18 @@ class BenchmarkSet:
                                           == hashes[maybe])
         return maybe[found]
 
+    def pair(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether each pair_hashes value may be two consecutive words of an item (and for a few others)."""
+        return in_filter(self.pairs, self.pair_shift, hashes)
+
+    def member(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
+        return in_filter(self.word_filter, self.word_shift, hashes)
+
     def _matches(self, group: Words, found: dict) -> None:
         """Add to `found[(text, item)]` the distinct n-grams (as word tuples) each text of the group shares with
         an item, every candidate compared word for word."""
-        member = in_filter(self.word_filter, self.word_shift, group.hashes)  # words of some item (or a few more)
+        member = self.member(group.hashes)  # words of some item (or a few more)
         for k in self.lengths:
             hashes, at = group.grams(k, member)
             for j in self.candidates(hashes).tolist():
@@ -245,6 +273,10 @@ class BenchmarkSet:
 
         def check(group: list[int]) -> None:
             local: dict[tuple[int, int], set] = defaultdict(set)
+            group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
+                                                                self.lengths[0])]
+            if not group:
+                return
             self._matches(split_words([texts[i] for i in group]), local)
             for (t, item), grams in local.items():
                 found[(group[t], item)] |= grams
