@@ -9,9 +9,21 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from tests.corpus import make_corpus, write_recipe, write_split
+from tokmix import pipeline
 from tokmix.errors import TokmixError
+from tokmix.pipeline import sample_sizes, training_pieces
 from tokmix.recipe import load_recipe
-from tokmix.tokenizer import HFVocabulary, document_delimiters, load_tokenizer, token_byte_lengths, token_dtype
+from tokmix.sources import iter_file_texts, load_or_create_split, stream_files
+from tokmix.tokenizer import (
+    DistinctWords,
+    HFVocabulary,
+    document_delimiters,
+    load_tokenizer,
+    token_byte_lengths,
+    token_dtype,
+    train_tokenizer,
+)
 from tokmix.tokens import Delimiters, dtype_for_vocab
 
 RECIPE = """
@@ -146,3 +158,47 @@ def test_dtype_follows_the_vocabulary():
     assert dtype_for_vocab(100, "uint32") == np.uint32
     with pytest.raises(ValueError, match="does not fit uint16"):
         dtype_for_vocab(70000, "uint16")
+
+
+
+
+def test_the_training_sample_is_bounded_by_its_distinct_words(tmp_path, monkeypatch):
+    """The trainer's tables grow with the distinct words it is given, so the sample ends before the text that
+    would take its distinct words past max_word_bytes; the streams are read side by side, each a prefix of its
+    train documents in order, in characters by their shares. With room for everything the sample is every
+    train document, and the tokenizer learnt from it in pieces and in that order is the one learnt from the
+    documents whole, stream after stream (the trainer counts words)."""
+    write_split(tmp_path, make_corpus(tmp_path, doc_limit=120, rows_per_group=16))
+    base = write_recipe(tmp_path, "unused").read_text()
+
+    def sample_of(train: str) -> tuple[list[tuple[str, str]], object, object]:
+        path = tmp_path / "trained.toml"
+        path.write_text(base.replace('[tokenizer]\npath = "unused"', f"[tokenizer.train]\nvocab_size = 600\n{train}"))
+        recipe = load_recipe(path)
+        split = load_or_create_split(recipe, [])
+        return list(training_pieces(recipe, split, [])), recipe, split
+
+    sample, recipe, split = sample_of("max_word_bytes = 20000")
+    assert list(training_pieces(recipe, split, [], taken=sample_sizes(recipe, split, []))) == sample  # the trainer's
+    documents = {name: [t for t in iter_file_texts(stream_files(recipe, split, name, "train"), "text", name, [])
+                        if t] for name in recipe.streams}
+    words = DistinctWords()
+    for _, piece in sample:
+        words.take(*words.new_mass(piece))
+    assert 15000 < words.mass <= 20000
+    ratios = []
+    for name, texts in documents.items():
+        read = "".join(piece for stream, piece in sample if stream == name)
+        assert read and "".join(texts).startswith(read) and len(read) < len("".join(texts)), name
+        ratios.append(len(read) / recipe.share(name))
+    assert max(ratios) - min(ratios) <= max(len(p) for _, p in sample) / min(map(recipe.share, documents))
+
+    monkeypatch.setattr(pipeline, "TRAINER_PIECE_CHARS", 2000)
+    everything = sample_of("")[0]
+    assert max(len(p) for _, p in everything) < 4000
+    for name, texts in documents.items():
+        assert "".join(piece for stream, piece in everything if stream == name) == "".join(texts)
+    trained = [tmp_path / "pieces.json", tmp_path / "whole.json"]
+    train_tokenizer((p for _, p in everything), 600, 2, trained[0])
+    train_tokenizer((t for texts in documents.values() for t in texts), 600, 2, trained[1])
+    assert trained[0].read_bytes() == trained[1].read_bytes()

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import psutil
@@ -60,8 +61,11 @@ from tokmix.stages.ids import write_ids
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.store import store_problem
-from tokmix.text import HUGE_DOC_CHARS
+from tokmix.text import HUGE_DOC_CHARS, document_pieces
 from tokmix.tokenizer import (
+    TRAINER_PIECE_CHARS,
+    TRAINER_THREADS,
+    DistinctWords,
     document_delimiters,
     load_vocabulary,
     token_dtype,
@@ -221,38 +225,92 @@ def _not_derived(layout: Layout, index: Index, damaged: list[str]) -> list[str]:
     return wrong
 
 
-def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors) -> str:
-    """[tokenizer.train]: learn a byte-level BPE from the train files only (each stream its share of
-    max_bytes, in canonical order), once; later processes of the run load the saved file."""
-    path = layout.tokenizer
+def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] | None = None,
+                    taken: dict[str, int] | None = None) -> Iterator[tuple[str, str]]:
+    """(stream, text) of what a [tokenizer.train] learns from: each stream's train documents in canonical order,
+    up to its share of max_bytes characters, the streams read side by side (the next text always from the stream
+    with the fewest characters read for its share), until the next one would take the distinct words past
+    max_word_bytes (DistinctWords: what the trainer's tables grow with), where the whole sample ends. Documents
+    come in pieces of at most TRAINER_PIECE_CHARS where a word ends (the trainer counts the same words: each of
+    its threads holds several copies of the text it splits). With `taken` (what sample_sizes counted), the first
+    taken[stream] pieces of each stream, and nothing counted. `tell(what)` is told what has been read, every
+    STAGE_RECORD_SECONDS."""
     spec = recipe.tokenizer.train
+    words = DistinctWords() if taken is None else None
+    said, docs, full = time.monotonic() - STAGE_RECORD_SECONDS, 0, False
+    chars, given = dict.fromkeys(recipe.streams, 0), dict.fromkeys(recipe.streams, 0)
+    left = {name: int(spec.max_bytes * recipe.share(name)) for name in recipe.streams}
+
+    def pieces(name: str) -> Iterator[str]:
+        nonlocal docs
+        stream = recipe.streams[name]
+        for text in iter_file_texts(stream_files(recipe, split, name, "train"), stream.text_field, name, mirrors,
+                                    HUGE_DOC_CHARS):
+            if chars[name] >= left[name]:  # checked at each document: its pieces come whole
+                return
+            docs += 1
+            # a huge document's pieces already end where a word does
+            for part in text.pieces() if isinstance(text, HugeText) else [text] if text else []:
+                yield from document_pieces(part, TRAINER_PIECE_CHARS)
+
+    readers = {name: pieces(name) for name in recipe.streams}
+    while readers:
+        name = min(readers, key=lambda n: chars[n] / recipe.share(n))  # ties: the recipe's order
+        piece = None if taken is not None and given[name] >= taken[name] else next(readers[name], None)
+        if piece is None:
+            readers.pop(name).close()
+            continue
+        if words is not None:
+            new, mass = words.new_mass(piece)
+            if words.mass + mass > spec.max_word_bytes:
+                full = True
+                break
+            words.take(new, mass)
+        chars[name] += len(piece)
+        given[name] += 1
+        yield name, piece
+        if tell is not None and time.monotonic() - said >= STAGE_RECORD_SECONDS:
+            tell(f"training: {count(sum(chars.values()))} of at most {count(spec.max_bytes)} characters read "
+                 f"({docs:,} document(s), stream {name})")
+            said = time.monotonic()
+        fault_point("tokenizer:training")
+    for reader in readers.values():
+        reader.close()
+    if tell is None:
+        return
+    if words is not None:
+        tell(f"training: the sample is {count(sum(chars.values()))} characters ({docs:,} document(s)), "
+             f"{count(words.mass)} bytes of distinct words (at most {count(spec.max_word_bytes)}"
+             f"{': reached' if full else ''})")
+    else:
+        tell(f"training: merging, all {count(sum(chars.values()))} characters read ({docs:,} document(s))")
+
+
+def sample_sizes(recipe: Recipe, split, mirrors, tell: Callable[[str], None] | None = None) -> dict[str, int]:
+    """The pieces of each stream that training_pieces gives [tokenizer.train], counted (in a process of its own:
+    its sets of words are gone before the trainer starts)."""
+    taken = dict.fromkeys(recipe.streams, 0)
+    for name, _ in training_pieces(recipe, split, mirrors, tell):
+        taken[name] += 1
+    return taken
+
+
+def _stage_teller(layout: Layout) -> Callable[[str], None]:
     started = (read_stage(layout) or {}).get("started")
-    read = {"chars": 0, "docs": 0, "said": float("-inf")}  # told at the first document, then every second
+    return lambda doing: write_stage(layout, "tokenizer", doing, started)  # for `tokmix status`, progress lines
 
-    def tell(doing: str) -> None:  # in the stage record, for `tokmix status` and the progress lines
-        write_stage(layout, "tokenizer", doing, started)
-        read["said"] = time.monotonic()
 
-    def texts():
-        for name, stream in recipe.streams.items():
-            left = int(spec.max_bytes * recipe.share(name))
-            files = stream_files(recipe, split, name, "train")
-            for text in iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS):
-                if left <= 0:
-                    break
-                read["docs"] += 1
-                # a huge document's pieces end at pre-token boundaries: the trainer counts the same words
-                for piece in text.pieces() if isinstance(text, HugeText) else [text] if text else []:
-                    left -= len(piece)
-                    read["chars"] += len(piece)
-                    yield piece
-                    if time.monotonic() - read["said"] >= STAGE_RECORD_SECONDS:
-                        tell(f"training: {count(read['chars'])} of at most {count(spec.max_bytes)} "
-                             f"characters read ({read['docs']:,} document(s), stream {name})")
-                    fault_point("tokenizer:training")
-        tell(f"training: merging, all {count(read['chars'])} characters read ({read['docs']:,} document(s))")
+def _count_sample(recipe: Recipe, layout: Layout, split, mirrors) -> dict[str, int]:
+    return sample_sizes(recipe, split, mirrors, _stage_teller(layout))
 
-    train_tokenizer(texts(), spec.vocab_size, spec.min_frequency, path,
+
+def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors, taken: dict[str, int]) -> str:
+    """[tokenizer.train]: learn a byte-level BPE from the sample training_pieces gives (train files only; `taken`:
+    sample_sizes), once, on TRAINER_THREADS threads; later processes of the run load the saved file."""
+    os.environ["RAYON_NUM_THREADS"] = str(TRAINER_THREADS)  # this fresh process's pool is not built yet
+    path, spec = layout.tokenizer, recipe.tokenizer.train
+    texts = (piece for _, piece in training_pieces(recipe, split, mirrors, _stage_teller(layout), taken))
+    train_tokenizer(texts, spec.vocab_size, spec.min_frequency, path,
                     recipe.tokenizer.doc_prefix + recipe.tokenizer.doc_suffix)
     fault_point("tokenizer:after-train")
     return str(path)
@@ -381,7 +439,8 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     tokenizer_path = tokenizer_file(recipe, layout.own_tokenizer(recipe.tokenizer.format))
     if tokenizer_path is None:
         progress.stage("tokenizer", f"training a {recipe.tokenizer.train.vocab_size:,}-token BPE on the train files")
-        tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors)
+        taken = in_fresh_process(_count_sample, recipe, layout, split, mirrors)
+        tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors, taken)
     else:
         progress.stage("tokenizer", f"loading {tokenizer_path}")
     vocab = load_vocabulary(tokenizer_path, recipe.tokenizer.format)

@@ -32,11 +32,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# the default bound of a trained tokenizer's distinct words (bytes; docs/benchmarks.md measures the trainer on it)
+DEFAULT_MAX_WORD_BYTES = 9 << 20
+
+
 class TokenizerTrain(_Strict):
     vocab_size: int = Field(gt=256)
     min_frequency: int = Field(default=2, ge=1)
-    # text to learn from; the trainer's tables grow with it (~256 MiB of text fits the default memory budget)
+    # text to learn from, in characters; each stream gives its share
     max_bytes: int = Field(default=256 << 20, gt=0)
+    # bytes of distinct words to learn from (tokmix.tokenizer.DistinctWords), all streams together: the
+    # trainer's tables grow with them, not with the text; the default fits the default 1 GiB budget
+    max_word_bytes: int = Field(default=DEFAULT_MAX_WORD_BYTES, gt=0)
 
 
 def is_tiktoken_file(source: str) -> bool:
@@ -481,6 +488,9 @@ class Recipe(_Strict):
         if self.tokenizer.tiktoken and is_tiktoken_file(self.tokenizer.tiktoken):
             data["tokenizer"]["tiktoken"] = self.resolve(self.tokenizer.tiktoken)
         data["tokenizer"].pop("backend")  # every backend gives identical ids
+        train = data["tokenizer"].get("train")
+        if train is not None and train["max_word_bytes"] == DEFAULT_MAX_WORD_BYTES:
+            del train["max_word_bytes"]  # absent before the key existed: those runs' fingerprints stay
         for key, default in (("doc_prefix", REFERENCE_PREFIX), ("doc_suffix", [])):
             if data["tokenizer"][key] == default:  # absent before these keys existed: runs from then still resume
                 data["tokenizer"].pop(key)

@@ -281,6 +281,60 @@ def token_byte_lengths(tok: Tokenizer) -> np.ndarray:
     return lengths
 
 
+# The trainer's Rust thread pool: its parallel counts hold a partial table per thread, so its memory grows with
+# the threads; two bound it on any machine (the trained tokenizer is the same with any number)
+TRAINER_THREADS = 2
+# The longest text the trainer is given at once: each thread splitting a text holds several copies of it with 16
+# bytes of offsets per byte, and keeps that memory once freed; a multi-MB document cost the trainer ~300 MiB
+TRAINER_PIECE_CHARS = 1 << 16
+
+
+# byte-level BPE's pre-tokens, near enough for counting them (tokmix.backends.GPT2_PATTERN is the exact one):
+# letters, digits, other non-space characters; and runs of two or more whitespace characters
+_PIECE = re.compile(r"[^\W\d_]+|\d+|(?:[^\s\w]|_)+")
+_SPACE_RUN = re.compile(r"\s\s+")
+
+
+WORDS_SEEN = 1 << 18  # whitespace-separated words DistinctWords remembers (~30 MiB), not to split them again
+
+
+class DistinctWords:
+    """The words a tokenizer trainer has been given, as its tables hold them: HF's BPE trainer keeps every distinct
+    pre-tokenized word of its sample, with a 32-byte symbol per byte and its pair tables and merge queue per
+    symbol, so its memory grows with the bytes of the distinct words, not with the length of the text. `mass`
+    counts them, once each, their UTF-8 bytes plus one: the pieces (letters, digits, the rest) of each new
+    whitespace-separated word, its first piece also after a space, and each run of whitespace. Deterministic;
+    the regex runs on words it has not seen lately (WORDS_SEEN), the rest at C speed."""
+
+    def __init__(self) -> None:
+        self.words: set[str] = set()
+        self.pieces: set[str] = set()
+        self.mass = 0
+
+    def new_mass(self, text: str) -> tuple[tuple[set[str], set[str]], int]:
+        """The words and pieces of `text` not seen yet, and the bytes they would add."""
+        words = set(text.split())
+        words.difference_update(self.words)
+        pieces = set(_SPACE_RUN.findall(text))
+        for word in words:
+            found = _PIECE.findall(word)
+            if found:
+                pieces.update(found)
+                pieces.add(" " + found[0])
+        pieces.difference_update(self.pieces)
+        return (words, pieces), sum(len(p.encode("utf-8", "surrogatepass")) for p in pieces) + len(pieces)
+
+    def take(self, new: tuple[set[str], set[str]], mass: int) -> None:
+        if len(self.words) > WORDS_SEEN:  # they only spare the regex; the pieces decide the mass
+            self.words = set()
+        self.words |= new[0]
+        self.pieces |= new[1]
+        self.mass += mass
+
+    def clear(self) -> None:
+        self.words, self.pieces = set(), set()
+
+
 def train_tokenizer(texts: Iterator[str], vocab: int, min_frequency: int, out_path: Path,
                     specials: list[str] = REFERENCE_PREFIX) -> None:
     """A GPT-2 style byte-level BPE with the full 256-byte initial alphabet; its special tokens (the recipe's
