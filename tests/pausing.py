@@ -23,3 +23,9 @@ def wait_for_pause(fifo: Path, alive: Callable[[], bool], seconds: float) -> boo
         return said == b"paused"
     finally:
         os.close(reader)
+
+
+def resume(fifo: Path) -> None:
+    """Let the process paused at a fault point go on (it waits for this word on the same FIFO)."""
+    with open(fifo, "w") as f:
+        f.write("resume")

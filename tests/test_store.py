@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import tokmix
+from tests.pausing import resume, wait_for_pause
 from tokmix.errors import TokmixError
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
@@ -293,6 +294,45 @@ def test_store_failures_are_one_line_saying_what_is_wrong(s3, finished_run, tmp_
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: output s3://{BUCKET}/creds: the store refused the credentials (NoCredentialsError: Unable to locate "
         "credentials): check them (AWS_* / GOOGLE_APPLICATION_CREDENTIALS, or fsspec's config); nothing was written")
+
+
+def test_a_store_that_goes_away_mid_run_is_one_line_and_the_working_folder_is_kept(finished_run, tmp_path):
+    """Issue 31: a store lost mid-run ended in "internal error: EndpointConnectionError". A run of its own S3
+    server pauses once its first unit is on the store (tokmix.faults' pause, told through a FIFO); the server is
+    stopped, the run goes on and fails in one line naming the output and the reason; the local working folder
+    (its lock and records) is kept for the resume."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="lost")
+        fifo, work, url = tmp_path / "paused", tmp_path / "work", "s3://lost/run"
+        os.mkfifo(fifo)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "FSSPEC_S3_ENDPOINT_URL": endpoint,
+               "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_MAX_ATTEMPTS": "1", "TOKMIX_FAULT": "streams:after-unit:1:pause", "TOKMIX_PAUSE_FIFO": str(fifo)}
+        proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(finished_run.parent / "recipe.toml"),
+                                 "--out", url, "--work", str(work), "--workers", "1"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            assert wait_for_pause(fifo, lambda: proc.poll() is None, 300), proc.stderr.read()[-2000:]
+            server.stop()
+            resume(fifo)
+            stderr = proc.communicate(timeout=300)[1]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        server.stop()
+    last = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert last.startswith(f"error: output {url}: the store is unreachable (") and last.endswith(
+        "; committed work is kept: run the same command again once it is fixed"), last
+    assert (work / "tokmix-state" / "output.json").exists() and (work / "tokmix-state" / "lock").exists()
 
 
 def test_file_urls_are_local_paths(finished_run, tmp_path):

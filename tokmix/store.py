@@ -85,6 +85,17 @@ def store_problem(e: BaseException) -> str | None:
     return None
 
 
+def _lost_requests(loop, context: dict) -> None:
+    """The exception handler of an async store's event loop (s3fs, gcsfs: fsspec's IO thread). When the store
+    goes away, aiohttp leaves the requests in flight as tasks whose exception nobody awaits, and asyncio prints
+    each with its traceback; the call that failed already raised the same failure, which the run reports in one
+    line (store_problem). Those are dropped; anything else is asyncio's to print."""
+    error = context.get("exception")
+    if error is not None and store_problem(error) is not None:
+        return
+    loop.default_exception_handler(context)
+
+
 def claim_object(path: ObjectPath, data: bytes) -> bool:
     """Create the object only if there is none (S3's If-None-Match, GCS's generation match: the store decides, so
     of writers racing to create it exactly one does); False when it already exists."""
@@ -189,6 +200,8 @@ class ObjectPath:
         import fsspec  # only here: the supervisor imports this module, and most runs are local
 
         fs, path = fsspec.core.url_to_fs(self.url)
+        if getattr(fs, "loop", None) is not None and fs.loop.get_exception_handler() is not _lost_requests:
+            fs.loop.set_exception_handler(_lost_requests)
         return fs, path
 
     def _fresh(self) -> tuple[Any, str]:
