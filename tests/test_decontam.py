@@ -321,8 +321,10 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
 
 def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     """`tokmix report` has the contamination table, `tokmix inspect --contamination` names each item and the
-    document it took, and `tokmix plan` estimates the share from a sample, and finds every unit of the recipe in
-    the token cache its run filled (their keys hold the benchmark n-grams' fingerprint, as the run's do)."""
+    document it took, `tokmix trace --source` says of each such document that decontamination dropped it and for
+    which items (and of a kept one, where it is), and `tokmix plan` estimates the share from a sample, and finds
+    every unit of the recipe in the token cache its run filled (their keys hold the benchmark n-grams'
+    fingerprint, as the run's do)."""
     out = planted["out"]
     record = read_json(out / "contamination.json", sealed=True)
     html = subprocess.run([sys.executable, "-m", "tokmix.cli", "report", str(out), "--html", str(out / "r.html")],
@@ -338,6 +340,28 @@ def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     wide.print(contamination(out))
     first = record["items"][0]["places"][0]
     assert f"{first['file']}:row {first['place']}" in wide.file.getvalue()
+
+    # why a source document is not in the shards: trace --source names the items that took it
+    where = f"{first['file']}:row {first['place']}"
+    traced = subprocess.run([sys.executable, "-m", "tokmix.cli", "trace", str(out), "--source", where],
+                            capture_output=True, text=True, env=ENV)
+    assert traced.returncode == 0, traced.stderr[-2000:]
+    said = " ".join(traced.stdout.split())
+    assert "dropped by benchmark decontamination: not in the shards" in said
+    assert all(item["id"] in said for item in record["items"] if first in item["places"])
+    from tokmix.trace import find_source
+
+    for item in record["items"]:
+        for place in item["places"]:
+            doc = find_source(out, f"{place['file']}:row {place['place']}")
+            assert doc.found == [] and doc.action == "drop"
+            assert {"benchmark": item["benchmark"], "index": item["index"], "id": item["id"],
+                    "stream": place["stream"], "tokens": place["tokens"]} in doc.items
+    kept = find_source(out, f"{planted['files']['edu'][0]}:row 20")  # the 12-word near miss
+    assert kept.items == [] and [d.stream for d in kept.found] == ["edu"] and kept.found[0].blocks is not None
+    missing = subprocess.run([sys.executable, "-m", "tokmix.cli", "trace", str(out), "--source", f"{where}999"],
+                             capture_output=True, text=True, env=ENV)
+    assert missing.returncode == 2 and "in no train shard or holdout" in missing.stderr
 
     from tokmix.plan import make_plan
     from tokmix.recipe import load_recipe

@@ -360,6 +360,9 @@ def trace(
     token: int | None = typer.Option(None, "--token", help="the block of token T of the train stream"),
     doc_id: str | None = typer.Option(None, "--id", help="the document(s) whose own id is ID ([streams.X] id_field): "
                                                          "where they are, their blocks and steps"),
+    source: str | None = typer.Option(None, "--source", help="the document at FILE:row N or FILE:line N of a source "
+                                                             "(as trace and inspect print it): where it is in the "
+                                                             "run, or which benchmark items took it"),
     text: bool = typer.Option(False, "--text", help="read each document again from its source, check it against "
                                                     "its recorded CRC-32 and show its first characters"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (one object per block) for scripts"),
@@ -374,7 +377,9 @@ def trace(
 
     from tokmix.trace import (
         find_id,
+        find_source,
         render_found,
+        render_source,
         render_summary,
         render_trace,
         shard_block,
@@ -386,8 +391,15 @@ def trace(
     )
 
     try:
-        if sum(x is not None for x in (step, shard, token, doc_id)) != 1:
-            raise TokmixError("name one of --step N, --shard K --block J, --token T or --id ID")
+        if sum(x is not None for x in (step, shard, token, doc_id, source)) != 1:
+            raise TokmixError("name one of --step N, --shard K --block J, --token T, --id ID or --source WHERE")
+        if source is not None:
+            where = find_source(out, source)
+            if as_json:
+                print(json.dumps(where.to_json(), indent=1))
+            else:
+                console.print(*render_source(where))
+            return
         if doc_id is not None:
             found = find_id(out, doc_id)
             if as_json:

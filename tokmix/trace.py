@@ -12,6 +12,7 @@ import numpy as np
 from tokmix.data import TrainBlocks
 from tokmix.errors import TokmixError
 from tokmix.provenance import RunDocuments, Source, file_documents, read_ids, sources_of, text_crc32
+from tokmix.shards import read_json
 
 PREVIEW_CHARS = 60  # of a document's text shown by --text
 
@@ -162,28 +163,112 @@ def find_id(out_dir: str | os.PathLike, wanted: str) -> list[FoundDocument]:
         if not hits:
             continue
         docs = run.shard(k) if k is not None else file_documents(loader.root, entry, sources)
-        for i in hits:
-            record, source = docs.records[i], sources[int(docs.records[i]["source"])]
-            end = int(docs.ends[i])
-            start = end - int(record["tokens"])
-            doc = FoundDocument(ids[i], entry.file, i, source.stream, source.where(int(record["place"])), start,
-                                int(record["tokens"]))
-            if k is not None:
-                first = int(loader.first_block[k])
-                blocks = int(loader.first_block[k + 1]) - first
-                S = loader.shard_seq_len[k]
-                lo, hi = first + min(start // S, blocks - 1), first + min((end - 1) // S, blocks - 1)
-                doc.blocks, doc.steps = (lo, hi), (lo // loader.seqs_per_step, hi // loader.seqs_per_step)
-            found.append(doc)
+        found += [_found(loader, k, entry.file, docs, sources, i, ids[i]) for i in hits]
     if not found:
         raise TokmixError(f"{loader.root}: no document has the id {wanted!r}")
     return found
 
 
-def render_found(found: list[FoundDocument]):
+@dataclass
+class SourceDocument:
+    """Where one document of a source file went: its copies in the train shards and holdouts (`found`) and the
+    benchmark items that took it ([decontaminate]: `items`, each benchmark, index, id, stream, tokens)."""
+
+    where: str  # file:row N / file:line N+1
+    found: list[FoundDocument]
+    items: list[dict]
+    action: str | None = None  # the run's [decontaminate] action: "drop" (not in the shards) or "report"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_where(where: str) -> tuple[str, int | None]:
+    """`file:row N` (a parquet row, 0-based) or `file:line N` (a JSONL line, 1-based), as trace and inspect print
+    them: (file, place 0-based); a bare file (a text file's one document): (file, None)."""
+    head, _, tail = where.rpartition(":")
+    kind, _, number = tail.partition(" ")
+    if head and kind in ("row", "line") and number.isdigit() and (kind == "row" or int(number) > 0):
+        return head, int(number) - (kind == "line")
+    return where, None
+
+
+def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
+    """The document at `where` of a source file: each copy of it in a train shard or holdout, and the benchmark
+    items that matched it (from contamination.json)."""
+    wanted, place = parse_where(where)
+    loader = TrainBlocks(out_dir)
+    index = loader.index
+    run, found = RunDocuments(loader.root, index), []
+    entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
+    entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
+    for k, entry, sources in entries:
+        mine = [i for i, source in enumerate(sources) if source.file == wanted]
+        if not mine:
+            continue
+        docs = run.shard(k) if k is not None else file_documents(loader.root, entry, sources)
+        hits = np.isin(docs.records["source"], mine)
+        if place is not None:
+            hits &= docs.records["place"] == place
+        found += [_found(loader, k, entry.file, docs, sources, int(i), None) for i in np.flatnonzero(hits)]
+    items, action = [], None
+    entry = index.benchmark_decontamination
+    if entry is not None:
+        action = entry["action"]
+        record = read_json(loader.root / entry["file"], sealed=True) or {"items": []}
+        items = [{"benchmark": item["benchmark"], "index": item["index"], "id": item["id"], "stream": p["stream"],
+                  "tokens": p["tokens"]} for item in record["items"] for p in item["places"]
+                 if p["file"] == wanted and (place is None or p["place"] == place)]
+    shown = found[0].where if found else where
+    if not found and not items:
+        raise TokmixError(f"{where}: in no train shard or holdout of {loader.root}, and no benchmark item took it "
+                          "(a file or row the run did not read, an empty text, a copy of a holdout document, or "
+                          "past its stream's budget)")
+    return SourceDocument(shown, found, items, action)
+
+
+def _found(loader: TrainBlocks, k: int | None, file: str, docs, sources: list[Source], i: int,
+           doc_id: str | int | None) -> FoundDocument:
+    """Record i of a token file's provenance index as a FoundDocument; in train shard k, with its blocks and
+    steps."""
+    record, source = docs.records[i], sources[int(docs.records[i]["source"])]
+    end = int(docs.ends[i])
+    start = end - int(record["tokens"])
+    doc = FoundDocument(doc_id, file, i, source.stream, source.where(int(record["place"])), start,
+                        int(record["tokens"]))
+    if k is not None:
+        first = int(loader.first_block[k])
+        blocks = int(loader.first_block[k + 1]) - first
+        S = loader.shard_seq_len[k]
+        lo, hi = first + min(start // S, blocks - 1), first + min((end - 1) // S, blocks - 1)
+        doc.blocks, doc.steps = (lo, hi), (lo // loader.seqs_per_step, hi // loader.seqs_per_step)
+    return doc
+
+
+def render_source(doc: SourceDocument) -> list:
     from rich.table import Table
 
-    table = Table(title=f"documents with the id {found[0].id!r}", title_justify="left")
+    shown = []
+    if doc.items:
+        taken = ("dropped by benchmark decontamination: not in the shards" if doc.action == "drop" else
+                 "counted by benchmark decontamination (action \"report\"): kept")
+        shown.append(f"{_shown_where(doc.where)}: {taken}")
+        table = Table(title="the benchmark items it shares n-grams with", title_justify="left")
+        for col in ("benchmark", "item", "id", "stream", "tokens"):
+            table.add_column(col, justify="right" if col in ("item", "tokens") else "left")
+        for item in doc.items:
+            table.add_row(item["benchmark"], str(item["index"]), str(item["id"]), item["stream"],
+                          f"{item['tokens']:,}")
+        shown.append(table)
+    if doc.found:
+        shown.append(render_found(doc.found, f"{_shown_where(doc.where)}: in the run"))
+    return shown
+
+
+def render_found(found: list[FoundDocument], title: str | None = None):
+    from rich.table import Table
+
+    table = Table(title=title or f"documents with the id {found[0].id!r}", title_justify="left")
     for col in ("file", "#", "stream", "source", "tokens", "blocks", "steps"):
         table.add_column(col, justify="right" if col in ("#", "tokens", "blocks", "steps") else "left",
                          overflow="fold" if col == "source" else "ellipsis")
