@@ -494,6 +494,13 @@ def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError | None
         where = f"file {moved[0] if moved else resized[0][0] if resized else paths[0]}"
     else:  # grouped small files: which one changed is not known
         where = f"a file of unit {unit.name} ({paths[0]} or {len(paths) - 1} more)"
+    if not cut and not moved and not resized:  # no file it held changed: one came or went, or the cutting rule
+        held = paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
+        return TokmixError(f"stream {stream}: unit {unit.name} ({held}) is cut differently "
+                           "now than when this run wrote it, and the files it held have the sizes they had: a file "
+                           "was added to or removed from it, or the tokmix that started the run cut units another "
+                           "way (upgraded since?); restore the files or finish with that tokmix, or use --restart "
+                           "to start over")
     if resized and not moved:
         how = f"{resized[0][1]:,} bytes when unit {unit.name} was written, now {resized[0][2]:,}"
     elif not cut:
