@@ -136,11 +136,31 @@ def test_plan_shows_what_the_cache_holds_of_a_recipe_and_the_disk_it_and_the_run
     assert remix.disk.needed == remix.disk.intermediates - remix.cache.holds + remix.disk.shards + remix.disk.holdouts
 
 
+def test_plan_cuts_the_units_as_the_run_into_its_directory_would(recipes, cold, tmp_path, monkeypatch):
+    """The cache was filled with 4,000-byte units and this shell sets no TOKMIX_UNIT_BYTES: over the cold run's
+    directory (a resume keeps the unit size it recorded) plan cuts 4,000-byte units and finds every one the run
+    used in the cache; over a new directory it cuts the default 16 MiB units, as a new run there would, none of
+    which is in the cache."""
+    from tokmix.plan import make_plan
+
+    monkeypatch.delenv("TOKMIX_UNIT_BYTES", raising=False)
+    cache, a, _ = cold
+    recipe = tokmix.load_recipe(recipes[0])
+    resume = make_plan(recipe, out=a, cache=str(cache), sample_bytes=SAMPLE)
+    used = json.loads((a / "index.json").read_text())["cache"]["by_stream"]
+    assert {n: (s.units, s.cached_units) for n, s in resume.streams.items()} == {
+        n: (u["units"], u["units"]) for n, u in used.items()}
+    fresh = make_plan(recipe, out=tmp_path / "new", cache=str(cache), sample_bytes=SAMPLE)
+    assert sum(s.cached_units for s in fresh.streams.values()) == 0
+    assert sum(s.units for s in fresh.streams.values()) < sum(s.units for s in resume.streams.values())
+
+
 def test_a_remix_takes_its_units_from_the_cache_and_writes_what_it_writes_without_it(
         recipes, cold, remix_without_cache, tmp_path):
     """Through worker processes, a damaged entry (a flipped byte: found, removed, the unit tokenized again), a
-    SIGKILL while taking an entry and one while filling one; every resume ends with the bytes of the same recipe
-    run with --no-cache, tokenizing no more than the budgets grew plus a unit a stream."""
+    SIGKILL while taking an entry and one while filling one (the unit, not committed before its entry is made,
+    is tokenized again and its entry made); every resume ends with the bytes of the same recipe run with
+    --no-cache, tokenizing no more than the budgets grew plus a unit a stream."""
     cache, _, kept = cold
     damaged, record = next((path, record) for path in sorted((cache / "entries").glob(f"*/*/{ENTRY}"))
                            if (record := json.loads(path.read_text()))["parts"]["stream"] == "dclm"
@@ -154,10 +174,13 @@ def test_a_remix_takes_its_units_from_the_cache_and_writes_what_it_writes_withou
     args = (str(recipes[1]), "--out", str(out), "--cache", str(cache))
     log = killed(cli(*args, fault="cache:after-take-file:2"))
     log += killed(cli(*args, fault="cache:fill-before-rename:1"))
-    assert list((cache / "tmp").iterdir()), "the kill left an entry being filled in tmp/"
+    filling = list((cache / "tmp").iterdir())
+    assert filling, "the kill left an entry being filled in tmp/"
     log += finished(cli(*args, "--executor", "processes"))
     assert outputs(out) == outputs(remix_without_cache)
     assert UnitCache(str(cache)).verify()[1] == [], "every entry whole, the damaged one remade"
+    # the unit whose fill was killed was not committed without its entry: the resume made both
+    assert all((cache / "entries" / p.name[:2] / p.name.split(".")[0] / ENTRY).exists() for p in filling)
 
     # what the remix took and what it tokenized (over its three stage processes), from its index
     index = json.loads((out / "index.json").read_text())

@@ -28,11 +28,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tokmix import identity
 from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
 from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
+from tokmix.process import default_unit_bytes
 from tokmix.recipe import Recipe
-from tokmix.shards import UNIT_BYTES, UNITS_DIR, Layout, tokens_in_shard
+from tokmix.shards import UNITS_DIR, DamagedFile, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
@@ -566,12 +568,21 @@ def _contamination_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def run_unit_bytes(out: Path) -> int:
+    """The unit size a run into `out` cuts its streams with, as the run decides it: the one an earlier run there
+    recorded (a resume keeps its cut), else a new run's (TOKMIX_UNIT_BYTES or the default)."""
+    try:
+        found = identity.recorded(Layout(out), "unit size")
+    except (DamagedFile, OSError):
+        found = None  # the run itself names a damaged record
+    return identity.PINS["unit size"].value(found) if found is not None else default_unit_bytes()
+
+
 def _cached(recipe: Recipe, split: Split, mirrors, base: KeyBase, streams: dict[str, StreamPlan],
-            cache: UnitCache) -> None:
+            cache: UnitCache, unit_bytes: int) -> None:
     """How much of each stream's budget the token cache holds: its units in order (as a run cuts them) until the
     budget, the cached ones counted at their tokens and the others at the sample's tokens per byte. `base`: the
     key parts the run's units share (the benchmark n-gram set's fingerprint included)."""
-    unit_bytes = int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES))
     for name, s in streams.items():
         per_byte = s.train.tokens / max(s.train.text_bytes, 1)
         got = 0
@@ -640,7 +651,7 @@ def make_plan(
         if encoder is not None:
             _cached(recipe, split, mirrors, key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
                                                      huge_doc_chars(tokenizer_path),
-                                                     benchmark_fingerprint), streams, unit_cache)
+                                                     benchmark_fingerprint), streams, unit_cache, run_unit_bytes(out))
     shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards, cache_plan)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,

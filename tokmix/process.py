@@ -17,6 +17,12 @@ from tokmix.shards import UNIT_BYTES
 ERROR_EXIT_CODE = 2
 
 
+def default_unit_bytes() -> int:
+    """The unit size a new run cuts its streams with: TOKMIX_UNIT_BYTES, else UNIT_BYTES (a resume keeps the one
+    its run recorded: tokmix.identity's "unit size")."""
+    return int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES))
+
+
 @dataclass
 class RunOptions:
     """How to run; none of it changes the output bytes."""
@@ -29,7 +35,7 @@ class RunOptions:
     ray_address: str | None = None  # a running Ray cluster; without it --executor ray starts a local instance
     debug: bool = False
     # source bytes per work unit: the grain of parallelism and of resume (TOKMIX_UNIT_BYTES to tune)
-    unit_bytes: int = field(default_factory=lambda: int(os.environ.get("TOKMIX_UNIT_BYTES", UNIT_BYTES)))
+    unit_bytes: int = field(default_factory=lambda: default_unit_bytes())
     log_seconds: float = 30.0  # without a terminal: a progress line per stage and stream this often
     log_format: str = "text"  # text | json: the lines on stdout without a terminal
     # the supervisor is a process of its own (the tokmix command), counted by the memory guard as top counts it;

@@ -179,21 +179,26 @@ def tokenize_unit(task: UnitTask) -> dict:
     the unit is taken from it when it holds it (checked), and added to it once tokenized."""
     with writing(task.writer):
         if task.cache_key is None:
-            return _tokenize_unit(task)[0]
+            return _tokenize_unit(task)
         cache = UnitCache(task.cache)
         record, rejected = _from_cache(task, cache)
         if record is not None:
             return record
         prefix, rejected = (None, True) if rejected else _cached_prefix(task, cache)
-        record, complete, copies = _tokenize_unit(task, prefix)
+
+        def fill(record: dict, complete: bool, copies: dict | None) -> None:
+            # before the unit's record: a unit is never committed without its entry, whenever the run is killed
+            # (killed before the record, the unit is tokenized again, or taken from the entry just made)
+            try:
+                cache.fill(task.cache_key, as_path(task.unit_dir), task.unit.name, _entry_unit(record), complete,
+                           task.cache_parts or {}, copies, replace=rejected)
+            except (OSError, DamagedFile):  # a full or read-only cache: the run goes on without adding to it
+                pass
+
+        record = _tokenize_unit(task, prefix, fill)
         if cache.problem is not None:  # told by the coordinator; not in the unit's sealed record
             record = {**record, "cache_problem": f"{cache.entry_dir(task.cache_key)}: damaged ({cache.problem}); "
                       "removed, the unit tokenized again"}
-        try:
-            cache.fill(task.cache_key, as_path(task.unit_dir), task.unit.name, _entry_unit(record), complete,
-                       task.cache_parts or {}, copies, replace=rejected)
-        except (OSError, DamagedFile):  # a full or read-only cache: the run goes on without adding to it
-            pass
         return record
 
 
@@ -247,10 +252,13 @@ def _cached_prefix(task: UnitTask, cache: UnitCache) -> tuple[tuple[np.ndarray, 
     return (np.frombuffer(tokens, np.dtype(task.dtype)), np.frombuffer(lengths, LENGTH_DTYPE)), False
 
 
-def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[dict, bool]:
-    """The unit's record, and whether it holds every document of its pieces (not cut at its limit). `prefix`:
-    the tokens and document lengths of its first documents, from a partial cache entry: those documents are
-    read again (holdout copies, benchmark items and provenance as without it) but not encoded."""
+def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None = None,
+                   before_record: Callable[[dict, bool, dict | None], None] | None = None) -> dict:
+    """Tokenize and commit the unit; its record. `prefix`: the tokens and document lengths of its first
+    documents, from a partial cache entry: those documents are read again (holdout copies, benchmark items and
+    provenance as without it) but not encoded. `before_record(record, complete, copies)` runs once the unit's
+    files are in place, before its record commits it: `complete`, whether it holds every document of its pieces
+    (not cut at its limit); `copies`, its documents' hashes for the cache (_same_copies)."""
     unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
@@ -357,12 +365,14 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         "len_sha256": lengths_sha256,
         **src,
     }
+    if before_record is not None:
+        copies = None
+        if kept_hashes is not None:
+            copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
+                      "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
+        before_record(record, complete, copies)
     write_record(unit_file(unit_dir, unit.name, "json"), record)
-    copies = None
-    if kept_hashes is not None:
-        copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
-                  "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
-    return record, complete, copies
+    return record
 
 
 class _Replay:
