@@ -61,21 +61,24 @@ def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
 
 
 def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tuple[str, dict | str]]:
-    """(where, row) of every item of one file: a dict of its columns, or a plain-text line."""
+    """(where, row) of every item of one file, one at a time: a dict of its columns, or a plain-text line."""
     if parquet.claims(path):
         try:
             table = pq.read_table(io.BytesIO(data))
         except pa.ArrowException as e:
             raise TokmixError(f"benchmark {name}: file {path}: not a readable parquet file ({e})") from None
-        for i, row in enumerate(table.to_pylist()):
-            yield f"file {path}: row {i}", row
+        i = 0
+        for batch in table.to_batches(ROWS_AT_ONCE):
+            for row in batch.to_pylist():
+                yield f"file {path}: row {i}", row
+                i += 1
     elif jsonl.claims(path):
         decompress = jsonl.Decompressor(jsonl.codec(path))
         try:
             text = decompress(data)
         except Exception as e:  # zlib.error, zstandard.ZstdError
             raise TokmixError(f"benchmark {name}: file {path}: cannot decompress ({e})") from None
-        for i, line in enumerate(text.splitlines()):
+        for i, line in enumerate(_lines(text)):
             if not line.strip():
                 continue
             try:
@@ -95,23 +98,32 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
                 yield f"file {path}: line {i + 1}", line
 
 
-def read_items(name: str, patterns: list[str], fields: list[str], id_field: str | None,
-               mirrors) -> tuple[list[Item], dict[str, str]]:
-    """The benchmark's items in file order, and each file's sha256 (of the bytes the items were read from)."""
-    items, checksums = [], {}
+ROWS_AT_ONCE = 1024  # parquet rows made Python objects together
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of JSONL bytes one by one, as bytes.splitlines() cuts them, without a list of all of them."""
+    for line in io.BytesIO(data):
+        yield line.rstrip(b"\r\n")
+
+
+def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str | None, mirrors,
+               checksums: dict[str, str]) -> Iterator[Item]:
+    """The benchmark's items in file order, one file's bytes held at a time; each file's sha256 (of the bytes
+    the items were read from) put in `checksums` as it is read."""
+    index = 0
     for path in benchmark_files(patterns, name, mirrors):
         data = file_bytes(path, name, mirrors)
         checksums[path] = hashlib.sha256(data).hexdigest()
         for where, row in _rows(path, data, name, fields):
-            index = len(items)
             if isinstance(row, str):
-                items.append(Item(index, str(index), row))
-                continue
-            text = _field_text(row, fields, name, where)
-            item_id = str(index)
-            if id_field is not None:
-                if row.get(id_field) is None:
-                    raise TokmixError(f"benchmark {name}: {where}: no id field {id_field!r}")
-                item_id = str(row[id_field])
-            items.append(Item(index, item_id, text))
-    return items, checksums
+                yield Item(index, str(index), row)
+            else:
+                item_id = str(index)
+                if id_field is not None:
+                    if row.get(id_field) is None:
+                        raise TokmixError(f"benchmark {name}: {where}: no id field {id_field!r}")
+                    item_id = str(row[id_field])
+                yield Item(index, item_id, _field_text(row, fields, name, where))
+            index += 1
+        del data

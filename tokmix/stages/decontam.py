@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix.format.commit import commit, tmp_name
 from tokmix.ngrams import (
     NORMALIZATION,
     Words,
@@ -29,9 +30,8 @@ from tokmix.ngrams import (
 from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_record
 from tokmix.sources import HugeText
-from tokmix.sources.benchmarks import benchmark_files, file_sha256, read_items
+from tokmix.sources.benchmarks import benchmark_files, file_sha256, iter_items
 from tokmix.stages import cached
-from tokmix.tokens import write_npy
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16
@@ -57,8 +57,13 @@ def bit_filter(hashes: np.ndarray) -> tuple[int, np.ndarray]:
 
 
 def set_bits(filt: np.ndarray, shift: int, hashes: np.ndarray) -> None:
-    slots = hashes >> np.uint64(shift)
-    np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64), (1 << (slots & np.uint64(7))).astype(np.uint8))
+    for at in range(0, len(hashes), SET_BITS_AT_ONCE):  # bounded: each hash's temporaries are ~40 bytes
+        slots = hashes[at:at + SET_BITS_AT_ONCE] >> np.uint64(shift)
+        np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64),
+                         (1 << (slots & np.uint64(7))).astype(np.uint8))
+
+
+SET_BITS_AT_ONCE = 1 << 20
 
 
 def in_filter(filt: np.ndarray, shift: np.uint64, hashes: np.ndarray) -> np.ndarray:
@@ -71,8 +76,10 @@ ITEMS_PER_GROUP = 1024  # benchmark items normalized and hashed together
 
 
 def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
-    """One group of items: their n-gram hashes and the item of each (an item of fewer words: the hash of all of
-    them), their distinct word hashes, their mapped bytes (the words, separated by zeros) and where each starts."""
+    """One group of items: their n-gram hashes and the item of each in item order (an item of fewer words: the
+    hash of all of them), appended to the build's part files; their word hashes and each two consecutive words'
+    into the filters' inputs; their mapped bytes (the words, separated by zeros) to the words part, and where
+    each starts."""
     group = split_words(texts)
     counts = np.diff(group.first)
     hashes, at = group.grams(n)
@@ -83,66 +90,85 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
         mine = np.flatnonzero(counts == k)
         hashes = np.concatenate([hashes, gram_hashes_at(group.hashes, group.first[mine], k)])
         owner = np.concatenate([owner, mine])
-    out["grams"].append(hashes)
-    out["owners"].append((owner + first).astype(np.uint32))
+    order = np.argsort(owner, kind="stable")  # the items in order: one stable sort by hash then orders both
+    hashes[order].tofile(out["grams"])
+    (owner[order] + first).astype(np.uint32).tofile(out["owners"])
+    out["ngrams"] += len(hashes)
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
     prefix = prefix_hashes(group.data, group.starts, group.ends)
     inside = np.ones(max(0, len(prefix) - 1), bool)  # each two consecutive words of one item
     inside[(group.first[1:] - 1)[(group.first[1:] > 0) & (group.first[1:] < len(prefix))] - 1] = False
-    out["pairs"].append(pair_hashes(prefix[:-1], prefix[1:])[inside])
+    out["pairs"].append(pair_hashes(prefix[:-1], prefix[1:])[inside] >> np.uint64(32))  # (the filter's top bits)
+    data = group.data[:group.offsets[-1]]  # without the padding after the last zero
     base = out["bytes"]
-    out["blobs"].append(group.data)
+    data.tofile(out["words"])
     out["starts"].append(base + group.offsets[:-1])
-    out["bytes"] = base + len(group.data)
+    out["bytes"] = base + len(data)
     out["short"] += int(short.sum())
     out["empty"] += int((counts == 0).sum())
 
 
+PARTS = ("grams", "owners", "words")  # what a build appends to as it reads the items (PART files, then removed)
+
+
 def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
-    """Read every benchmark, hash its items' n-grams, write the arrays and the sealed record (`set.json`, the
-    last file written: the commit)."""
+    """Read every benchmark file by file, hash its items' n-grams group by group into part files, sort them once
+    (bounded: the n-grams' 12 bytes each, twice, and the texts of one file), write the arrays and the sealed
+    record (`set.json`, the last file written: the commit)."""
     spec = recipe.decontaminate
     n = spec.ngram
     directory.mkdir(parents=True, exist_ok=True)
-    out = {"grams": [], "owners": [], "blobs": [], "word_shift": 64 - WORD_FILTER_LOG2,
-           "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8), "starts": [], "bytes": 0,
-           "short_lengths": set(), "short": 0, "empty": 0, "pairs": []}
+    parts = {kind: directory / f"{kind}.part" for kind in PARTS}
+    out = {kind: open(path, "wb") for kind, path in parts.items()}
+    out.update({"word_shift": 64 - WORD_FILTER_LOG2, "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8),
+                "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "ngrams": 0})
     benchmarks, ids = {}, []
-    for name, bench in spec.benchmarks.items():
-        items, checksums = read_items(name, [recipe.resolve(f) for f in bench.files], bench.fields,
-                                      bench.id_field, mirrors)
-        first, before, out["short"], out["empty"] = len(ids), sum(map(len, out["grams"])), 0, 0
-        for i in range(0, len(items), ITEMS_PER_GROUP):
-            _hash_items([item.text for item in items[i:i + ITEMS_PER_GROUP]], n, len(ids) + i, out)
-        ids += [item.id for item in items]
-        del items  # their texts: what stays is their hashes and mapped bytes
-        benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
-                            "items": len(ids) - first, "first_item": first, "short_items": out["short"],
-                            "empty_items": out["empty"], "ngrams": sum(map(len, out["grams"])) - before}
-    hashes = np.concatenate(out["grams"]) if out["grams"] else np.empty(0, np.uint64)
-    items = np.concatenate(out["owners"]) if out["owners"] else np.empty(0, np.uint32)
-    out["grams"] = out["owners"] = None  # the pieces: freed before the sort's copies
-    order = np.lexsort((items, hashes))
-    hashes, items = hashes[order], items[order]
+    try:
+        for name, bench in spec.benchmarks.items():
+            checksums: dict[str, str] = {}
+            first, out["short"], out["empty"] = len(ids), 0, 0
+            group: list[str] = []
+            for item in iter_items(name, [recipe.resolve(f) for f in bench.files], bench.fields, bench.id_field,
+                                   mirrors, checksums):
+                ids.append(item.id)
+                group.append(item.text)
+                if len(group) == ITEMS_PER_GROUP:
+                    _hash_items(group, n, len(ids) - len(group), out)
+                    group = []
+            if group:
+                _hash_items(group, n, len(ids) - len(group), out)
+            benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
+                                "items": len(ids) - first, "first_item": first, "short_items": out["short"],
+                                "empty_items": out["empty"]}
+    finally:
+        for kind in PARTS:
+            out[kind].close()
+    pairs = np.concatenate(out.pop("pairs")) << np.uint64(32) if out["pairs"] else np.empty(0, np.uint64)
+    pair_shift, pair_filt = bit_filter(pairs)
+    del pairs  # before the n-grams are loaded and sorted
+    hashes = np.fromfile(parts["grams"], np.uint64)
+    items = np.fromfile(parts["owners"], np.uint32)
+    order = np.argsort(hashes, kind="stable")  # by hash, then item (the parts are in item order)
+    hashes = hashes[order]
+    items = items[order]
+    del order
     distinct = np.ones(len(hashes), bool)  # an n-gram an item has twice is one entry
     distinct[1:] = (hashes[1:] != hashes[:-1]) | (items[1:] != items[:-1])
     hashes, items = hashes[distinct], items[distinct]
+    del distinct
     for bench in benchmarks.values():  # distinct n-grams of each benchmark's items
-        mine = (items >= bench["first_item"]) & (items < bench["first_item"] + bench["items"])
-        bench["ngrams"] = int(mine.sum())
-    del order, distinct
-    word_blob = np.concatenate(out["blobs"]) if out["blobs"] else np.empty(0, np.uint8)
-    starts = np.concatenate([*out["starts"], [len(word_blob)]]).astype(np.int64)
+        bench["ngrams"] = int(np.count_nonzero((items >= bench["first_item"])
+                                               & (items < bench["first_item"] + bench["items"])))
+    starts = np.concatenate([*out["starts"], [out["bytes"]]]).astype(np.int64)
     short_lengths = out["short_lengths"]
     shift, filt = bit_filter(hashes)
-    pairs = np.concatenate(out.pop("pairs")) if out["pairs"] else np.empty(0, np.uint64)
-    pair_shift, pair_filt = bit_filter(pairs)
-    del pairs
     word_shift, word_filt = out["word_shift"], out["word_filter"]
-    arrays = {"grams": hashes, "items": items, "filter": filt, "words": word_blob,
-              "word_starts": np.array(starts, np.int64), "word_filter": word_filt, "pairs": pair_filt}
+    arrays = {"grams": hashes, "items": items, "filter": filt, "words": parts["words"],
+              "word_starts": starts, "word_filter": word_filt, "pairs": pair_filt}
     files = set_files(directory)
-    checksums = {kind: write_npy(files[kind], array) for kind, array in arrays.items()}
+    checksums = {kind: _write_npy(files[kind], array) for kind, array in arrays.items()}
+    for path in parts.values():
+        path.unlink()
     # what decides which documents go: the rules and every array (the items' words check the candidates)
     decisive = {kind: value for kind, value in checksums.items() if kind not in PREFILTER}
     fingerprint = hashlib.sha256(json.dumps([NORMALIZATION, n, spec.min_matches, spec.action, decisive],
@@ -154,6 +180,30 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
               "arrays": checksums, "fingerprint": fingerprint}
     write_record(directory / "set.json", record)
     return record
+
+
+def _write_npy(path: Path, array: np.ndarray | Path) -> str:
+    """Write and commit an .npy file without a copy of the array in memory (a Path: the raw bytes of a uint8
+    array, copied in chunks); returns its sha256."""
+    tmp = tmp_name(path)
+    with open(tmp, "wb") as f:
+        if isinstance(array, Path):
+            size = array.stat().st_size
+            np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (size,)})
+            with open(array, "rb") as raw:
+                while chunk := raw.read(CHUNK_BYTES):
+                    f.write(chunk)
+        else:
+            np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+    commit(tmp, path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+CHUNK_BYTES = 8 << 20
 
 
 def benchmark_checksums(recipe: Recipe, mirrors) -> dict[str, dict[str, str]]:
