@@ -391,14 +391,14 @@ def test_the_exports_are_one_dataset_per_phase(scheduled, tmp_path):
 
 
 def test_kill_9_in_the_streams_then_in_assemble_then_resume_ends_identical(corpus, scheduled, tmp_path):
-    """The scheduled recipe run as a user runs it (`tokmix run`, one worker process, units of ~20 kB: several
+    """The scheduled recipe run as a user runs it (`tokmix run`, one worker thread, units of ~20 kB: several
     per file) is SIGKILLed with its whole process group inside a unit (its tokens under their temporary name),
     run again and SIGKILLed after assemble's second shard, and run again to the end: its shards, provenance
-    indexes, holdouts and realized mix are the module's uninterrupted run's (two threads, one unit per file)."""
+    indexes, holdouts and realized mix are the module's uninterrupted run's (two threads, one unit per file).
+    (Worker processes: the Ray tests run this schedule in Ray's, on one node and on two.)"""
     recipe = corpus.with_name("scheduled.toml")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "20000"}
-    command = [sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(tmp_path), "--workers", "1",
-               "--executor", "processes"]
+    command = [sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(tmp_path), "--workers", "1"]
     for fault in ("streams:unit-before-rename:3", "assemble:after-rename:2"):
         killed = subprocess.run(command, capture_output=True, text=True, env={**env, "TOKMIX_FAULT": fault},
                                 start_new_session=True)
