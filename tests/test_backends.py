@@ -296,3 +296,35 @@ def test_unknown_or_missing_backend_is_a_tokmix_error(tokenizer_path, tmp_path, 
     # a platform where pip left the fast backends out (no wheels): auto falls back to HF and says so in one line
     assert choose_backend(tokenizer_path, "auto") == (
         "hf", ["fastokens, tiktoken: not installed (no wheel for this platform) — falling back to hf"])
+
+
+def test_a_sentencepiece_model_runs_on_fastokens_where_its_ids_are_sentencepieces(tmp_path):
+    """A SentencePiece BPE model with no normalization table (Mistral 7B's) is read by fastokens through the
+    tokenizer.json view sentencepiece's own pieces and scores give: id for id sentencepiece's on real and
+    adversarial text, so auto picks it. A unigram model (trained here by sentencepiece) stays on sentencepiece,
+    said in one line."""
+    import gzip
+    import io
+
+    import sentencepiece
+
+    from tests.vocab import DATA, MISTRAL_IDS
+
+    require("fastokens")
+    texts = real_documents(400_000, 200_000) + list(MISTRAL_IDS)  # and the check's adversarial texts
+    mistral = tmp_path / "mistral.model"
+    mistral.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    assert choose_backend(mistral, "auto", texts) == ("fastokens", [])  # id for id sentencepiece's on all of them
+    ids = make_encoder(mistral, "fastokens", 1).encode_batch(list(MISTRAL_IDS))[0]
+    assert ids.tolist() == [i for published in MISTRAL_IDS.values() for i in published]
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=400,
+                                             model_type="unigram", normalization_rule_name="identity",
+                                             remove_extra_whitespaces=False, minloglevel=2)
+    unigram = tmp_path / "unigram.model"
+    unigram.write_bytes(model.getvalue())
+    name, notices = choose_backend(unigram, "auto", texts)
+    assert name == "sentencepiece" and len(notices) == 1, notices
+    assert notices == ["fastokens: not applicable: it cannot load the tokenizer (ValueError: model error: "
+                       "unsupported model type: Unigram) — falling back to sentencepiece"]

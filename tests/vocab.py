@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import struct
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data" / "vocab"
@@ -29,67 +28,18 @@ def tiktoken_cache(folder: Path) -> Path:
     return folder
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return n, i
-
-
-def _fields(buf: bytes):
-    """(field number, value) of a protobuf message: ints for varints, bytes for the rest."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        wire = key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i : i + n], i + n
-        else:  # fixed 64 or 32 bits
-            size = 8 if wire == 1 else 4
-            value, i = buf[i : i + size], i + size
-        yield key >> 3, value
-
-
-def sentencepiece_pieces(model: bytes) -> list[tuple[str, float, int]]:
-    """(piece, score, type) of each piece of a SentencePiece ModelProto (field 1; piece 1, score 2, type 3)."""
-    pieces = []
-    for number, value in _fields(model):
-        if number == 1:
-            piece, score, kind = "", 0.0, 1
-            for f, v in _fields(value):
-                if f == 1:
-                    piece = v.decode("utf-8")
-                elif f == 2:
-                    (score,) = struct.unpack("<f", v)
-                elif f == 3:
-                    kind = v
-            pieces.append((piece, score, kind))
-    return pieces
-
-
 def mistral_tokenizer_json(path: Path, metaspace: bool) -> Path:
     """Mistral 7B's SentencePiece BPE as HF's converters lay it out: every piece at its id, a merge for each way to
     split a piece into two pieces, in order of the merged piece's score; byte fallback; <unk> <s> </s> as special
     tokens; and "▁" for spaces and before the text either by a Metaspace pre-tokenizer (`metaspace`, the newer
     layout, as in Mistral 7B v0.3's tokenizer.json: it prepends none to a text that starts with a space) or by
     a Prepend + Replace normalizer (the "legacy" layout of Llama-2's and Mistral 7B v0.1's, as sentencepiece)."""
-    pieces = sentencepiece_pieces(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
-    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
-    ranked = []
-    for merged, (piece, score, _) in enumerate(pieces):
-        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
-        splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
-        ranked += [(-score, merged, n, left, right) for n, (left, right) in enumerate(splits)]
-    merges = [[left, right] for *_, left, right in sorted(ranked)]
-    special = [{"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-                "special": True} for i, (p, _, kind) in enumerate(pieces) if kind in (2, 3)]  # UNKNOWN, CONTROL
+    from tokmix.backends import sentencepiece_tokenizer_json
+
+    model = path.with_suffix(".model")
+    model.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    view = json.loads(sentencepiece_tokenizer_json(model))  # its pieces, and merges in order of their scores
+    special = view["added_tokens"]  # <unk>, <s>, </s>
     spec = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
         "normalizer": None if metaspace else {"type": "Sequence", "normalizers": [
@@ -106,7 +56,7 @@ def mistral_tokenizer_json(path: Path, metaspace: bool) -> Path:
             {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
+                  "vocab": view["model"]["vocab"], "merges": view["model"]["merges"]},
     }
     path.write_text(json.dumps(spec, ensure_ascii=False))
     return path

@@ -11,6 +11,7 @@ re-checking (make_encoder).
 
 from __future__ import annotations
 
+import base64
 import binascii
 import hashlib
 import importlib.metadata
@@ -19,7 +20,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +38,7 @@ FORMATS: tuple[str, ...] = ("hf", "tiktoken", "sentencepiece")
 ORACLE = {"hf": "hf", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 # the backends that may serve a format, fastest first; each is used only where it reproduces the oracle
 SERVES = {"hf": ("fastokens", "tiktoken", "hf"), "tiktoken": ("fastokens", "tiktoken"),
-          "sentencepiece": ("sentencepiece",)}
+          "sentencepiece": ("fastokens", "sentencepiece")}
 ORACLE_LIBRARY = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 TIKTOKEN_KEY = "tiktoken"  # the first key of the run's tokenizer.tiktoken.json (tokmix.tokenizer)
 
@@ -188,8 +189,11 @@ class FastokensEncoder:
         import fastokens
 
         # Built from the JSON text alone, exactly what HF reads; nothing beside the file is consulted.
-        if tokenizer_format(tokenizer_path) == "tiktoken":  # its tokenizer.json view of the ranks
+        fmt = tokenizer_format(tokenizer_path)
+        if fmt == "tiktoken":  # its tokenizer.json view of the ranks
             text, spec = read_tiktoken_file(tokenizer_path, "tokenizer_json"), {}
+        elif fmt == "sentencepiece":  # the view of the model sentencepiece itself gives
+            text, spec = sentencepiece_tokenizer_json(tokenizer_path), {}
         else:
             text = Path(tokenizer_path).read_text(encoding="utf-8")
             spec = json.loads(text)
@@ -208,6 +212,97 @@ class FastokensEncoder:
         ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
         counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), counts
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return n, i
+
+
+def proto_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of a protobuf message, by its wire format alone: ints for varints, bytes for the rest."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i : i + n], i + n
+        elif wire in (1, 5):  # fixed 64 or 32 bits
+            size = 8 if wire == 1 else 4
+            value, i = buf[i : i + size], i + size
+        else:
+            raise NotApplicable(f"its model is not a protobuf message this reader knows (wire type {wire})")
+        yield key >> 3, value
+
+
+# SentencePiece's ModelProto: trainer_spec (2) {model_type (3): 1 unigram, 2 BPE; treat_whitespace_as_suffix (24);
+# byte_fallback (35)}, normalizer_spec (3) {name (1), precompiled_charsmap (2), add_dummy_prefix (3),
+# remove_extra_whitespaces (4), escape_whitespaces (5); the last three true unless set}
+_UNIGRAM, _BPE = 1, 2
+
+
+def sentencepiece_tokenizer_json(model_path: str | Path) -> str:
+    """The tokenizer.json that reads text as a SentencePiece model does, for a fast backend: its pieces at their
+    ids with their scores and kinds from sentencepiece itself, BPE merges in order of the merged piece's score
+    (or its unigram lattice), byte fallback, its normalization table, "▁" for each space and before the text as
+    the model's normalizer spec says. NotApplicable for what it cannot say (extra whitespace removed, suffix
+    whitespace): the exactness check judges the rest."""
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_path))
+    trainer, normalizer = {}, {}
+    for number, value in proto_fields(sp.serialized_model_proto()):
+        if number in (2, 3):
+            (trainer if number == 2 else normalizer).update(proto_fields(value))
+    model_type = trainer.get(3, _UNIGRAM)
+    if model_type not in (_UNIGRAM, _BPE):
+        raise NotApplicable("it is neither a BPE nor a unigram SentencePiece model")
+    if normalizer.get(4, 1) or trainer.get(24, 0):
+        raise NotApplicable("it removes extra whitespace or puts it after words")
+    pieces = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+    special = [i for i in range(len(pieces)) if sp.is_control(i) or sp.is_unknown(i)]
+    normal = [i for i in range(len(pieces)) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)
+                                                     or sp.is_unused(i))]
+    unk = next((i for i in range(len(pieces)) if sp.is_unknown(i)), None)
+    byte_fallback = bool(trainer.get(35, 0))
+    if model_type == _BPE:
+        vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+        ranked = []
+        for merged in normal:
+            piece, score = pieces[merged]
+            splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                      if piece[:k] in vocab and piece[k:] in vocab]
+            splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+            ranked += [(-score, merged, n, left, right) for n, (left, right) in enumerate(splits)]
+        model = {"type": "BPE", "dropout": None, "unk_token": None if unk is None else pieces[unk][0],
+                 "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                 "byte_fallback": byte_fallback, "ignore_merges": False, "vocab": vocab,
+                 "merges": [[left, right] for *_, left, right in sorted(ranked)]}
+    else:
+        model = {"type": "Unigram", "unk_id": unk, "vocab": [[p, s] for p, s in pieces],
+                 "byte_fallback": byte_fallback}
+    steps = []
+    if normalizer.get(2):  # its normalization rule (nmt_nfkc, ...) compiled to a table
+        steps.append({"type": "Precompiled", "precompiled_charsmap": base64.b64encode(normalizer[2]).decode()})
+    if normalizer.get(3, 1):
+        steps.append({"type": "Prepend", "prepend": "\u2581"})
+    if normalizer.get(5, 1):
+        steps.append({"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"})
+    added = [{"id": i, "content": pieces[i][0], "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i in special]
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": steps} if steps else None,
+            "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model}
+    return json.dumps(spec, ensure_ascii=False)
 
 
 class SentencePieceEncoder:
