@@ -37,7 +37,8 @@ FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams re
 MIN_FILTER_BITS = 1 << 16
 WORD_FILTER_LOG2 = 24  # the items' words' filter: 2 MiB, 16 bits per word for a million distinct words
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
-ITEM_SETS_KEPT = 1024  # items' n-gram sets a process keeps for checking candidates (~10-100 kB each)
+ITEMS_KEPT = 8192  # items' words a process keeps for checking candidates (about their text's size each)
+GRAMS_KEPT = 16384  # candidate n-grams a process keeps the verdict of (the items holding each)
 ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs")
 PREFILTER = ("pairs",)  # arrays that only spare work (ngrams.run_candidates): not in the set's fingerprint
 
@@ -262,22 +263,40 @@ class BenchmarkSet:
         self.pair_shift = np.uint64(record["pair_filter_shift"])
         self.pairs = np.load(files["pairs"], mmap_mode="r")
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
-        self._item_sets: dict[tuple[int, int], set] = {}
+        self._items: dict[int, tuple[bytes, int]] = {}
+        self._verified: dict[tuple[int, bytes], list[int]] = {}
 
     def item_words(self, item: int) -> list[bytes]:
         """An item's words, as normalized (its mapped bytes: words separated by zeros)."""
         blob = bytes(self.words[int(self.word_starts[item]):int(self.word_starts[item + 1])])
         return [w for w in blob.split(b"\0") if w]
 
-    def _item_set(self, item: int, k: int) -> set:
-        key = (item, k)
-        if key not in self._item_sets:
-            if len(self._item_sets) >= ITEM_SETS_KEPT:  # bounded: a corpus full of matches does not grow it
-                self._item_sets.clear()
-            w = self.item_words(item)
-            self._item_sets[key] = ({tuple(w[i:i + k]) for i in range(len(w) - k + 1)}
-                                    if (k == self.n and len(w) >= k) or len(w) == k else set())
-        return self._item_sets[key]
+    def _item_bytes(self, item: int) -> tuple[bytes, int]:
+        """An item's words as one byte string (each between zero bytes) and how many there are."""
+        if item not in self._items:
+            if len(self._items) >= ITEMS_KEPT:  # bounded: a corpus full of matches does not grow it
+                self._items.clear()
+            words = self.item_words(item)
+            self._items[item] = (b"\0" + b"\0".join(words) + b"\0", len(words))
+        return self._items[item]
+
+    def _holding(self, hash_value: np.uint64, k: int, gram: bytes) -> list[int]:
+        """The items whose k-grams (an item of k words: all of them) include `gram` (its words, each between
+        zero bytes), among those with an n-gram of its hash: each compared byte for byte, once per process while
+        the gram is kept."""
+        key = (k, gram)
+        if key not in self._verified:
+            if len(self._verified) >= GRAMS_KEPT:
+                self._verified.clear()
+            lo = int(np.searchsorted(self.grams, hash_value, side="left"))
+            hi = int(np.searchsorted(self.grams, hash_value, side="right"))
+            held = []
+            for item in np.asarray(self.items[lo:hi]).tolist():
+                words, count = self._item_bytes(item)
+                if words == gram if count == k else (k == self.n and count > k and gram in words):
+                    held.append(item)
+            self._verified[key] = held
+        return self._verified[key]
 
     def candidates(self, hashes: np.ndarray) -> np.ndarray:
         """Indices of the hashes that are in the set."""
@@ -299,42 +318,36 @@ class BenchmarkSet:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
         return in_filter(self.word_filter, self.word_shift, hashes)
 
-    def _matches(self, group: Words, found: dict) -> None:
-        """Add to `found[(text, item)]` the distinct n-grams (as word tuples) each text of the group shares with
-        an item, every candidate compared word for word."""
+    def _matches(self, group: Words, found: Found) -> None:
+        """Add to `found` the n-grams each text of the group shares with an item, every candidate compared byte
+        for byte with the item's words."""
         member = self.member(group.hashes)  # words of some item (or a few more)
         for k in self.lengths:
             hashes, at = group.grams(k, member)
-            for j in self.candidates(hashes).tolist():
-                lo = int(np.searchsorted(self.grams, hashes[j], side="left"))
-                hi = int(np.searchsorted(self.grams, hashes[j], side="right"))
+            cand = self.candidates(hashes)
+            texts = group.text_of(at[cand]).tolist()
+            for j, text in zip(cand.tolist(), texts):
                 start = int(at[j])
-                gram = tuple(group.word(w) for w in range(start, start + k))
-                text = int(group.text_of(np.array([start]))[0])
-                for item in np.asarray(self.items[lo:hi]).tolist():
-                    if gram in self._item_set(item, k):
-                        found[(text, item)].add(gram)
+                gram = b"\0" + b"\0".join(group.word(w) for w in range(start, start + k)) + b"\0"
+                items = self._holding(hashes[j], k, gram)
+                if items:
+                    found.add(text, items, gram)
 
     def contaminating(self, texts: list) -> list[list[int]]:
         """For each text, the items it shares at least min_matches n-grams with (sorted; [] for most)."""
-        found: dict[tuple[int, int], set] = defaultdict(set)
+        found = Found(self.min_matches)
         group: list[int] = []
         chars = 0
 
         def check(group: list[int]) -> None:
-            local: dict[tuple[int, int], set] = defaultdict(set)
             group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
                                                                 self.lengths[0])]
-            if not group:
-                return
-            self._matches(split_words([texts[i] for i in group]), local)
-            for (t, item), grams in local.items():
-                found[(group[t], item)] |= grams
+            if group:
+                self._matches(split_words([texts[i] for i in group]), found.renumbered(group))
 
         for i, text in enumerate(texts):
             if isinstance(text, HugeText):
-                for item, grams in self._huge(text).items():
-                    found[(i, item)] |= grams
+                self._huge(text, found.renumbered([i]))
                 continue
             group.append(i)
             chars += len(text)
@@ -343,16 +356,11 @@ class BenchmarkSet:
                 group, chars = [], 0
         if group:
             check(group)
-        out: list[list[int]] = [[] for _ in texts]
-        for (t, item), grams in sorted(found.items()):
-            if len(grams) >= self.min_matches:
-                out[t].append(item)
-        return out
+        return [found.items(t) for t in range(len(texts))]
 
-    def _huge(self, text: HugeText) -> dict[int, set]:
+    def _huge(self, text: HugeText, found: Found) -> None:
         """A huge document piece by piece, each piece checked after the last words of the one before (so no
-        n-gram across a cut is lost; a set of word tuples counts the same n-gram once)."""
-        found: dict[tuple[int, int], set] = defaultdict(set)
+        n-gram across a cut is lost; the same n-gram counts once)."""
         keep = max(self.lengths) - 1
         tail = ""
         for piece in text.pieces():
@@ -360,7 +368,36 @@ class BenchmarkSet:
             self._matches(group, found)
             last = group.text_words(0)[-keep:] if keep else []
             tail = b" ".join(last).decode("utf-8", "replace")
-        return {item: grams for (_, item), grams in found.items()}
+
+
+class Found:
+    """What texts share with items: per text the items (min_matches 1), or per text and item the distinct
+    n-grams, up to min_matches (a verdict needs no more). `renumbered(texts)`: the same, for a group whose
+    text t is texts[t]."""
+
+    def __init__(self, min_matches: int, base: Found | None = None, texts: list[int] | None = None):
+        self.min_matches = min_matches
+        self.by_text: dict[int, set] = base.by_text if base is not None else defaultdict(set)
+        self.grams: dict[tuple[int, int], set] = base.grams if base is not None else defaultdict(set)
+        self.texts = texts
+
+    def renumbered(self, texts: list[int]) -> Found:
+        return Found(self.min_matches, self, texts)
+
+    def add(self, text: int, items: list[int], gram: bytes) -> None:
+        text = self.texts[text] if self.texts is not None else text
+        if self.min_matches == 1:
+            self.by_text[text].update(items)
+            return
+        for item in items:
+            grams = self.grams[(text, item)]
+            if len(grams) < self.min_matches:
+                grams.add(gram)
+                if len(grams) == self.min_matches:
+                    self.by_text[text].add(item)
+
+    def items(self, text: int) -> list[int]:
+        return sorted(self.by_text.get(text, ()))
 
 
 def benchmark_set(directory: str) -> BenchmarkSet:
