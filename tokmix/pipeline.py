@@ -54,7 +54,13 @@ from tokmix.shards import (
 from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
 from tokmix.stages import ENCODER_THREADS, Context, drop_cached, release_memory
 from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
-from tokmix.stages.decontam import benchmark_checksums, build_set, prepare_set, write_contamination
+from tokmix.stages.decontam import (
+    benchmark_checksums,
+    build_set,
+    prepare_set,
+    small_benchmarks,
+    write_contamination,
+)
 from tokmix.stages.expected import record_expected
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.ids import write_ids
@@ -493,10 +499,11 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
-    if ctx.recipe.decontaminate is not None:  # built in a process of its own: its arrays leave with it
+    if ctx.recipe.decontaminate is not None:  # a large set built in a process of its own: its arrays leave with it
         identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, benchmark_checksums(ctx.recipe, ctx.mirrors)))
         ctx.benchmarks = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
-                                     build=lambda *args: in_fresh_process(build_set, *args))
+                                     build=build_set if small_benchmarks(ctx.recipe, ctx.mirrors)
+                                     else lambda *args: in_fresh_process(build_set, *args))
     metas = run_streams(ctx)
     drop_cached()
     if ctx.cache is not None:
