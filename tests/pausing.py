@@ -26,6 +26,6 @@ def wait_for_pause(fifo: Path, alive: Callable[[], bool], seconds: float) -> boo
 
 
 def resume(fifo: Path) -> None:
-    """Let the process paused at a fault point go on (it waits for this word on the same FIFO)."""
+    """Let the process held at a fault point (action `hold`) go on: it waits for this word on the same FIFO."""
     with open(fifo, "w") as f:
         f.write("resume")

@@ -299,7 +299,7 @@ def test_store_failures_are_one_line_saying_what_is_wrong(s3, finished_run, tmp_
 def test_a_store_that_goes_away_mid_run_is_one_line_and_the_working_folder_is_kept(finished_run, tmp_path):
     """Issue 31: a store lost mid-run ended in "internal error: EndpointConnectionError". A run of its own S3
     server pauses once its first unit is on the store (tokmix.faults' pause, told through a FIFO); the server is
-    stopped, the run goes on and fails in one line naming the output and the reason; the local working folder
+    stopped, the run goes on (`hold`) and fails in one line naming the output and the reason; the local working folder
     (its lock and records) is kept for the resume."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -313,7 +313,7 @@ def test_a_store_that_goes_away_mid_run_is_one_line_and_the_working_folder_is_ke
         os.mkfifo(fifo)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "FSSPEC_S3_ENDPOINT_URL": endpoint,
                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_MAX_ATTEMPTS": "1", "TOKMIX_FAULT": "streams:after-unit:1:pause", "TOKMIX_PAUSE_FIFO": str(fifo)}
+               "AWS_MAX_ATTEMPTS": "1", "TOKMIX_FAULT": "streams:after-unit:1:hold", "TOKMIX_PAUSE_FIFO": str(fifo)}
         proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(finished_run.parent / "recipe.toml"),
                                  "--out", url, "--work", str(work), "--workers", "1"], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)

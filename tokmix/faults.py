@@ -2,10 +2,10 @@
 kill itself. `TOKMIX_FAULT=assemble:after-rename:3` SIGKILLs the whole process group (supervisor, stage
 process and workers) the 3rd time a process passes that point; `...:3:restart` instead exits the stage
 process with the restart code, as the memory guard does; `...:3:pause` writes "paused" to the FIFO named by
-TOKMIX_PAUSE_FIFO and waits until the test writes "resume" into it (the run then goes on from the point, so a
-test can change the world at a known moment) or kills it; and `...:3:die` SIGKILLs this process alone (a worker
-lost as the OOM killer loses one: its stage process or Ray carries on). A point may name where it is
-(`streams:after-unit@code_py:1` counts code_py's units only). With TOKMIX_FAULT_ONCE=PATH a fault fires in one
+TOKMIX_PAUSE_FIFO and waits for a signal; `...:3:hold` writes it too, then waits until the test writes "resume"
+into the FIFO (the run goes on from the point: a test changes the world at a known moment); and `...:3:die`
+SIGKILLs this process alone (a worker lost as the OOM killer loses one: its stage process or Ray carries on).
+A point may name where it is (`streams:after-unit@code_py:1` counts code_py's units only). With TOKMIX_FAULT_ONCE=PATH a fault fires in one
 process only, the first to create PATH (it writes its pid there): a Ray task rerun elsewhere passes the point
 again, and the test knows from the file that the fault was reached. Several specs may be given,
 comma-separated. Without TOKMIX_FAULT a fault point costs one dictionary lookup."""
@@ -129,11 +129,14 @@ def _fire(action: str) -> None:
         exit_for_restart()
     if action == "die":
         os.kill(os.getpid(), signal.SIGKILL)
-    if action == "pause":  # tell the test through its FIFO, then wait for its word through the same FIFO
+    if action in ("pause", "hold"):  # tell the test through its FIFO
         with open(os.environ["TOKMIX_PAUSE_FIFO"], "w") as f:
             f.write("paused")
+        if action == "pause":  # then wait for its signal
+            while True:
+                signal.pause()
         said = ""
-        while said != "resume":  # each open blocks until the test opens the FIFO to write
+        while said != "resume":  # hold: wait for its word through the same FIFO (each open blocks for it)
             with open(os.environ["TOKMIX_PAUSE_FIFO"]) as f:
                 said = f.read()
         return
