@@ -5,10 +5,10 @@ process with the restart code, as the memory guard does; `...:3:pause` writes "p
 TOKMIX_PAUSE_FIFO and waits for a signal; `...:3:hold` writes it too, then waits until the test writes "resume"
 into the FIFO (the run goes on from the point: a test changes the world at a known moment); and `...:3:die`
 SIGKILLs this process alone (a worker lost as the OOM killer loses one: its stage process or Ray carries on).
-A point may name where it is (`streams:after-unit@code_py:1` counts code_py's units only). With TOKMIX_FAULT_ONCE=PATH a fault fires in one
-process only, the first to create PATH (it writes its pid there): a Ray task rerun elsewhere passes the point
-again, and the test knows from the file that the fault was reached. Several specs may be given,
-comma-separated. Without TOKMIX_FAULT a fault point costs one dictionary lookup."""
+A point may name where it is (`streams:after-unit@code_py:1` counts code_py's units only). With
+TOKMIX_FAULT_ONCE=PATH a fault fires in one process only, the first to create PATH (it writes its pid there): a
+Ray task rerun elsewhere passes the point again, and the test knows from the file that the fault was reached.
+Several specs may be given, comma-separated. Without TOKMIX_FAULT a fault point costs one dictionary lookup."""
 
 from __future__ import annotations
 
