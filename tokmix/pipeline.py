@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import sys
@@ -245,7 +246,8 @@ def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] 
     words = DistinctWords() if taken is None else None
     said, docs, full = time.monotonic() - STAGE_RECORD_SECONDS, 0, False
     chars, given = dict.fromkeys(recipe.streams, 0), dict.fromkeys(recipe.streams, 0)
-    left = {name: int(spec.max_bytes * recipe.share(name)) for name in recipe.streams}
+    shares = {name: recipe.share(name) for name in recipe.streams}  # a schedule's: integrated once, not per piece
+    left = {name: int(spec.max_bytes * shares[name]) for name in recipe.streams}
 
     def pieces(name: str) -> Iterator[str]:
         nonlocal docs
@@ -261,7 +263,8 @@ def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] 
 
     readers = {name: pieces(name) for name in recipe.streams}
     while readers:
-        name = min(readers, key=lambda n: chars[n] / recipe.share(n))  # ties: the recipe's order
+        # ties: the recipe's order; a stream of share 0 (a schedule may give one none) last, and it gives nothing
+        name = min(readers, key=lambda n: chars[n] / shares[n] if shares[n] > 0 else math.inf)
         piece = None if taken is not None and given[name] >= taken[name] else next(readers[name], None)
         if piece is None:
             readers.pop(name).close()
