@@ -86,6 +86,13 @@ def no_session_left():
                 pass
 
 
+def interruptible() -> None:
+    """In the child, before it runs tokmix: Ctrl-C's SIGINT handled as a terminal user's process has it, whatever
+    this test process inherited (a shell starts a background job, `cmd &`, with SIGINT ignored, and Python then
+    never installs its KeyboardInterrupt handler: every Ctrl-C test would hang)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Paused:
     """`tokmix ARGS` in a session of its own, standing at `point` (its `hit`-th passage). Its output goes to
     pipes, or with `tty` to a pseudo-terminal of 80 columns that is the session's controlling terminal, where a
@@ -107,6 +114,7 @@ class Paused:
             def controlling_terminal() -> None:  # a session of its own whose terminal is the pty
                 os.setsid()
                 fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+                interruptible()
 
             env.pop("COLUMNS", None)
             self.proc = subprocess.Popen(command, cwd=root, env={**env, "TERM": "xterm"}, stdin=terminal,
@@ -114,7 +122,8 @@ class Paused:
             os.close(terminal)
         else:
             self.proc = subprocess.Popen(command, cwd=root, env=env, start_new_session=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                         preexec_fn=interruptible)
         self.read = b""  # of its stdout, by line_matching
         self.sid = self.proc.pid
         STARTED.append(self.sid)
