@@ -102,16 +102,20 @@ def expand(pattern: str, mirrors: list[tuple[str, str]]) -> list[str]:
     return [prefix + p[len(root_path) :] for p in found]
 
 
-def literal_brackets(pattern: str, mirrors: list[tuple[str, str]]) -> str | None:
-    """For a pattern that matched nothing: the same pattern with each "[" made literal ("[[]") when that one
-    matches files (a folder named "data [v2]", where "[v2]" as a glob is one character of "v" or "2"), else None."""
+def literal_brackets(pattern: str) -> str:
+    """The pattern with each "[" made literal ("[[]"): how a path holding one is named in a glob."""
+    return pattern.replace("[", "[[]")
+
+
+def matches_with_literal_brackets(pattern: str, mirrors: list[tuple[str, str]]) -> bool:
+    """For a pattern that matched nothing: whether literal_brackets(pattern) matches files (a folder named
+    "data [v2]", where "[v2]" as a glob is one character of "v" or "2")."""
     if "[" not in pattern:
-        return None
-    escaped = pattern.replace("[", "[[]")
+        return False
     try:
-        return escaped if expand(escaped, mirrors) else None
+        return bool(expand(literal_brackets(pattern), mirrors))
     except (OSError, TokmixError):
-        return None
+        return False
 
 
 def matcher(patterns: list[str]) -> re.Pattern:

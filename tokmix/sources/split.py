@@ -13,7 +13,7 @@ import fsspec
 from tokmix.errors import TokmixError
 from tokmix.recipe import Recipe
 from tokmix.shards import NotAFile, check_input_file, check_regular
-from tokmix.sources.files import expand, literal_brackets, matcher, normalize
+from tokmix.sources.files import expand, literal_brackets, matcher, matches_with_literal_brackets, normalize
 
 Split = dict[str, dict[str, list[str]]]
 
@@ -128,10 +128,10 @@ def create_split(recipe: Recipe, mirrors: list[tuple[str, str]]) -> Split:
     for name, stream in recipe.streams.items():
         found = {p: expand(recipe.resolve(p), mirrors) for p in stream.files}
         for pattern in (p for p, matched in found.items() if not matched):
-            if literal_brackets(recipe.resolve(pattern), mirrors) is not None:
+            if matches_with_literal_brackets(recipe.resolve(pattern), mirrors):
                 raise TokmixError(f"stream {name}: {pattern!r} matches no file: in a pattern [...] is a set of "
                                   f"characters, but the path with a literal [ exists; write [[] for each [ "
-                                  f"(files = [{pattern.replace('[', '[[]')!r}])")
+                                  f"(files = [{literal_brackets(pattern)!r}])")
         files = list(dict.fromkeys(f for matched in found.values() for f in matched))
         held = set(_held_out(recipe, name, files))
         split[stream.domain]["holdout"] += [_split_entry(recipe, f) for f in files if f in held]
