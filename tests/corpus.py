@@ -42,14 +42,15 @@ def _parsed_documents() -> dict[str, tuple[str, ...]]:
             tree = ast.parse(source)
         except SyntaxError:
             continue
+        lines = source.splitlines()  # once per module: per function it was most of the parse's time
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
                 doc = ast.get_docstring(node)
                 if doc:
                     docstrings.append(doc)
             if isinstance(node, ast.FunctionDef) and node.end_lineno:
-                functions.append("\n".join(source.splitlines()[node.lineno - 1 : node.end_lineno]))
-        block = [line.strip("# ") for line in source.splitlines() if line.strip().startswith("#")]
+                functions.append("\n".join(lines[node.lineno - 1 : node.end_lineno]))
+        block = [line.strip("# ") for line in lines if line.strip().startswith("#")]
         comments += ["\n".join(block[i : i + 12]) for i in range(0, len(block), 12)]
     include = Path(sysconfig.get_paths()["include"])
     headers = [p.read_text(errors="replace") for p in sorted(include.rglob("*.h"))[:80]]

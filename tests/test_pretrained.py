@@ -208,8 +208,9 @@ def test_the_other_openai_encodings_are_tiktokens_own(tiktoken_dir, corpus, tmp_
         else:
             assert backend == "fastokens" and notices == [], (name, notices)
         ids, counts = make_encoder(path, "tiktoken").encode_batch(texts)  # what the check holds
-        assert counts.tolist() == [len(w) for w in enc.encode_ordinary_batch(texts)], name
-        assert ids.tolist() == [i for w in enc.encode_ordinary_batch(texts) for i in w], name
+        want = enc.encode_ordinary_batch(texts)
+        assert counts.tolist() == [len(w) for w in want], name
+        assert ids.tolist() == [i for w in want for i in w], name
         assert read_tiktoken_file(path)["tiktoken"]["source"] == name
 
 
@@ -282,8 +283,10 @@ def test_validate_under_other_library_versions_checks_the_ids_again(finished, tm
     """index.json records the libraries and the digest of the oracle's ids on the check texts: `tokmix validate`
     under other versions encodes them again and says so; ids that changed are a problem."""
     import shutil
-    import subprocess
-    import sys
+
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
 
     name, out = finished
     if name != "mistral":
@@ -295,15 +298,14 @@ def test_validate_under_other_library_versions_checks_the_ids_again(finished, tm
     index["tokenizer_libraries"] = {"sentencepiece": "0.1.99"}
     (run_dir / "index.json").write_text(json.dumps(index))
 
-    def validate() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tokmix", "validate", str(run_dir)], capture_output=True,
-                              text=True)
+    def validate():  # `tokmix validate` in this process: its code, without an interpreter's start
+        return CliRunner().invoke(app, ["validate", str(run_dir)])
 
     done = validate()
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.output
     assert "tokenizer libraries differ from the run's (sentencepiece 0.1.99 -> " in done.stdout
     assert "check texts: identical" in done.stdout
     index["tokenizer_ids_sha256"] = "0" * 64
     (run_dir / "index.json").write_text(json.dumps(index))
     done = validate()
-    assert done.returncode == 1 and "the tokenizer's ids changed with its libraries" in done.stderr
+    assert done.exit_code == 1 and "the tokenizer's ids changed with its libraries" in done.stderr

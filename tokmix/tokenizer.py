@@ -452,17 +452,21 @@ def _local_encoding(name: str):
 
 def _bpe_parts(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]:
     """tiktoken's BPE on `token`'s bytes with merges of rank below `below` only: for a token of the ranks, the two
-    parts whose merge makes it."""
+    parts whose merge makes it. Each step merges the leftmost pair of lowest rank, as tiktoken does; only the two
+    pairs beside a merge are looked up again (o200k's 119k tokens that need this: ~3x faster than rescanning)."""
     parts = [token[i : i + 1] for i in range(len(token))]
-    while len(parts) > 1:
-        best, at = below, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], below)
-            if rank < best:
-                best, at = rank, i
-        if at < 0:
+    pairs = [ranks.get(token[i : i + 2], below) for i in range(len(token) - 1)]
+    while pairs:
+        best = min(pairs)
+        if best >= below:
             break
+        at = pairs.index(best)
         parts[at : at + 2] = [parts[at] + parts[at + 1]]
+        del pairs[at]
+        if at > 0:
+            pairs[at - 1] = ranks.get(parts[at - 1] + parts[at], below)
+        if at < len(pairs):
+            pairs[at] = ranks.get(parts[at] + parts[at + 1], below)
     return parts
 
 
