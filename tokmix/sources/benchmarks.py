@@ -84,7 +84,9 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as e:
-                raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not JSON ({e})") from None
+                alone = ("; it holds a carriage return (\\r) that no \\n follows: JSONL lines end with \\n or \\r\\n "
+                         "only (convert the file's line ends)" if b"\r" in line else "")
+                raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not JSON ({e}){alone}") from None
             if not isinstance(row, dict):
                 raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not a JSON object")
             yield f"file {path}: line {i + 1}", row

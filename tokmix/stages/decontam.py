@@ -39,8 +39,10 @@ WORD_FILTER_LOG2 = 24  # the items' words' filter: 2 MiB, 16 bits per word for a
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
 ITEMS_KEPT = 8192  # items' words a process keeps for checking candidates (about their text's size each)
 GRAMS_KEPT = 16384  # candidate n-grams a process keeps the verdict of (the items holding each)
-ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs")
-PREFILTER = ("pairs",)  # arrays that only spare work (ngrams.run_candidates): not in the set's fingerprint
+ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs", "mixed")
+# arrays that only spare work, not in the set's fingerprint: the pair filter (ngrams.run_candidates) and the
+# hashes whose items' n-grams are not all the same words ("mixed", a function of the fingerprinted words)
+PREFILTER = ("pairs", "mixed")
 
 
 def set_files(directory: Path) -> dict[str, Path]:
@@ -91,10 +93,22 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
         mine = np.flatnonzero(counts == k)
         hashes = np.concatenate([hashes, gram_hashes_at(group.hashes, group.first[mine], k)])
         owner = np.concatenate([owner, mine])
+    lengths = np.full(len(hashes), n, np.uint8)
+    lengths[len(at):] = counts[owner[len(at):]]
+    places = np.concatenate([at, group.first[owner[len(at):]]]) + out["word_count"]  # each one's first word
     order = np.argsort(owner, kind="stable")  # the items in order: one stable sort by hash then orders both
     hashes[order].tofile(out["grams"])
     (owner[order] + first).astype(np.uint32).tofile(out["owners"])
+    places[order].astype(np.uint32).tofile(out["places"])
+    lengths[order].tofile(out["lengths"])
     out["ngrams"] += len(hashes)
+    # each word as a number, the same for the same bytes (exact: a dict of the words), to compare n-grams by
+    vocabulary = out["vocabulary"]
+    words = [w for w in group.data[:group.offsets[-1]].tobytes().split(b"\0") if w]
+    np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for w in words), np.uint32, len(words)).tofile(out["ids"])
+    out["word_count"] += len(words)
+    if out["word_count"] >= 1 << 32:
+        raise ValueError("benchmark items of more than 4,294,967,295 words in all")
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
     prefix = prefix_hashes(group.data, group.starts, group.ends)
     inside = np.ones(max(0, len(prefix) - 1), bool)  # each two consecutive words of one item
@@ -109,7 +123,9 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     out["empty"] += int((counts == 0).sum())
 
 
-PARTS = ("grams", "owners", "words")  # what a build appends to as it reads the items (PART files, then removed)
+# what a build appends to as it reads the items (PART files, then removed): the n-grams' hashes, items, first
+# words (in the ids) and lengths, the items' mapped bytes, their words as numbers
+PARTS = ("grams", "owners", "places", "lengths", "words", "ids")
 
 
 def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
@@ -122,7 +138,8 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     parts = {kind: directory / f"{kind}.part" for kind in PARTS}
     out = {kind: open(path, "wb") for kind, path in parts.items()}
     out.update({"word_shift": 64 - WORD_FILTER_LOG2, "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8),
-                "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "ngrams": 0})
+                "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "ngrams": 0,
+                "vocabulary": {}, "word_count": 0})
     benchmarks, ids = {}, []
     try:
         for name, bench in spec.benchmarks.items():
@@ -147,11 +164,12 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     pairs = np.concatenate(out.pop("pairs")) << np.uint64(32) if out["pairs"] else np.empty(0, np.uint64)
     pair_shift, pair_filt = bit_filter(pairs)
     del pairs  # before the n-grams are loaded and sorted
+    del out["vocabulary"]
     hashes = np.fromfile(parts["grams"], np.uint64)
-    items = np.fromfile(parts["owners"], np.uint32)
     order = np.argsort(hashes, kind="stable")  # by hash, then item (the parts are in item order)
     hashes = hashes[order]
-    items = items[order]
+    mixed = _mixed(hashes, order, parts)
+    items = np.fromfile(parts["owners"], np.uint32)[order]
     del order
     distinct = np.ones(len(hashes), bool)  # an n-gram an item has twice is one entry
     distinct[1:] = (hashes[1:] != hashes[:-1]) | (items[1:] != items[:-1])
@@ -165,7 +183,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     shift, filt = bit_filter(hashes)
     word_shift, word_filt = out["word_shift"], out["word_filter"]
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": parts["words"],
-              "word_starts": starts, "word_filter": word_filt, "pairs": pair_filt}
+              "word_starts": starts, "word_filter": word_filt, "pairs": pair_filt, "mixed": mixed}
     files = set_files(directory)
     checksums = {kind: _write_npy(files[kind], array) for kind, array in arrays.items()}
     for path in parts.values():
@@ -181,6 +199,33 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
               "arrays": checksums, "fingerprint": fingerprint}
     write_record(directory / "set.json", record)
     return record
+
+
+def _mixed(hashes: np.ndarray, order: np.ndarray, parts: dict[str, Path]) -> np.ndarray:
+    """The hashes (sorted) that n-grams of different words share: every n-gram (in `order`, which sorts the
+    part files by hash) compared word for word with the first of its hash, as word numbers. Any other hash
+    stands for one sequence of words, so one comparison tells whether a candidate is each item's of the hash."""
+    ids = np.fromfile(parts["ids"], np.uint32)
+    places = np.fromfile(parts["places"], np.uint32)[order]
+    lengths = np.fromfile(parts["lengths"], np.uint8)[order]
+    later = np.flatnonzero(hashes[1:] == hashes[:-1]) + 1  # an n-gram after another of its hash
+    if not len(later):
+        return np.empty(0, np.uint64)
+    new = np.ones(len(hashes), bool)
+    new[later] = False
+    head = np.maximum.accumulate(np.where(new, np.arange(len(hashes)), 0))  # the first n-gram of each hash
+    differ = []
+    last = max(0, len(ids) - 1)
+    for at in range(0, len(later), SET_BITS_AT_ONCE):
+        mine = later[at:at + SET_BITS_AT_ONCE]
+        first = head[mine]
+        same = lengths[mine] == lengths[first]
+        a, b = places[mine].astype(np.int64), places[first].astype(np.int64)
+        for j in range(int(lengths[mine].max())):
+            inside = j < lengths[mine]
+            same &= ~inside | (ids[np.minimum(a + j, last)] == ids[np.minimum(b + j, last)])
+        differ.append(hashes[mine[~same]])
+    return np.unique(np.concatenate(differ))
 
 
 def _write_npy(path: Path, array: np.ndarray | Path) -> str:
@@ -277,9 +322,10 @@ class BenchmarkSet:
         self.word_filter = np.load(files["word_filter"], mmap_mode="r")
         self.pair_shift = np.uint64(record["pair_filter_shift"])
         self.pairs = np.load(files["pairs"], mmap_mode="r")
+        self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
-        self._verified: dict[tuple[int, bytes], list[int]] = {}
+        self._verified: dict[tuple[int, bytes], tuple[object, np.ndarray] | None] = {}
 
     def item_words(self, item: int) -> list[bytes]:
         """An item's words, as normalized (its mapped bytes: words separated by zeros)."""
@@ -295,23 +341,28 @@ class BenchmarkSet:
             self._items[item] = (b"\0" + b"\0".join(words) + b"\0", len(words))
         return self._items[item]
 
-    def _holding(self, hash_value: np.uint64, k: int, gram: bytes) -> list[int]:
+    def _holding(self, hash_value: np.uint64, k: int, gram: bytes) -> tuple[object, np.ndarray] | None:
         """The items whose k-grams (an item of k words: all of them) include `gram` (its words, each between
-        zero bytes), among those with an n-gram of its hash: each compared byte for byte, once per process while
-        the gram is kept."""
+        zero bytes), among those with an n-gram of its hash, and a key that is the same for the same gram: None
+        when no item holds it. A hash stands for one sequence of words (the build compared them; "mixed"
+        otherwise), so the first item tells for all of them: one comparison, however many items share it."""
         key = (k, gram)
         if key not in self._verified:
             if len(self._verified) >= GRAMS_KEPT:
                 self._verified.clear()
             lo = int(np.searchsorted(self.grams, hash_value, side="left"))
             hi = int(np.searchsorted(self.grams, hash_value, side="right"))
-            held = []
-            for item in np.asarray(self.items[lo:hi]).tolist():
-                words, count = self._item_bytes(item)
-                if words == gram if count == k else (k == self.n and count > k and gram in words):
-                    held.append(item)
-            self._verified[key] = held
+            if int(hash_value) in self.mixed:
+                held = np.array([item for item in np.asarray(self.items[lo:hi]).tolist() if self._holds(item, k, gram)],
+                                np.uint32)
+                self._verified[key] = (key, held) if len(held) else None
+            else:
+                self._verified[key] = (lo, self.items[lo:hi]) if self._holds(int(self.items[lo]), k, gram) else None
         return self._verified[key]
+
+    def _holds(self, item: int, k: int, gram: bytes) -> bool:
+        words, count = self._item_bytes(item)
+        return words == gram if count == k else (k == self.n and count > k and gram in words)
 
     def candidates(self, hashes: np.ndarray) -> np.ndarray:
         """Indices of the hashes that are in the set."""
@@ -337,16 +388,26 @@ class BenchmarkSet:
         """Add to `found` the n-grams each text of the group shares with an item, every candidate compared byte
         for byte with the item's words."""
         member = self.member(group.hashes)  # words of some item (or a few more)
+        blob, first, end = None, None, None
         for k in self.lengths:
             hashes, at = group.grams(k, member)
             cand = self.candidates(hashes)
+            if not len(cand):
+                continue
+            if blob is None:  # the words each between one zero byte: a gram is one slice of it
+                data = group.data
+                keep = data != 0
+                keep[1:] |= data[:-1] != 0  # a word's bytes and the zero after it
+                keep[0] = True
+                place = np.cumsum(keep) - 1
+                blob, first, end = data[keep].tobytes(), place[group.starts] - 1, place[group.ends] + 1
             texts = group.text_of(at[cand]).tolist()
             for j, text in zip(cand.tolist(), texts):
                 start = int(at[j])
-                gram = b"\0" + b"\0".join(group.word(w) for w in range(start, start + k)) + b"\0"
-                items = self._holding(hashes[j], k, gram)
-                if items:
-                    found.add(text, items, gram)
+                gram = blob[int(first[start]):int(end[start + k - 1])]
+                held = self._holding(hashes[j], k, gram)
+                if held is not None:
+                    found.add(text, *held)
 
     def contaminating(self, texts: list) -> list[list[int]]:
         """For each text, the items it shares at least min_matches n-grams with (sorted; [] for most)."""
@@ -386,33 +447,34 @@ class BenchmarkSet:
 
 
 class Found:
-    """What texts share with items: per text the items (min_matches 1), or per text and item the distinct
-    n-grams, up to min_matches (a verdict needs no more). `renumbered(texts)`: the same, for a group whose
-    text t is texts[t]."""
+    """What texts share with items: per text, each distinct n-gram it shares (a key) and the items holding it;
+    a text's items are those holding at least min_matches of its n-grams. `renumbered(texts)`: the same, for a
+    group whose text t is texts[t]."""
 
     def __init__(self, min_matches: int, base: Found | None = None, texts: list[int] | None = None):
         self.min_matches = min_matches
-        self.by_text: dict[int, set] = base.by_text if base is not None else defaultdict(set)
-        self.grams: dict[tuple[int, int], set] = base.grams if base is not None else defaultdict(set)
+        self.by_text: dict[int, dict] = base.by_text if base is not None else defaultdict(dict)
         self.texts = texts
 
     def renumbered(self, texts: list[int]) -> Found:
         return Found(self.min_matches, self, texts)
 
-    def add(self, text: int, items: list[int], gram: bytes) -> None:
+    def add(self, text: int, key, items: np.ndarray) -> None:
         text = self.texts[text] if self.texts is not None else text
-        if self.min_matches == 1:
-            self.by_text[text].update(items)
-            return
-        for item in items:
-            grams = self.grams[(text, item)]
-            if len(grams) < self.min_matches:
-                grams.add(gram)
-                if len(grams) == self.min_matches:
-                    self.by_text[text].add(item)
+        self.by_text[text][key] = items
 
     def items(self, text: int) -> list[int]:
-        return sorted(self.by_text.get(text, ()))
+        grams = self.by_text.get(text)
+        if not grams:
+            return []
+        if len(grams) == 1:
+            items = np.asarray(next(iter(grams.values())))
+            return items.tolist() if self.min_matches == 1 else []
+        top = max(int(np.asarray(items).max()) for items in grams.values()) + 1
+        counts = np.zeros(top, np.int32)
+        for items in grams.values():  # an item holds a gram once: no index twice in one
+            counts[items] += 1
+        return np.flatnonzero(counts >= self.min_matches).tolist()
 
 
 def benchmark_set(directory: str) -> BenchmarkSet:
