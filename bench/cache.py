@@ -1,7 +1,7 @@
 """Issue 30's benchmark: what a remix costs with the token cache (tokmix.cache, docs/cache.md).
 
     .venv/bin/python bench/cache.py bench [--backend hf] [--repeat 2] [--tokenizer T] [--corpus bench/work/corpus]
-    .venv/bin/python bench/cache.py full  [--corpus bench/work/corpus]
+    .venv/bin/python bench/cache.py full  [--corpus bench/work/corpus] [--keep]
 
 `bench`: the bench-scale corpus's recipe (bench/work/corpus/bench.toml), run cold with an empty cache (it fills
 it); the remix (every share moved by 5-10 points) run with --no-cache (a cold run of the same recipe) and then
@@ -84,6 +84,13 @@ def tokenized(remixed: dict, cold: dict) -> tuple[int, int]:
     return remixed["index"]["cache"]["tokens_tokenized"], grown
 
 
+def held_out(took: dict) -> str:
+    """What the holdouts' reads took from the cache (index.json's cache.holdouts)."""
+    held = took.get("holdouts", {})
+    return (f"holdouts: {held.get('tokens_from_cache', 0):,} tokens from the cache, "
+            f"{held.get('tokens_tokenized', 0):,} encoded")
+
+
 def corpus_view(corpus: Path) -> Path:
     """WORK/corpus: links to the bench corpus's files and folders, where this benchmark writes its recipes (the
     corpus is shared and read-only; its recipe's paths are relative to the recipe)."""
@@ -139,7 +146,7 @@ def bench(args) -> None:
         print(f"round {round_no + 1}: remix: {took['units_from_cache']:,} of {took['units']:,} units "
               f"({took['tokens_from_cache']:,} tokens) from the cache; tokenized {done:,} tokens, goal <= "
               f"{grown:,} (budget growth) + {len(MOVES)} x {biggest:,} (a unit a stream) = "
-              f"{grown + len(MOVES) * biggest:,}")
+              f"{grown + len(MOVES) * biggest:,}; {held_out(took)}")
         print(f"round {round_no + 1}: remix wall {warm['wall']:,.1f} s = {warm['wall'] / fresh['wall']:.0%} of the "
               f"same recipe's cold run ({fresh['wall']:,.1f} s); streams stage {warm['timings']['streams']:,.2f} s "
               f"against {fresh['timings']['streams']:,.2f} s; byte-identical to --no-cache: {same}", flush=True)
@@ -173,12 +180,13 @@ def full(args) -> None:
     print(f"full GPT-U-20M layout, default flags, cache {cache}")
     cold = tokmix(recipe, WORK / "full-cold", cache)
     shutil.rmtree(WORK / "full-cold", ignore_errors=True)
-    warm = tokmix(mixed, WORK / "full-remix", cache)
-    shutil.rmtree(WORK / "full-remix", ignore_errors=True)
+    warm = tokmix(mixed, WORK / "full-remix", cache, *(("--keep-streams",) if args.keep else ()))
+    if not args.keep:
+        shutil.rmtree(WORK / "full-remix", ignore_errors=True)
     took = warm["index"]["cache"]
     done, grown = tokenized(warm, cold)
     print(f"remix: {took['units_from_cache']:,} of {took['units']:,} units ({took['tokens_from_cache']:,} tokens) "
-          f"from the cache; tokenized {done:,} tokens (budget growth {grown:,})")
+          f"from the cache; tokenized {done:,} tokens (budget growth {grown:,}); {held_out(took)}")
     print(f"remix wall {warm['wall']:,.1f} s = {warm['wall'] / cold['wall']:.0%} of the cold run's "
           f"({cold['wall']:,.1f} s)")
     for stage in ("setup", "tokenizer", "holdout", "streams", "assemble", "validate"):
@@ -193,6 +201,8 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(HERE / "work" / "corpus"))
     parser.add_argument("--backend", default=None, help="bench: --tokenizer-backend of every run (e.g. hf)")
     parser.add_argument("--repeat", type=int, default=1, help="bench: rounds of the remix pair (--no-cache, warm)")
+    parser.add_argument("--keep", action="store_true", help="full: keep the remix's output and units "
+                                                            f"({WORK / 'full-remix'}: bench/assemble.py's input)")
     parser.add_argument("--tokenizer", default=None, help="bench: a tokenizer.json for every run (default: the cold "
                                                           "run trains the recipe's)")
     args = parser.parse_args()

@@ -18,7 +18,7 @@ import pytest
 
 import tokmix
 from tests.corpus import make_inputs
-from tokmix.cache import ENTRY, UnitCache, source_identity, unit_key
+from tokmix.cache import ENTRY, KeyBase, UnitCache, source_identity, unit_key
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT_BYTES = 4_000  # several units per file (a row group of 8 documents each, about)
@@ -96,9 +96,13 @@ def test_runs_filling_one_cache_at_once_write_the_same_bytes_and_one_whole_entry
     assert outputs(a) == outputs(b)
     whole, problems = UnitCache(str(cache)).verify()
     used = {(p.parent.parent.name, p.stem) for p in (b / "streams").glob("*/units/*.json")}
-    filled = [(e.record["parts"]["stream"], e.record["parts"]["unit"]) for e in UnitCache(str(cache)).entries()]
-    # one entry per unit (a unit tokenized past a budget while the ones before it were in flight has one too)
-    assert problems == [] and whole == len(filled) == len(set(filled)) and set(filled) >= used and len(used) > 8
+    entries = list(UnitCache(str(cache)).entries())
+    filled = [(e.record["parts"]["stream"], e.record["parts"]["unit"]) for e in entries if "kind" not in e.record]
+    held_out = sorted(e.record["parts"]["stream"] for e in entries if e.record.get("kind") == "holdout")
+    # one entry per unit (a unit tokenized past a budget while the ones before it were in flight has one too),
+    # and one of each stream's holdout documents
+    assert problems == [] and whole == len(filled) + len(held_out) and len(filled) == len(set(filled))
+    assert set(filled) >= used and len(used) > 8 and held_out == sorted(PHASES)
     assert not list((cache / "tmp").iterdir()), "nothing left of the fill that lost the race"
     index = json.loads((a / "index.json").read_text())
     # index.json counts the units the budgets used: b may keep one more, tokenized past a budget while the units
@@ -157,22 +161,26 @@ def test_plan_cuts_the_units_as_the_run_into_its_directory_would(recipes, cold, 
 
 def test_a_remix_takes_its_units_from_the_cache_and_writes_what_it_writes_without_it(
         recipes, cold, remix_without_cache, tmp_path):
-    """Through worker processes, a damaged entry (a flipped byte: found, removed, the unit tokenized again), a
-    SIGKILL while taking an entry and one while filling one (the unit, not committed before its entry is made,
-    is tokenized again and its entry made); every resume ends with the bytes of the same recipe run with
-    --no-cache, tokenizing no more than the budgets grew plus a unit a stream."""
+    """Through worker processes, damaged entries (a flipped byte in a unit's and in dclm's holdout documents':
+    found, removed, tokenized again), a SIGKILL while filling code_py's holdout entry (its share in its domain
+    grew: its documents past the cold run's are encoded), one while taking a unit's entry and one while filling
+    one (the unit, not committed before its entry is made, is tokenized again and its entry made); every resume
+    ends with the bytes, holdouts included, of the same recipe run with --no-cache, tokenizing no more than the
+    budgets grew plus a unit a stream."""
     cache, _, kept = cold
-    damaged, record = next((path, record) for path in sorted((cache / "entries").glob(f"*/*/{ENTRY}"))
-                           if (record := json.loads(path.read_text()))["parts"]["stream"] == "dclm"
-                           and record["parts"]["unit"] == "000000")  # a unit every mix of the recipe uses
-    tok = damaged.parent / record["files"]["tok"]
-    tok.chmod(0o644)
-    data = bytearray(tok.read_bytes())
-    data[5] ^= 0xFF
-    tok.write_bytes(bytes(data))  # in place: the units of the run that holds it are damaged too
+    records = [(path, json.loads(path.read_text())) for path in sorted((cache / "entries").glob(f"*/*/{ENTRY}"))]
+    for path, record in records:
+        if record["parts"]["stream"] == "dclm" and record["parts"].get("unit", "000000") == "000000":
+            # a unit every mix of the recipe uses, and the stream's holdout documents
+            tok = path.parent / (record["extra"]["tok"]["file"] if "kind" in record else record["files"]["tok"])
+            tok.chmod(0o644)
+            data = bytearray(tok.read_bytes())
+            data[5] ^= 0xFF
+            tok.write_bytes(bytes(data))  # in place: the units of the run that holds it are damaged too
     out = tmp_path / "remix"
     args = (str(recipes[1]), "--out", str(out), "--cache", str(cache))
-    log = killed(cli(*args, fault="cache:after-take-file:2"))
+    log = killed(cli(*args, fault="cache:holdout-fill-before-rename@code_py:1"))
+    log += killed(cli(*args, fault="cache:after-take-file:2"))
     log += killed(cli(*args, fault="cache:fill-before-rename:1"))
     filling = list((cache / "tmp").iterdir())
     assert filling, "the kill left an entry being filled in tmp/"
@@ -198,6 +206,14 @@ def test_a_remix_takes_its_units_from_the_cache_and_writes_what_it_writes_withou
     assert index["mix"]["streams"]["edu"]["budget"] > was["budget"]
     assert edu["tokens_from_cache"] >= was["tokens"]
     assert edu["tokens_tokenized"] <= index["mix"]["streams"]["edu"]["budget"] - was["budget"] + biggest
+    # the holdouts' reads: edu's and code_other's (its share in its domain shrank: a prefix of its entry) from
+    # the cache, code_py's encoded past what the cold run read, dclm's encoded again (its entry was damaged)
+    assert "holdout dclm's documents encoded again" in log and "token cache: " in log
+    held = took["holdouts"]["by_stream"]
+    assert held["dclm"]["tokens_from_cache"] == 0 < held["dclm"]["tokens_tokenized"]
+    assert held["edu"]["tokens_tokenized"] == held["code_other"]["tokens_tokenized"] == 0
+    assert 0 < held["code_py"]["tokens_from_cache"] and 0 < held["code_py"]["tokens_tokenized"]
+    assert took["holdouts"]["tokens_tokenized"] == sum(h["tokens_tokenized"] for h in held.values())
 
 
 def test_eviction_under_a_running_run_never_removes_an_entry_it_holds(recipes, cold, tmp_path):
@@ -248,6 +264,7 @@ def test_tokmix_cache_lists_verifies_and_prunes(cold, tmp_path):
     listed = tokmix_cache()
     count = len(list(UnitCache(str(cache)).entries()))
     assert listed.exit_code == 0 and f"in {count:,} entries" in listed.output and "by tokenizer" in listed.output
+    assert re.search(r"holdouts\s+│\s+4\b", listed.output), listed.output  # one entry a stream (by kind)
     assert "part-0.parquet" in listed.output
     records = sorted((cache / "entries").glob(f"*/*/{ENTRY}"))
     records[0].write_text(records[0].read_text()[:-9])  # truncated
@@ -274,6 +291,21 @@ def test_the_key_is_every_part_that_decides_a_units_bytes(tmp_path):
     assert all(unit_key(**{**parts, name: value}) != key for name, value in changed.items())
     os.utime(source, ns=(1, 1))  # rewritten in place at the same size: another file
     assert unit_key(**{**parts, "sources": [source_identity(str(source), 10)]}) != key
+
+    # a stream's holdout documents: the run's parts that decide their ids and what is kept of them, and its
+    # holdout files; not where a huge document is cut nor the benchmarks (the holdout stage does neither)
+    base = dict(tokenizer="t", oracle="tokenizers 1", delimiters={"prefix": [0], "suffix": []}, dtype="<u2",
+                huge_doc_chars=1 << 22, provenance=True, decontamination="holdout-exact", benchmarks=None)
+    files, identity = [str(source)], [source_identity(str(source), 10)]
+    held = KeyBase(**base).holdout_key("text", files, identity)
+    assert held != key
+    for name, value in {**changed, "decontamination": None}.items():
+        if name in base:
+            other = KeyBase(**{**base, name: value}).holdout_key("text", files, identity)
+            assert (other == held) == (name in ("huge_doc_chars", "benchmarks")), name
+    assert KeyBase(**base).holdout_key("content", files, identity) != held
+    assert KeyBase(**base).holdout_key("text", [*files, "b.parquet"], [*identity, [1]]) != held
+    assert KeyBase(**base).holdout_key("text", files, [source_identity(str(source), 11)]) != held
 
 
 

@@ -124,13 +124,14 @@ def test_a_token_cache_on_the_store_gives_a_local_run_every_unit_checked_and_the
     whole_entries, problems = cache.verify()
     stored = objects(s3, "token-cache")
     assert problems == [] and whole_entries == sum(1 for n in stored if n.endswith("/entry.json")) > 4
-    first = next(json.loads(data) for n, data in sorted(stored.items())
-                 if n.endswith("/entry.json") and json.loads(data)["parts"]["unit"] == "000000")  # every run uses it
+    first = next(json.loads(data) for n, data in sorted(stored.items())  # a unit every run uses
+                 if n.endswith("/entry.json") and json.loads(data)["parts"].get("unit") == "000000")
     victim = f"entries/{first['key'][:2]}/{first['key']}/{first['files']['tok']}"
     s3.put_object(Bucket=BUCKET, Key=f"token-cache/{victim}", Body=stored[victim][:-2])  # truncated
     index = tokmix.run(tokmix.load_recipe(finished_run.parent / "recipe.toml"), tmp_path / "out", workers=2,
                        cache=STORE_CACHE)
     assert index["cache"]["units_from_cache"] == index["cache"]["units"] - 1
+    assert index["cache"]["holdouts"]["tokens_tokenized"] == 0 < index["cache"]["holdouts"]["tokens_from_cache"]
     same_as_local(objects_of(tmp_path / "out"), finished_run)
     assert cache.verify() == (whole_entries, [])
 

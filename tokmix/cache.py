@@ -42,6 +42,7 @@ DEFAULT_CAP = 50 << 30  # or a quarter of the cache's filesystem, whichever is s
 PARTS = ("tok", "len", "src")  # a unit's files, as shards.UNIT_KINDS names them (the record is entry.json)
 ENTRY = "entry.json"
 COPY_BYTES = 8 << 20
+HOLDOUT = "holdout"  # an entry's kind (record["kind"]): a stream's holdout documents; absent: a work unit
 STORE_HOLD_SECONDS = 3600  # on a store, an entry used this recently may be being copied by a run: not evicted
 TMP_STALE_SECONDS = 3600  # a local fill left this long by a killed run is swept
 
@@ -84,6 +85,20 @@ class KeyBase:
                         unit_index=unit.index, pieces=unit.describe(),
                         sources=[source_identity(p.path, p.file_bytes) for p in unit.pieces],
                         decontamination=self.decontamination, benchmarks=self.benchmarks)
+
+    def holdout_key(self, text_field: str, files: list[str], sources: list) -> str:
+        """The key of a stream's holdout documents (HOLDOUT entries): its holdout files in the split's order, each
+        one's identity (source_identity), the text field, and of the run's parts those that decide the documents'
+        ids and what is kept of them (tokenizer, oracle, delimiters, dtype, provenance: their places and text
+        checksums, decontamination: their texts' hashes and lengths). Not the shares, which decide only how many
+        of the documents a run reads (the entry is the prefix an earlier run read), nor the seed, which shuffles
+        them into the holdout; not where a huge document is cut, nor the benchmarks: the holdout stage does
+        neither."""
+        parts = {"format": CACHE_FORMAT, "kind": HOLDOUT, "tokenizer": self.tokenizer, "oracle": self.oracle,
+                 "delimiters": self.delimiters, "dtype": self.dtype, "provenance": self.provenance,
+                 "decontamination": self.decontamination, "text_field": text_field, "files": files,
+                 "sources": sources}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def tokenizer_oracle(library: str = "tokenizers") -> str:
@@ -276,6 +291,26 @@ class UnitCache:
         self._touch(key)
         return unit, tokens, lengths
 
+    def take_files(self, key: str) -> tuple[dict, dict[str, bytes]] | None:
+        """An entry held whole in memory (a stream's holdout documents, HOLDOUT): its record and the bytes of each
+        of its files, checked against their sha256 while no eviction can remove it. None when there is none, or
+        it is damaged (then removed: `problem` says why)."""
+        record = self._read_entry(key)
+        if record is None:
+            return None
+        if self.remote:
+            self._touch(key)  # first, as a take: an entry used within STORE_HOLD_SECONDS is not evicted
+        try:
+            with self._locked():
+                files = {part: self._read_extra(key, record, part) for part in record["extra"]}
+        except (DamagedFile, FileNotFoundError) as e:
+            self.problem = getattr(e, "why", "a file of it is missing")
+            self._discard(key, record)
+            return None
+        if not self.remote:
+            self._touch(key)
+        return record, files
+
     def holds(self, key: str, limit: int | None = None) -> int:
         """Tokens the entry would give a unit (0: none, or a partial one short of `limit`), from its record alone
         (for `tokmix plan`; a run checks the files as it takes them)."""
@@ -298,19 +333,22 @@ class UnitCache:
             pass  # an entry evicted meanwhile, a read-only cache: its age is only the eviction's order
 
     # ------------------------------------------------------------------ fill
-    def fill(self, key: str, unit_dir: Path | ObjectPath, name: str, unit: dict, complete: bool,
-             parts: dict, extra: dict[str, bytes] | None = None, replace: bool = False) -> bool:
+    def fill(self, key: str, unit_dir: Path | ObjectPath | None, name: str, unit: dict, complete: bool,
+             parts: dict, extra: dict[str, bytes] | None = None, replace: bool = False, kind: str | None = None
+             ) -> bool:
         """Add a committed unit (its record `unit`, its files in `unit_dir`) as the entry `key`, unless a
         complete one is there (or a partial one holds as much). Nothing half-made is ever visible: locally the
         entry is made in tmp/ and renamed into place whole; on a store its files come first under names of
-        their content, its record last. Two runs filling one entry at once write the same bytes; one wins."""
+        their content, its record last. Two runs filling one entry at once write the same bytes; one wins.
+        An entry of another `kind` (HOLDOUT) has only `extra` files, and `unit` says its tokens."""
         existing = self._read_entry(key)
         if existing is not None and not replace and (existing["complete"]
                                                      or existing["unit"]["tokens"] >= unit["tokens"]):
             return False
         files = {part: f"{unit[f'{part}_sha256'][:16]}.{part}" for part in PARTS if f"{part}_sha256" in unit}
         extras = {part: (data, hashlib.new(CHECKSUM, data).hexdigest()) for part, data in (extra or {}).items()}
-        entry = {"key": key, "format": CACHE_FORMAT, "complete": complete, "unit": unit, "files": files,
+        entry = {"key": key, "format": CACHE_FORMAT, **({"kind": kind} if kind else {}), "complete": complete,
+                 "unit": unit, "files": files,
                  "extra": {part: {"file": f"{sha[:16]}.{part}", "sha256": sha} for part, (_, sha) in extras.items()},
                  "parts": parts, "bytes": sum(len(data) for data, _ in extras.values()), "created": time.time()}
         if self.remote:
@@ -328,7 +366,7 @@ class UnitCache:
                 write_bytes(tmp / entry["extra"][part]["file"], data)
             write_record(tmp / ENTRY, entry)
             _fsync_dir(tmp)
-            fault_point("cache:fill-before-rename")
+            fault_point(_fill_fault(entry), parts.get("stream"))
             target = self.entry_dir(key)
             target.parent.mkdir(parents=True, exist_ok=True)
             with self._locked(exclusive=existing is not None):
@@ -355,7 +393,7 @@ class UnitCache:
             entry["bytes"] += (target / file).stat().st_size
         for part, (data, _) in extras.items():
             write_bytes(target / entry["extra"][part]["file"], data)
-        fault_point("cache:fill-before-rename")
+        fault_point(_fill_fault(entry), entry["parts"].get("stream"))
         write_record(target / ENTRY, entry)  # the commit: an entry without its record is invisible
         self._touch(key)
         return True
@@ -563,6 +601,11 @@ def _place(src: Path | ObjectPath, dst: Path | ObjectPath, check: bool = True) -
     return h.hexdigest()
 
 
+def _fill_fault(entry: dict) -> str:
+    """The fault point inside a fill, before it becomes visible: a unit's, or cache:holdout-fill-before-rename."""
+    return f"cache:{entry['kind']}-fill-before-rename" if "kind" in entry else "cache:fill-before-rename"
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -573,10 +616,14 @@ def _fsync_dir(path: Path) -> None:
 
 # ---------------------------------------------------------------------------- what `tokmix cache` shows
 def summary(entries: list[Entry]) -> dict:
-    """Bytes and entries in all, by tokenizer (its sha256 and path) and by source file."""
+    """Bytes and entries in all, by kind (work units, streams' holdout documents), by tokenizer (its sha256 and
+    path) and by source file."""
+    by_kind: dict[str, list] = {}
     by_tokenizer: dict[str, list] = {}
     by_source: dict[str, list] = {}
     for entry in entries:
+        row = by_kind.setdefault(f"{entry.record.get('kind', 'unit')}s", [0, 0])
+        row[0], row[1] = row[0] + 1, row[1] + entry.size
         parts = entry.record.get("parts", {})
         tok = f"{parts.get('tokenizer', '?')[:12]} {parts.get('tokenizer_path', '')}".strip()
         row = by_tokenizer.setdefault(tok, [0, 0])
@@ -587,4 +634,5 @@ def summary(entries: list[Entry]) -> dict:
             row[0], row[1] = row[0] + 1, row[1] + entry.size // len(sources)
     return {"entries": len(entries), "bytes": sum(e.size for e in entries),
             "tokens": sum(e.record["unit"]["tokens"] for e in entries),
-            "held": sum(1 for e in entries if e.held), "by_tokenizer": by_tokenizer, "by_source": by_source}
+            "held": sum(1 for e in entries if e.held), "by_kind": by_kind, "by_tokenizer": by_tokenizer,
+            "by_source": by_source}

@@ -506,7 +506,8 @@ def cache(
         _fail(e, debug)
     console.print(f"{unit_cache}: {gib(found['bytes'])} in {found['entries']:,} entries ({found['tokens']:,} tokens; "
                   f"{found['held']:,} held by runs)")
-    for title, rows in (("tokenizer", found["by_tokenizer"]), ("source", found["by_source"])):
+    for title, rows in (("kind", found["by_kind"]), ("tokenizer", found["by_tokenizer"]),
+                        ("source", found["by_source"])):
         if not rows:
             continue
         table = Table(title=f"by {title}")

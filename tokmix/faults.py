@@ -32,6 +32,7 @@ POINTS = (
     "streams:after-unit",  # the coordinator got a committed unit
     "cache:after-take-file",  # a file of a token cache entry linked or copied into the run's units folder
     "cache:fill-before-rename",  # a cache entry made in the cache's tmp/, not yet renamed into entries/
+    "cache:holdout-fill-before-rename",  # the same for an entry of a stream's holdout documents
     "streams:before-meta",
     "streams:after-meta",
     "assemble:mid-write",  # half of a gathered part of a shard written

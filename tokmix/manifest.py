@@ -17,6 +17,7 @@ from tokmix.format.records import (
 )
 from tokmix.shards import EXPECTED_NAME, STATE_DIR, block_tokens
 from tokmix.stages import Context
+from tokmix.stages.holdout import holdout_cache
 from tokmix.stages.passes import passes_used
 
 # what a stream's record holds for the other stages, not for index.json's summary of it (the cache's has its key)
@@ -161,8 +162,10 @@ def phases_entry(recipe, balance: dict) -> list[dict]:
 
 
 def _cache_entry(ctx: Context, metas: dict[str, dict]) -> dict:
-    """What the streams took from the token cache (tokmix.cache): units and their tokens, per stream and in all."""
+    """What the streams took from the token cache (tokmix.cache): units and their tokens, per stream and in all;
+    and what the holdouts' reads took from it (holdout_cache)."""
     keys = ("units_from_cache", "tokens_from_cache", "tokens_tokenized")
     by_stream = {n: {"units": len(m["units"]), **{k: m.get(k, 0) for k in keys}} for n, m in metas.items()}
     return {"location": ctx.cache, "units": sum(s["units"] for s in by_stream.values()),
-            **{k: sum(s[k] for s in by_stream.values()) for k in keys}, "by_stream": by_stream}
+            **{k: sum(s[k] for s in by_stream.values()) for k in keys}, "by_stream": by_stream,
+            "holdouts": holdout_cache(ctx)}

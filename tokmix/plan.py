@@ -38,10 +38,10 @@ from tokmix.shards import UNITS_DIR, DamagedFile, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
+from tokmix.stages import key_base
 from tokmix.stages.decontam import BenchmarkSet, build_set
 from tokmix.stages.holdout import draw, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
-from tokmix.stages.streams import key_base
 from tokmix.store import is_url
 from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file

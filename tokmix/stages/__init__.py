@@ -11,7 +11,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokmix.backends import Encoder, make_encoder
+from tokmix.backends import ORACLE_LIBRARY, Encoder, make_encoder
+from tokmix.cache import KeyBase, tokenizer_oracle
 from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, Layout
@@ -145,3 +146,21 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+# ---------------------------------------------------------------------------- the token cache's key
+def cache_key_base(ctx: Context) -> KeyBase:
+    """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
+    return key_base(ctx.recipe, ctx.tokenizer_sha256, ctx.delimiters, ctx.dtype, ctx.huge_doc_chars,
+                    ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None)
+
+
+def key_base(recipe: Recipe, tokenizer_sha256: str, delimiters: Delimiters, dtype: np.dtype, huge_doc_chars: int,
+             benchmark_fingerprint: str | None) -> KeyBase:
+    """The key parts a recipe's units share, as a run (cache_key_base) and `tokmix plan` both build them."""
+    return KeyBase(tokenizer=tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
+                   delimiters=delimiters.to_index(), dtype=dtype.str, huge_doc_chars=huge_doc_chars,
+                   provenance=recipe.layout.provenance,
+                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None,
+                   benchmarks=(f"{benchmark_fingerprint} {recipe.decontaminate.action}"
+                               if benchmark_fingerprint is not None else None))

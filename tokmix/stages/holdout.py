@@ -12,17 +12,19 @@ import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+from tokmix.cache import HOLDOUT, UnitCache, source_identity
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
 from tokmix.shards import CHECKSUM, DamagedFile, Part, damage, read_json, write_bytes, write_record
-from tokmix.sources import Places, file_kind, iter_file_texts, stream_files, text_hashes
-from tokmix.stages import Context, shared_encoder
+from tokmix.sources import Places, file_kind, file_size, iter_file_texts, stream_files, text_hashes
+from tokmix.stages import Context, cache_key_base, shared_encoder
 from tokmix.tokens import Delimiters, write_npy, write_tokens
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
@@ -79,20 +81,44 @@ def _located_texts(files: list[str], field: str, stream: str, mirrors):
             yield text, (i, places.take()[1])
 
 
+class Read(NamedTuple):
+    """What one stream's holdout files gave: documents as (stream, ids, origin), the hashes and lengths
+    (characters) of their texts, and whether the files ran out (`complete`)."""
+
+    docs: list
+    hashes: np.ndarray
+    chars: np.ndarray
+    complete: bool
+
+
 def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: float, mirrors,
                 delimiters: Delimiters, dtype: np.dtype, decontaminate: bool,
-                provenance: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+                provenance: bool = False, held: Read | None = None) -> Read:
     """Documents of one stream's holdout files, in file order, empty ones included (each its delimiters alone),
     up to and including the one that crosses `budget` tokens, as (stream, ids, origin): with `provenance`
     origin is (file's position in `files`, place, CRC-32 of the text), else None; and the hashes and lengths
-    (characters) of their texts, or none without `decontaminate`. (`tokmix plan` reads them too, to show what
-    each stream gives.)"""
+    (characters) of their texts, or none without `decontaminate`. `held`: the first of those documents as an
+    earlier read gave them (a token cache entry's, _held): as many as the budget needs are taken from it,
+    and the files are read again past them (not encoded) only when it falls short. (`tokmix plan` reads them
+    too, to show what each stream gives.)"""
     docs, hashes, chars, got = [], [], [], 0
     field = recipe.streams[stream].text_field
     reader = _located_texts(files, field, stream, mirrors)
+    if held is not None:
+        taken = _documents_for(held.docs, budget)
+        docs = held.docs[:taken]
+        got = sum(len(ids) for _, ids, _ in docs)
+        if decontaminate:
+            hashes.append(held.hashes[:taken])
+            chars += held.chars[:taken].tolist()
+        if got >= budget or held.complete:
+            return Read(docs, *_hashes_and_chars(hashes, chars), held.complete and taken == len(held.docs))
+        reader = itertools.islice(reader, taken, None)  # read again, not encoded
+    complete = False
     while got < budget:
         located = list(itertools.islice(reader, READ_BATCH))
         if not located:
+            complete = True
             break
         batch = [text for text, _ in located]
         ids, lengths = encoder.encode_batch(batch)
@@ -108,17 +134,108 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
         if decontaminate:  # only decontamination reads them (hashing: ~13% of this stage)
             hashes.append(text_hashes(batch))
             chars += map(len, batch)
-    return docs, np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
+    return Read(docs, *_hashes_and_chars(hashes, chars), complete)
+
+
+def _hashes_and_chars(hashes: list, chars: list) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
+
+
+def _documents_for(docs: list, budget: float) -> int:
+    """How many of `docs` a read to `budget` takes: up to and including the one whose end reaches it (all of
+    them when none does; none for a budget of 0)."""
+    if budget <= 0 or not docs:
+        return 0
+    ends = np.cumsum([len(ids) for _, ids, _ in docs])
+    return min(int(np.searchsorted(ends, budget, side="left")) + 1, len(docs))
 
 
 def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
     """The domain's streams' holdout documents, each stream read on a thread of the pool (the encoder encodes
     a call on its caller's thread)."""
+    return {name: pool.submit(_read_stream, ctx, encoder, name, reads)
+            for name, reads in stream_reads(ctx.recipe, domain).items()}
+
+
+def _read_stream(ctx: Context, encoder, stream: str, budget: float) -> tuple[Read, dict | None]:
+    """One stream's read (read_stream) and, with a token cache, what came from it: the documents an earlier run
+    read are taken from the stream's entry (checked), only those past it encoded, and a read that went past the
+    entry becomes its new entry, before the holdout that uses it is written (so no committed holdout lacks it)."""
     recipe = ctx.recipe
-    return {name: pool.submit(read_stream, recipe, encoder, name, stream_files(recipe, ctx.split, name, "holdout"),
-                              reads, ctx.mirrors, ctx.delimiters, ctx.dtype, recipe.holdout.decontaminate,
-                              recipe.layout.provenance)
-            for name, reads in stream_reads(recipe, domain).items()}
+    files = stream_files(recipe, ctx.split, stream, "holdout")
+    args = (recipe, encoder, stream, files, budget, ctx.mirrors, ctx.delimiters, ctx.dtype,
+            recipe.holdout.decontaminate, recipe.layout.provenance)
+    if ctx.cache is None:
+        return read_stream(*args), None
+    cache = UnitCache(ctx.cache)
+    try:
+        key = cache_key_base(ctx).holdout_key(recipe.streams[stream].text_field, files,
+                                              [source_identity(f, file_size(f, ctx.mirrors)) for f in files])
+        found = cache.take_files(key)
+        held = _held(found, stream, ctx.dtype, recipe.holdout.decontaminate, recipe.layout.provenance)
+        if found is not None and held is None:  # whole files that do not fit together: not this entry's
+            cache.problem = "its files do not fit together"
+            cache.remove(key)
+    except OSError:  # a file the read names in its own words, or an unreadable cache: read as without one
+        read = read_stream(*args)
+        return read, {"tokens_from_cache": 0, "tokens_tokenized": sum(len(ids) for _, ids, _ in read.docs)}
+    if cache.problem is not None:
+        ctx.log(f"token cache: {cache.entry_dir(key)}: damaged ({cache.problem}); removed, holdout {stream}'s "
+                "documents encoded again")
+    read = read_stream(*args, held=held)
+    reused = len(held.docs) if held is not None else 0
+    from_cache = sum(len(ids) for _, ids, _ in read.docs[:reused])
+    if len(read.docs) > reused:
+        try:
+            cache.fill(key, None, stream, {"tokens": sum(len(ids) for _, ids, _ in read.docs),
+                                           "documents": len(read.docs)}, read.complete,
+                       {"tokenizer": ctx.tokenizer_sha256, "tokenizer_path": ctx.tokenizer_path, "stream": stream,
+                        "holdout": True, "sources": files}, _entry_files(read, ctx.dtype), kind=HOLDOUT)
+        except (OSError, DamagedFile):  # a full or read-only cache: the run goes on without adding to it
+            pass
+    tokenized = sum(len(ids) for _, ids, _ in read.docs) - from_cache
+    ctx.log(f"holdout {stream}: its documents' {from_cache:,} tokens from the token cache, {tokenized:,} encoded")
+    return read, {"tokens_from_cache": from_cache, "tokens_tokenized": tokenized}
+
+
+def _entry_files(read: Read, dtype: np.dtype) -> dict[str, bytes]:
+    """A stream's holdout documents as the files of its cache entry: their tokens, lengths and, as the read has
+    them, their texts' hashes and lengths (decontamination) and origins (provenance)."""
+    files = {"tok": np.concatenate([ids for _, ids, _ in read.docs]).astype(dtype, copy=False).tobytes(),
+             "len": np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes()}
+    if len(read.hashes) == len(read.docs):
+        files["hash"], files["chars"] = read.hashes.astype(np.uint64).tobytes(), read.chars.tobytes()
+    if read.docs[0][2] is not None:
+        files["origin"] = np.array([origin for _, _, origin in read.docs], np.int64).tobytes()
+    return files
+
+
+def _held(found: tuple[dict, dict[str, bytes]] | None, stream: str, dtype: np.dtype, decontaminate: bool,
+          provenance: bool) -> Read | None:
+    """The documents a stream's cache entry holds, as read_stream gave them; None without an entry, or for one
+    whose files (each checked against its sha256 by the cache) do not fit together."""
+    if found is None:
+        return None
+    record, files = found
+    if "tok" not in files or "len" not in files or ("hash" in files) != decontaminate \
+            or ("origin" in files) != provenance:
+        return None
+    try:
+        ids, lengths = np.frombuffer(files["tok"], dtype), np.frombuffer(files["len"], np.int64)
+        hashes = np.frombuffer(files.get("hash", b""), np.uint64)
+        chars = np.frombuffer(files.get("chars", b""), np.int64)
+        origins = np.frombuffer(files["origin"], np.int64).reshape(-1, 3).tolist() if provenance else None
+    except ValueError:  # a size that is no whole number of its items
+        return None
+    count = len(lengths)
+    if (not int(lengths.sum()) == len(ids) == record["unit"]["tokens"] or count != record["unit"]["documents"]
+            or (decontaminate and not len(hashes) == len(chars) == count)
+            or (origins is not None and len(origins) != count)):
+        return None
+    ends = np.cumsum(lengths).tolist()
+    docs = [(stream, ids[end - n:end], tuple(origins[i]) if origins is not None else None)
+            for i, (n, end) in enumerate(zip(lengths.tolist(), ends))]
+    return Read(docs, hashes, chars, record["complete"])
 
 
 def stream_reads(recipe: Recipe, domain: str) -> dict[str, float]:
@@ -152,12 +269,12 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
-    docs, hashes, lengths = [], [], []
+    docs, hashes, lengths, from_cache = [], [], [], {}
     for name in names:
-        got_docs, got_hashes, got_lengths = reads[name].result()
-        docs += got_docs
-        hashes.append(got_hashes)
-        lengths.append(got_lengths)
+        read, from_cache[name] = reads[name].result()
+        docs += read.docs
+        hashes.append(read.hashes)
+        lengths.append(read.chars)
     chunks, by_stream, n = draw(docs, names, need, recipe.seed)
     if n < need:
         raise TokmixError(
@@ -175,7 +292,8 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         docs_entry = write_holdout_documents(ctx, domain, docs[: len(chunks)], [len(c) for c in chunks])
     digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
                hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
-    write_record(record_path(ctx, domain), digests)
+    # with a token cache, what the reads took from it: index.json's cache entry gathers it (holdout_cache)
+    write_record(record_path(ctx, domain), {**digests, **({"cache": from_cache} if ctx.cache is not None else {})})
     write_tokens(ctx.layout.val(domain), tokens)
     return {
         "file": ctx.layout.val(domain).name,
@@ -191,6 +309,21 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: 
         "checksum": hashlib.new(CHECKSUM, tokens.tobytes()).hexdigest(),
         **({"provenance": docs_entry} if recipe.layout.provenance else {}),
     }
+
+
+def holdout_cache(ctx: Context) -> dict:
+    """The tokens the holdouts' reads took from the token cache and encoded, in all and by stream, as each
+    domain's record kept them when its holdout was made (by this stage process or an earlier one of the run; a
+    holdout made without the cache counts none)."""
+    by_stream = {}
+    for domain in ctx.recipe.domains:
+        try:
+            record = read_json(record_path(ctx, domain), sealed=True) or {}
+        except DamagedFile:  # checked before the holdout was used (holdout_damage): only its counts are lost
+            record = {}
+        by_stream |= record.get("cache", {})
+    keys = ("tokens_from_cache", "tokens_tokenized")
+    return {**{k: sum(c.get(k, 0) for c in by_stream.values()) for k in keys}, "by_stream": by_stream}
 
 
 def write_holdout_documents(ctx: Context, domain: str, taken: list[tuple], tokens: list[int]) -> dict:

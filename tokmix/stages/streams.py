@@ -21,16 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from tokmix import identity
-from tokmix.backends import ORACLE_LIBRARY
-from tokmix.cache import KeyBase, UnitCache, tokenizer_oracle
+from tokmix.cache import UnitCache
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
-from tokmix.recipe import Recipe
 from tokmix.shards import DamagedFile, read_json, unit_file, write_bytes, write_record
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cached, shared_encoder
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key_base, cached, shared_encoder
 from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
@@ -412,23 +410,6 @@ def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], boo
 
 
 # ---------------------------------------------------------------------------- coordinator side
-def cache_key_base(ctx: Context) -> KeyBase:
-    """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
-    return key_base(ctx.recipe, ctx.tokenizer_sha256, ctx.delimiters, ctx.dtype, ctx.huge_doc_chars,
-                    ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None)
-
-
-def key_base(recipe: Recipe, tokenizer_sha256: str, delimiters: Delimiters, dtype: np.dtype, huge_doc_chars: int,
-             benchmark_fingerprint: str | None) -> KeyBase:
-    """The key parts a recipe's units share, as a run (cache_key_base) and `tokmix plan` both build them."""
-    return KeyBase(tokenizer=tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
-                   delimiters=delimiters.to_index(), dtype=dtype.str, huge_doc_chars=huge_doc_chars,
-                   provenance=recipe.layout.provenance,
-                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None,
-                   benchmarks=(f"{benchmark_fingerprint} {recipe.decontaminate.action}"
-                               if benchmark_fingerprint is not None else None))
-
-
 def meta_path(ctx: Context, stream: str) -> Path:
     return ctx.layout.stream_meta(stream)
 
