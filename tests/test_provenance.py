@@ -25,7 +25,8 @@ import tokmix
 from tests.corpus import make_inputs
 from tokmix.data import TrainBlocks
 from tokmix.format.records import HoldoutEntry, Index, ShardRecord
-from tokmix.provenance import DOC_DTYPE, file_documents, sources_of
+from tokmix.provenance import DOC_DTYPE, file_documents, sources_of, text_crc32
+from tokmix.sources.parquet import utf8_crc32s
 from tokmix.tokens import Delimiters
 from tokmix.trace import token_block, trace_blocks
 
@@ -85,6 +86,16 @@ def token_files(index: dict) -> list[tuple[dict, list]]:
     train = sources_of(index["provenance"]["sources"])
     holdouts = [(e, sources_of(e["provenance"]["sources"])) for e in index["val"].values()]
     return [(e, train) for e in index["shards"]] + holdouts
+
+
+def test_the_parquet_readers_checksums_are_the_texts_crc32():
+    """The CRC-32s a parquet reader takes from Arrow's buffer (sparing an encode per document) are text_crc32's of
+    the texts: non-ASCII, empty, a slice of a batch, large_string and a dictionary-decoded column alike."""
+    texts = ["", "plain", "Grüße — 東京 👨‍👩‍👧", "x" * 70_000 + "é", "", "last"]
+    for column in (pa.array(texts), pa.array(texts, pa.large_string()),
+                   pa.array(texts).dictionary_encode().dictionary_decode()):
+        for piece in (column, column.slice(2, 3), column.slice(5)):
+            assert utf8_crc32s(piece) == text_crc32(piece.to_pylist()).tolist()
 
 
 def test_every_document_of_every_shard_and_holdout_is_its_source_text_at_its_tokens(mixed_run):

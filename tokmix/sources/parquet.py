@@ -4,6 +4,7 @@ row groups. Text bytes are counted from the footers alone."""
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -82,8 +83,10 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field],
                                                                 use_threads=False))
             for column in batches:
+                if pa.types.is_dictionary(column.type):
+                    column = column.dictionary_decode()
                 if places is not None:
-                    places.add(row, len(column))
+                    places.add(row, len(column), None if places.checksums is None else utf8_crc32s(column))
                 yield from _column_texts(column, piece, field, stream, huge, row)
                 row += len(column)
 
@@ -105,6 +108,23 @@ def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
     return max(1, min(PARQUET_READ_ROWS, group.num_rows * PARQUET_READ_BYTES // size))
 
 
+def _offsets(column: pa.Array) -> np.ndarray:
+    """A string or binary column's value offsets into its data buffer (len(column) + 1 of them)."""
+    wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+    offsets = np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)
+    return offsets[column.offset:column.offset + len(column) + 1]
+
+
+def utf8_crc32s(column: pa.Array) -> list[int]:
+    """CRC-32 (zlib's) of each value's bytes, read from Arrow's buffer: for a string column the value of
+    tokmix.provenance.text_crc32 on its texts, without encoding each str again (that encode was ~3/4 of the
+    checksums' time, docs/benchmarks.md)."""
+    data = column.buffers()[2]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    offsets = _offsets(column).tolist()
+    return [zlib.crc32(view[a:b]) for a, b in zip(offsets, offsets[1:])]
+
+
 def _longest(column: pa.Array) -> int:
     """The byte length of the column's longest value, from its offsets (pyarrow.compute would do it too, but
     importing it costs each stage process ~0.1 CPU-second)."""
@@ -113,9 +133,7 @@ def _longest(column: pa.Array) -> int:
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
             or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
         column = column.cast(pa.large_binary())  # another layout (a string view): as offsets and bytes
-    wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
-    offsets = np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)
-    return int(np.diff(offsets[column.offset:column.offset + len(column) + 1]).max())
+    return int(np.diff(_offsets(column)).max())
 
 
 def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,

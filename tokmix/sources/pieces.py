@@ -34,25 +34,30 @@ class Places:
     """Where the documents a reader yields lie, for the provenance index: the reader adds each one's place
     (parquet: row in the file; JSONL: line in the piece, 0-based; text: 0) before yielding it, the consumer
     takes them in the same order with `take()`. `lines`: the lines of each JSONL piece read (by piece number),
-    where the pieces after it in the same file start counting."""
+    where the pieces after it in the same file start counting. With `checksums`, `take()` gives a third value,
+    the CRC-32 of the document's UTF-8 bytes where the reader has those bytes (a parquet reader: from Arrow's
+    buffer, sparing an encode per document), else -1 (the consumer computes it from the text)."""
 
-    def __init__(self):
+    def __init__(self, checksums: bool = False):
         self.piece = 0  # the unit's piece being read
         self.runs: deque[list[int]] = deque()  # [piece, first place, count]
         self.lines: dict[int, int] = {}
+        self.checksums: deque[int] | None = deque() if checksums else None
 
-    def add(self, place: int, count: int = 1) -> None:
+    def add(self, place: int, count: int = 1, checksums: list[int] | None = None) -> None:
         if count:
             self.runs.append([self.piece, place, count])
+            if self.checksums is not None:
+                self.checksums.extend(checksums if checksums is not None else [-1] * count)
 
-    def take(self) -> tuple[int, int]:
-        """(piece, place) of the next document."""
+    def take(self) -> tuple[int, int] | tuple[int, int, int]:
+        """(piece, place) of the next document; with checksums, (piece, place, CRC-32 or -1)."""
         run = self.runs[0]
         found = run[0], run[1]
         run[1], run[2] = run[1] + 1, run[2] - 1
         if not run[2]:
             self.runs.popleft()
-        return found
+        return found if self.checksums is None else (*found, self.checksums.popleft())
 
 
 class SourceError(TokmixError):

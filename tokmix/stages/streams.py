@@ -117,15 +117,19 @@ class UnitDocuments:
     def __init__(self, unit: Unit):
         self.unit, self.parts = unit, []
 
-    def add(self, where: list[tuple[int, int]], texts: list) -> None:
+    def add(self, where: list[tuple[int, int, int]], texts: list) -> None:
+        """`where`: each text's (piece, place, CRC-32 or -1 where the reader did not give it: Places)."""
         part = np.zeros(len(texts), dtype=UNIT_DOC_DTYPE)
         part["unit"], part["pass"] = self.unit.index, 1
+        crc = np.full(len(texts), -1, dtype=np.int64)
         if where:
-            piece, place = np.array(where, dtype=np.int64).T
+            piece, place, crc = np.array(where, dtype=np.int64).T
             if int(place.max()) > np.iinfo(np.uint32).max:
                 check_place(int(place.max()), self.unit.stream, self.unit.pieces[int(piece[place.argmax()])].path)
             part["piece"], part["place"] = piece, place
-        part["crc32"] = text_crc32(texts)
+        if (missing := np.flatnonzero(crc < 0)).size:
+            crc[missing] = text_crc32([texts[i] for i in missing.tolist()])
+        part["crc32"] = crc
         self.parts.append(part)
 
     def result(self) -> np.ndarray:
@@ -157,7 +161,7 @@ def _decontaminate(bench, batch: list, where: list, kept: int, contaminated: lis
         return batch, where
     before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
     for i in hits:
-        piece, place = where[i] if where else (0, 0)
+        piece, place = where[i][:2] if where else (0, 0)
         tokens = _document_tokens(encoder, batch[i], task.delimiters) if task.drop_contaminated else -1
         contaminated.append([kept + int(before[i]), piece, place, tokens, *items[i]])
     if not task.drop_contaminated:
@@ -268,7 +272,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     huge, delimiters = task.huge, task.delimiters
     extra = delimiters.per_document
     bench = benchmark_set(task.benchmarks) if task.benchmarks else None
-    places, found = (Places(), deque()) if task.provenance or bench else (None, None)
+    places, found = (Places(checksums=task.provenance), deque()) if task.provenance or bench else (None, None)
     contaminated: list[list] = []  # [kept documents before it, piece, place, tokens, items...] of each
     documents = UnitDocuments(unit)
     complete = True

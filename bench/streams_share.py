@@ -1,0 +1,133 @@
+"""The streams stage's unit function against its backend's bare speed on the same documents, without a 10 GiB
+full-layout run: the first units of each stream of bench/fullscale.py's recipe (its corpus and 32k BPE), in the
+recipe's proportions, tokenized by `tokenize_unit` on the local executor's threads (as the stage runs them:
+provenance on, one encoder shared by the threads), against the same units' documents pre-loaded and encoded
+bare by that encoder, in tokmix's batches, on as many threads. Each measure runs in a fresh process (the
+encoder's caches start cold in both, and each measure times its second pass over the units: at the full layout
+the corpus's files repeat, so the encoder mostly meets text it has seen), the two alternate, and the load
+average is printed beside them.
+
+    .venv/bin/python bench/streams_share.py [--units 40] [--rounds 3] [--workers 2]
+
+Run bench/fullscale.py once first (it builds bench/work/fullscale/). Units are written to a temporary folder
+and deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work" / "fullscale"
+
+
+def units(per_stream: dict[str, int]):
+    """The first units of each stream, in the full-layout run's cut."""
+    from glob import glob
+
+    import tomllib
+
+    from tokmix.process import default_unit_bytes
+    from tokmix.sources import plan_units
+
+    recipe = tomllib.loads((WORK / "recipe.toml").read_text())
+    found = []
+    for name, count in per_stream.items():
+        files = sorted(glob(recipe["streams"][name]["files"][0]))
+        plan = plan_units(name, files, [], default_unit_bytes())
+        found += [next(plan) for _ in range(count)]
+    return found
+
+
+def per_stream(total: int) -> dict[str, int]:
+    import tomllib
+
+    recipe = tomllib.loads((WORK / "recipe.toml").read_text())
+    return {name: max(1, round(total * s["share"])) for name, s in recipe["streams"].items()}
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def measure(kind: str, total: int, workers: int) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokmix.backends import huge_doc_chars
+    from tokmix.sources import batches, read_texts
+    from tokmix.stages import shared_encoder
+    from tokmix.stages.streams import UnitTask, tokenize_unit
+
+    tokenizer = str(WORK / "tokenizer" / "tokenizer.json")
+    chosen = units(per_stream(total))
+    huge = huge_doc_chars(tokenizer)
+    encoder = shared_encoder(tokenizer, "fastokens")
+    if kind == "bare":
+        with ThreadPoolExecutor(workers) as pool:
+            for _ in range(2):  # the first pass warms the encoder's caches, as the stage's below
+                # read again for the timed pass: fresh str objects, as the stage makes (an encoder that has
+                # read a str keeps its UTF-8 in it, which a second encode of the same object skips)
+                work = [b for u in chosen for b in batches(read_texts(u, "text", u.stream, [], huge), huge)]
+                t0, cpu = time.perf_counter(), _cpu()
+                tokens = sum(pool.map(lambda b: int(encoder.encode_batch(b)[0].size) + len(b), work))
+                seconds, cpu = time.perf_counter() - t0, _cpu() - cpu
+                del work
+        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu}
+    out = Path(tempfile.mkdtemp(prefix="streams-share-"))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker") as pool:
+            for timed in (False, True):
+                tasks = []
+                for u in chosen:
+                    folder = out / str(timed) / u.stream
+                    folder.mkdir(parents=True, exist_ok=True)
+                    tasks.append(UnitTask(u, "text", tokenizer, "fastokens", "<u2", str(folder), None, (), huge,
+                                          provenance=True))
+                t0, cpu = time.perf_counter(), _cpu()
+                tokens = sum(r["tokens"] for r in pool.map(tokenize_unit, tasks))
+                seconds, cpu = time.perf_counter() - t0, _cpu() - cpu
+                shutil.rmtree(out / str(timed))
+        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--units", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--only", choices=("stage", "bare"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.only:
+        print(json.dumps(measure(args.only, args.units, args.workers)))
+        return
+    rates: dict[str, list[float]] = {"stage": [], "bare": []}
+    for r in range(args.rounds):
+        for kind in ("stage", "bare") if r % 2 == 0 else ("bare", "stage"):
+            load = os.getloadavg()[0]
+            done = subprocess.run([sys.executable, __file__, "--only", kind, "--units", str(args.units),
+                                   "--workers", str(args.workers)], capture_output=True, text=True, check=True)
+            m = json.loads(done.stdout)
+            rates[kind].append(m["tokens"] / m["seconds"])
+            print(f"round {r}: {kind:5s} {m['tokens'] / 1e6:8.1f}M tokens {m['seconds']:6.2f} s "
+                  f"{rates[kind][-1] / 1e6:6.2f}M tok/s, CPU {m['cpu'] / m['seconds']:.2f} cores "
+                  f"(load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+    pairs = [s / b for s, b in zip(rates["stage"], rates["bare"])]
+    print(f"stage / bare: median {100 * statistics.median(pairs):.1f}% (pairs: "
+          f"{', '.join(f'{100 * p:.1f}' for p in pairs)}); medians {statistics.median(rates['stage']) / 1e6:.2f}M / "
+          f"{statistics.median(rates['bare']) / 1e6:.2f}M tok/s")
+
+
+if __name__ == "__main__":
+    main()
