@@ -52,6 +52,7 @@ def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equ
 
 
 SHARDS, TOKENS, VALIDATE, STORE = "tokmix/shards.py", "tokmix/tokens.py", "tokmix/stages/validate.py", "tokmix/store.py"
+OWNERSHIP = "tokmix/ownership.py"
 ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams.py", "tokmix/stages/holdout.py"
 INTERLEAVE, LOCK = "tokmix/interleave.py", "tokmix/lock.py"
 RECIPE, DATA, SOURCES = "tokmix/recipe.py", "tokmix/data.py", "tokmix/sources/units.py"
@@ -73,9 +74,9 @@ MUTATIONS = [
       f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:1]",
       equivalent="every byte is written (and flushed after each write) before the rename either way: only a power "
                  "loss, not a kill, can see the order"),
-    m("temporary files are not swept on resume", "atomic commit", SHARDS,
-      "                        and tmp.is_file() and not tmp.is_symlink():\n                    tmp.unlink()",
-      "                        and tmp.is_file() and not tmp.is_symlink():\n                    pass",
+    m("temporary files are not swept on resume", "atomic commit", OWNERSHIP,
+      "self._own_tmp(folder, tmp, recorded) and tmp.is_file() and not tmp.is_symlink():\n                    tmp.unlink()",
+      "self._own_tmp(folder, tmp, recorded) and tmp.is_file() and not tmp.is_symlink():\n                    pass",
       f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[write:middle:5]"),
     m("a unit's record is written before its token file", "atomic commit", STREAMS,
       '    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
@@ -170,7 +171,7 @@ MUTATIONS = [
       'if total is not None and total.has("tokens_by_stream") and by_stream != total.tokens_by_stream:', "if False:",
       f"{V}::test_the_total_per_stream_count"),
     m("validate: the block total unchecked", "validate", VALIDATE,
-      'if sum(by_stream.values()) != index.blocks * index.seq_len + 1:', "if False:",
+      'if sum(by_stream.values()) != run_tokens:', "if False:",
       f"{V}::test_the_total_block_count"),
     m("validate: the index's vocabulary ignored", "validate", VALIDATE,
       'vocab = vocab_size or index.vocab_size', "vocab = vocab_size",
@@ -294,8 +295,8 @@ MUTATIONS = [
       'k = int(np.searchsorted(self.first_block, j, side="right")) - 1',
       'k = int(np.searchsorted(self.first_block, j, side="left")) - 1', "tests/test_data.py"),
     m("a block spans seq_len tokens, not seq_len + 1", "loader", DATA,
-      "return np.array(self._shard(k)[start : start + shards.block_tokens(self.seq_len)])",
-      "return np.array(self._shard(k)[start : start + shards.block_tokens(self.seq_len) - 1])", "tests/test_data.py"),
+      "return np.array(self._span(k, start, shards.block_tokens(self.shard_seq_len[k])))",
+      "return np.array(self._span(k, start, shards.block_tokens(self.shard_seq_len[k]) - 1))", "tests/test_data.py"),
     m("ranks take interleaved, not contiguous, blocks", "loader", DATA,
       "        return rank * per_rank, per_rank\n", "        return rank, per_rank\n", "tests/test_data.py"),
     m("skip does not move the data", "loader", DATA,

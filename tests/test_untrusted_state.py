@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 
 from tests.corpus import make_inputs
 from tokmix.cli import app
-from tokmix.shards import OWN_FILES_REMEDY, RECORD_SEAL_LINE
+from tokmix.ownership import RECORD_SEAL_LINE
+from tokmix.shards import OWN_FILES_REMEDY
 
 TOKMIX = Path(sys.executable).with_name("tokmix")
 HANG = 600  # seconds: a command still blocked then is hung (each returns in about one; generous for a loaded CI)

@@ -57,6 +57,7 @@ ONLY = {
     "tokmix.format.records": set(),
     "tokmix.format.commit": {"tokmix.errors", "tokmix.faults"},
     "tokmix.shards": {"tokmix.errors", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
+    "tokmix.ownership": {"tokmix.shards", "tokmix.format.commit"},
     "tokmix.tokens": {"tokmix.shards", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
     "tokmix.provenance": {"tokmix.errors", "tokmix.shards", "tokmix.tokens", "tokmix.format.records"},
     "tokmix.interleave": {"tokmix.shards", "tokmix.tokens"},

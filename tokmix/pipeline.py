@@ -38,6 +38,7 @@ from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
 from tokmix.ngrams import NORMALIZATION
+from tokmix.ownership import Ownership
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress, count, read_stage, tree_rss, write_stage
 from tokmix.provenance import sources_of
@@ -593,7 +594,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         if layout.remote and not layout.published_index.exists():  # stopped between validation and publishing
             publish_index(layout)
     else:
-        layout.remove_tmp_files()
+        Ownership(layout).remove_tmp_files()
         timings = Timings(layout)
         progress = RunProgress(layout, options.log_seconds, budget=options.max_memory,
                                supervisor=psutil.Process().parent() if options.guard_counts_supervisor else None)
@@ -613,7 +614,8 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         publish_index(layout)
         fault_point("cleanup:before")
     if not options.keep_streams:
-        layout.remove_created([p for p in layout.recorded() if layout.streams in (p, *p.parents)])
+        owned = Ownership(layout)
+        owned.remove_created([p for p in owned.recorded() if layout.streams in (p, *p.parents)])
 
 
 def _failure_message(e: BaseException, layout: Layout) -> str:

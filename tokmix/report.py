@@ -24,6 +24,7 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.format.records import Index
 from tokmix.interleave import interleave_labels
+from tokmix.ownership import Ownership
 from tokmix.provenance import RunDocuments
 from tokmix.shards import (
     REMAKE_REMEDY,
@@ -859,7 +860,7 @@ def write_report(out_dir: str | os.PathLike, path: str | os.PathLike, *, scan: b
 def _report_target(out_dir: Path, path: Path) -> bool:
     """Where a report may go: never one of the run's own files (index.json, a shard, its state), never over a
     file that is not an earlier report of tokmix's (its first bytes say so). Returns whether it replaces one."""
-    if not storage(out_dir).remote and Layout(out_dir).owns(path):
+    if not storage(out_dir).remote and Ownership(Layout(out_dir)).owns(path):
         raise TokmixError(f"{path}: one of the run's own files or folders; write the report elsewhere (default: "
                           f"{out_dir / 'report.html'})")
     if not (path.exists() or path.is_symlink()):

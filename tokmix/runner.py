@@ -25,6 +25,7 @@ from tokmix.faults import RESTART_EXIT_CODE, fault_point
 from tokmix.lock import RunLock
 from tokmix.mirrors import absolute_mirror
 from tokmix.outdir import check_output_dir
+from tokmix.ownership import Ownership
 from tokmix.process import RunOptions, interrupt, log
 from tokmix.recipe import Recipe
 from tokmix.shards import STATE_DIR, Layout, read_json, write_bytes, write_json
@@ -95,21 +96,22 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
     own = recipe.tokenizer.format if recipe.tokenizer.fetched else None
     paths = layout.run_paths(recipe.domains, list(recipe.streams), shards, own, recipe.layout.provenance,
                              recipe.decontaminate is not None, bool(recipe.id_fields))
+    owned = Ownership(layout)
     for path in paths:  # a recorded folder swapped for a link: the run would write (and --restart remove) there
-        if (link := layout.link_on_the_way(path)) is not None:
+        if (link := owned.link_on_the_way(path)) is not None:
             raise TokmixError(f"{link}: is a link (to {os.path.realpath(link)}); tokmix writes only inside its "
                               "output directory: remove the link, or choose another --out")
-    taken = layout.not_created(paths)
+    taken = owned.not_created(paths)
     if taken:
         how = "write there" if taken[0].is_dir() else "overwrite it"
         raise TokmixError(f"{taken[0]}: exists but tokmix did not create it (the run would {how}); move it away "
                           "or choose another --out")
     if restart:
-        left = layout.remove_created()
+        left = owned.remove_created()
         if left:
             log(f"--restart left {len(left)} path(s) that tokmix did not make: {', '.join(map(str, left[:5]))}")
-    layout.record_created(paths)
-    layout.adopt_published()  # after the record: a folder killed before it holds only the locks
+    owned.record_created(paths)
+    owned.adopt_published()  # after the record: a folder killed before it holds only the locks
 
 
 # ---------------------------------------------------------------------------- supervisor

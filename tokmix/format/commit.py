@@ -25,7 +25,7 @@ def tmp_name(path: Path) -> Path:
     """The temporary name `path` is written under. The pid keeps two writers (a killed run's leftover and its
     retry) from sharing one. At a run's top level, where the user's own files live, the name is recorded first
     (an empty file of that name in tokmix-state/temporary/): the sweep after a kill removes only recorded ones,
-    never a file of the user's that happens to be named like one (Layout.remove_tmp_files)."""
+    never a file of the user's that happens to be named like one (tokmix.ownership)."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     if (path.parent / STATE_DIR / PUBLISHED_DIR).is_dir():  # a run's top level (made as every run starts)
         temps = path.parent / STATE_DIR / TEMPS_DIR
@@ -61,7 +61,7 @@ def publish(tmp: Path, path: Path) -> None:
     published (tokmix-state/published/NAME) before its first file appears, that first file is linked in (which
     fails if anything is there), and only a name already marked is replaced. Elsewhere (the state folder, the
     intermediates' folders, whose names are tokmix's; a folder that is no run) a plain rename."""
-    marks = path.parent / STATE_DIR / PUBLISHED_DIR  # made by every run as it starts (Layout.adopt_published)
+    marks = path.parent / STATE_DIR / PUBLISHED_DIR  # made by every run as it starts (Ownership.adopt_published)
     if not marks.is_dir():
         os.replace(tmp, path)
         return

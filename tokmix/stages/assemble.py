@@ -21,6 +21,7 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.interleave import Deviation, Labels, Mix, balanced_chunks, interleave_order
 from tokmix.lock import RunWriter, writing
+from tokmix.ownership import Ownership
 from tokmix.provenance import DOC_DTYPE, UNIT_DOC_DTYPE, check_place
 from tokmix.shards import (
     DamagedFile,
@@ -536,8 +537,9 @@ def run_assemble(ctx: Context, metas: dict[str, dict]) -> tuple[list[dict], dict
     records: list[dict | None] = [_done(ctx, k, n) for k, n in enumerate(recipe.shard_tokens_list)]
     todo = [k for k, r in enumerate(records) if r is None]
     # a run with fewer blocks than an earlier one in this directory: what it made beyond this plan goes
-    layout.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
-    layout.remove_created(sorted(layout.root.glob("train_*.docs"))[len(plan) if recipe.layout.provenance else 0:])
+    owned = Ownership(layout)
+    owned.remove_created(sorted(layout.root.glob("train_*.bin"))[len(plan):])
+    owned.remove_created(sorted(layout.root.glob("train_*.docs"))[len(plan) if recipe.layout.provenance else 0:])
     used_path, sources_path = layout.documents_used, ctx.layout.provenance_sources
     try:
         used = read_json(used_path)
