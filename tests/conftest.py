@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus import make_inputs, with_schedule
+from tests.corpus import make_inputs, plant_humaneval, with_schedule
 from tests.ray_nodes import RUN, RayNode
 
 # What CI may skip: only what its test command does not install or lay beside the clone. The default torch
@@ -96,9 +96,12 @@ def ray_corpus(tmp_path_factory) -> Path:
     """The Ray tests' inputs (a root with recipe.toml): every parquet row group of 16 documents a unit. The recipe
     is a schedule of three phases on the balanced interleave, the order that depends on the documents' lengths
     (the global order's bytes are the same on every executor too: test_pipeline runs it on threads and
-    processes), so every Ray test checks that Ray writes a schedule's bytes as the local executor does."""
+    processes), so every Ray test checks that Ray writes a schedule's bytes as the local executor does. With
+    [decontaminate] against HumanEval, three of its problems planted (one at a unit's start): every Ray run
+    also drops them and records them as the local run does (test_ray.outputs holds contamination.json)."""
     root = tmp_path_factory.mktemp("ray-corpus")
     recipe = make_inputs(root, rows_per_group=16, decontaminate=True, steps=120, interleave='"balanced"')
+    plant_humaneval(root, recipe, 16, {"edu": [2, 16], "code_py": [5]})  # and [decontaminate] with HumanEval
     with_schedule(recipe, RAY_SCHEDULE, recipe.name)
     return root
 

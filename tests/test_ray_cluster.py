@@ -6,7 +6,9 @@ with a local run.
 The second node's workers pause inside their first unit (TOKMIX_FAULT in that node's environment only: the
 head's workers and the driver never see it) and say so through a FIFO; the test kills the raylet then, so
 the kill always lands with a unit in flight on the dying node, whatever the timing of the run. Ray reruns
-that unit on the head. Needs the ray extra."""
+that unit on the head. The recipe has [decontaminate] (HumanEval, three problems planted): both nodes read
+the benchmark n-grams from the run's working folder, and drop and record what the local run does. Needs the
+ray extra."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from tests.pausing import wait_for_pause
 from tests.ray_nodes import RUN, RayNode, agent_ports
 from tests.test_ray import outputs
 from tokmix.cache import UnitCache
+from tokmix.shards import read_json
 
 RUN_SECONDS = 300
 
@@ -77,7 +80,8 @@ def test_a_node_lost_mid_run_changes_nothing(ray_head, second_node, ray_corpus, 
         runner.join(RUN_SECONDS)
     assert not runner.is_alive(), "the run did not finish after the node was lost"
     assert not failure, failure
-    assert outputs(tmp_path / "ray") == outputs(ray_local_run)
+    assert outputs(tmp_path / "ray") == outputs(ray_local_run)  # contamination.json too
+    assert len(read_json(tmp_path / "ray" / "contamination.json", sealed=True)["items"]) == 3  # the planted ones
     index = json.loads((tmp_path / "ray" / "index.json").read_text())
     whole, problems = UnitCache(str(cache)).verify()  # the unit lost with the node: tokenized and filled again
     assert problems == [] and whole >= index["cache"]["units"] > 1
