@@ -172,10 +172,10 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     link = pair(pair_hashes(prefix[:-1], prefix[1:]))  # word i and i + 1 may be an item's two words
     counts = np.ones(len(starts), np.int64)
     if len(high):
-        wild = np.unique(np.searchsorted(starts, high, side="right") - 1)
+        wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
         joints = _joints(raw)
         if len(joints):  # a run holding _JOINT itself: its text is checked the slow way
-            held = np.unique(np.searchsorted(starts, joints, side="right") - 1)
+            held = _distinct(np.searchsorted(starts, joints, side="right") - 1)
             forced += (np.searchsorted(first, held, side="right") - 1).tolist()
             wild = np.setdiff1d(wild, held)
         if len(wild):
@@ -192,6 +192,13 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     sums = np.bincount(np.cumsum(new) - 1, weights=counts)
     heads = np.flatnonzero(new)[sums >= shortest]
     return sorted(set(forced) | set((np.searchsorted(first, heads, side="right") - 1).tolist()))
+
+
+def _distinct(ordered: np.ndarray) -> np.ndarray:
+    """np.unique of an array already in order, without sorting it again."""
+    keep = np.ones(len(ordered), bool)
+    keep[1:] = ordered[1:] != ordered[:-1]
+    return ordered[keep]
 
 
 def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
