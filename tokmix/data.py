@@ -19,7 +19,7 @@ import numpy as np
 
 from tokmix import shards
 from tokmix.errors import TokmixError
-from tokmix.format.records import HoldoutEntry, Index
+from tokmix.format.records import HoldoutEntry, Index, PhaseEntry
 from tokmix.provenance import RunDocuments
 from tokmix.store import as_path, storage
 from tokmix.tokens import read_array, read_tokens
@@ -126,7 +126,7 @@ class TrainBlocks:
         if index.blocks is not None and int(index.blocks) != self.blocks:
             raise TokmixError(f"{self.root}: shards hold {self.blocks:,} blocks, index says {index.blocks:,}")
         # a schedule's phases (index.json `phases`): each has its own steps and margin; none: the run is one
-        self.phases: list[dict[str, Any]] = list(index.phases or [])
+        self.phases: list[PhaseEntry] = list(index.phases or [])
         self.rank, self.world_size = rank, world_size
         self._rank_slice(rank, world_size)  # fail now, not at the first batch
         self.step = 0  # the next logical step that iteration yields
@@ -176,7 +176,7 @@ class TrainBlocks:
     # ------------------------------------------------------------------ steps and ranks
     def _rank_slice(self, rank: int, world_size: int, seqs: int | None = None) -> tuple[int, int]:
         seqs = self.seqs_per_step if seqs is None else seqs
-        for n in {seqs, *(int(p["seqs_per_step"]) for p in self.phases)}:
+        for n in {seqs, *(p.seqs_per_step for p in self.phases)}:
             if world_size < 1 or n % world_size:
                 raise TokmixError(
                     f"world_size {world_size} does not divide seqs_per_step {n}: "
@@ -208,7 +208,7 @@ class TrainBlocks:
         if step < 0:
             raise TokmixError(f"step {step} is negative")
         if self.phases:  # the phase's own sequences per step (a long-context phase: fewer, longer)
-            seqs = int(self.phases[self.phase_number(step)]["seqs_per_step"])
+            seqs = self.phases[self.phase_number(step)].seqs_per_step
             return self._phase_blocks(step, *self._rank_slice(rank, world_size, seqs))
         offset, per_rank = self._rank_slice(rank, world_size)
         physical = step + self.skipped
@@ -229,20 +229,20 @@ class TrainBlocks:
         if not 0 <= step < max(self.train_steps, 1):
             raise TokmixError(f"step {step} is outside the run's {self.train_steps:,} steps")
         for i, phase in enumerate(self.phases):
-            if phase["steps"][0] <= step < phase["steps"][1]:
+            if phase.steps[0] <= step < phase.steps[1]:
                 return i
         return 0
 
     def phase(self, step: int) -> str | None:
         """The name of the phase logical `step` is in (None for a run without a schedule)."""
-        return self.phases[self.phase_number(step)]["name"] if self.phases else None
+        return self.phases[self.phase_number(step)].name if self.phases else None
 
     def _phase_blocks(self, step: int, offset: int, per_rank: int) -> range:
         """A step of a phased run: the phase's blocks from its start, its own skips (its margin) added."""
         i = self.phase_number(step)
         phase = self.phases[i]
-        physical = step - phase["steps"][0] + (self.skipped if i == self.skip_phase else 0)
-        first = phase["blocks"][0] + physical * int(phase["seqs_per_step"]) + offset
+        physical = step - phase.steps[0] + (self.skipped if i == self.skip_phase else 0)
+        first = phase.blocks[0] + physical * phase.seqs_per_step + offset
         return range(first, first + per_rank)
 
     def segments(self, step: int, rank: int | None = None, world_size: int | None = None) -> Segments:
@@ -293,10 +293,10 @@ class TrainBlocks:
             i = self.phase_number(min(self.step, self.train_steps - 1))
             if i != self.skip_phase:
                 self.skip_phase, self.skipped = i, 0
-            margin = int(self.phases[i]["margin_steps"])
+            margin = self.phases[i].margin_steps
             if self.skipped + n_steps > margin:
                 raise TokmixError(
-                    f"cannot skip {n_steps} more steps: {self.skipped} of phase {self.phases[i]['name']}'s {margin} "
+                    f"cannot skip {n_steps} more steps: {self.skipped} of phase {self.phases[i].name}'s {margin} "
                     "margin steps are used, and skipping past them would read the next phase's blocks")
         elif self.skipped + n_steps > self.margin_steps:
             raise TokmixError(

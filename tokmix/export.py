@@ -200,7 +200,7 @@ def train_parts(run: Index) -> list[tuple[str | None, range]]:
     whole run (name None)."""
     if not run.phases:
         return [(None, range(len(run.shards)))]
-    return [(phase["name"], range(*phase["shards"])) for phase in run.phases]
+    return [(phase.name, range(*phase.shards)) for phase in run.phases]
 
 
 def _distinct(targets: list[Path]) -> list[Path]:

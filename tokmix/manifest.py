@@ -10,6 +10,7 @@ from tokmix.format.records import (
     HoldoutEntry,
     Index,
     Mix,
+    PhaseEntry,
     Provenance,
     ShardRecord,
     StreamSummary,
@@ -127,7 +128,7 @@ def with_phases(recipe, shards: list[dict]) -> list[dict]:
     return out
 
 
-def phases_entry(recipe, balance: dict) -> list[dict]:
+def phases_entry(recipe, balance: dict) -> list[PhaseEntry]:
     """index.json's `phases`: each phase's steps, blocks, tokens and shards (ranges [first, end)), its layout,
     the shares it asks for and every stream's target and realized tokens in it (a document cut by a phase's
     end counts its tokens on both sides; the run's last token is the last phase's)."""
@@ -143,21 +144,21 @@ def phases_entry(recipe, balance: dict) -> list[dict]:
         first_shard = shard
         while shard < len(blocks) and sum(blocks[: shard + 1]) <= phase.first_block + phase.blocks:
             shard += 1
-        out.append({
-            "name": phase.name,
-            "steps": [phase.first_step, phase.first_step + phase.steps],
-            "margin_steps": phase.margin_steps,
-            "ramp_steps": phase.ramp_steps,
-            "seq_len": phase.seq_len,
-            "seqs_per_step": phase.seqs_per_step,
-            "blocks": [phase.first_block, phase.first_block + phase.blocks],
-            "tokens": [phase.first_token, phase.first_token + tokens],
-            "shards": [first_shard, shard],
-            "requested_share_by_stream": dict(zip(names, phase.shares)),
-            "target_tokens_by_stream": {n: round(t, 1) for n, t in zip(names, target)},
-            "tokens_by_stream": dict(zip(names, realized)),
-            "share_by_stream": {n: r / tokens for n, r in zip(names, realized)},
-        })
+        out.append(PhaseEntry(
+            name=phase.name,
+            steps=[phase.first_step, phase.first_step + phase.steps],
+            margin_steps=phase.margin_steps,
+            ramp_steps=phase.ramp_steps,
+            seq_len=phase.seq_len,
+            seqs_per_step=phase.seqs_per_step,
+            blocks=[phase.first_block, phase.first_block + phase.blocks],
+            tokens=[phase.first_token, phase.first_token + tokens],
+            shards=[first_shard, shard],
+            requested_share_by_stream=dict(zip(names, phase.shares)),
+            target_tokens_by_stream={n: round(t, 1) for n, t in zip(names, target)},
+            tokens_by_stream=dict(zip(names, realized)),
+            share_by_stream={n: r / tokens for n, r in zip(names, realized)},
+        ))
     return out
 
 

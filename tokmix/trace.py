@@ -67,9 +67,9 @@ def step_phase(out_dir: str | os.PathLike, step: int) -> str | None:
     if not loader.phases:
         return None
     phase = loader.phases[loader.phase_number(step)]
-    first, end = phase["steps"]
-    return (f"phase {phase['name']} (steps {first:,}-{end:,}, seq_len {phase['seq_len']:,}, "
-            f"shares {', '.join(f'{n} {v:g}' for n, v in phase['requested_share_by_stream'].items())})")
+    first, end = phase.steps
+    return (f"phase {phase.name} (steps {first:,}-{end:,}, seq_len {phase.seq_len:,}, "
+            f"shares {', '.join(f'{n} {v:g}' for n, v in phase.requested_share_by_stream.items())})")
 
 
 def token_block(out_dir: str | os.PathLike, token: int) -> tuple[int, int]:

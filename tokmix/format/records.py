@@ -212,6 +212,38 @@ class Provenance(Record):
     id_fields: dict[str, str] | None = None  # the streams whose documents' ids are kept, and each one's field
 
 
+def _span() -> list[int]:
+    return [0, 0]
+
+
+@dataclass(frozen=True)
+class PhaseEntry(Record):
+    """One phase of a schedule, as index.json's `phases` records it: its steps, blocks, tokens and shards (each a
+    range [first, end)), its layout, the shares it asks for, and every stream's target and realized tokens."""
+
+    name: str = ""
+    steps: list[int] = field(default_factory=_span)
+    margin_steps: int = 0
+    ramp_steps: int = 0
+    seq_len: int = 0
+    seqs_per_step: int = 0
+    blocks: list[int] = field(default_factory=_span)
+    tokens: list[int] = field(default_factory=_span)
+    shards: list[int] = field(default_factory=_span)
+    requested_share_by_stream: dict[str, float] = field(default_factory=dict)
+    target_tokens_by_stream: dict[str, float] = field(default_factory=dict)
+    tokens_by_stream: dict[str, int] = field(default_factory=dict)
+    share_by_stream: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step_count(self) -> int:
+        return self.steps[1] - self.steps[0]
+
+    @property
+    def block_count(self) -> int:
+        return self.blocks[1] - self.blocks[0]
+
+
 @dataclass(frozen=True)
 class Index(Record):
     """index.json: what a training loop and an evaluator read (docs/format.md documents every key). The index
@@ -244,7 +276,7 @@ class Index(Record):
     seqs_per_step: int | None = None
     margin_steps: int = 0
     shards: list[ShardRecord] = field(default_factory=list, metadata=_many(ShardRecord, list))
-    phases: list[dict[str, Any]] | None = None  # a schedule's phases (docs/format.md)
+    phases: list[PhaseEntry] | None = field(default=None, metadata=_many(PhaseEntry, list))  # with a schedule
     total: Total | None = field(default=None, metadata=_one(Total))
     decontamination: dict[str, Any] | None = None
     throughput: dict[str, Any] | None = None

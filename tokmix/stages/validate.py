@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tokmix.errors import TokmixError
-from tokmix.format.records import Index, TokenFileEntry
+from tokmix.format.records import Index, PhaseEntry, TokenFileEntry
 from tokmix.provenance import DOC_DTYPE, read_ids
 from tokmix.shards import (
     CHECKSUM,
@@ -215,8 +215,8 @@ def _check_shares(index: Index) -> list[str]:
             by_stream[name] = by_stream.get(name, 0) + n
     if total is not None and total.has("tokens_by_stream") and by_stream != total.tokens_by_stream:
         problems.append("index.json: total.tokens_by_stream does not equal the sum over shards")
-    phases = index.phases or [{"blocks": [0, index.blocks], "seq_len": index.seq_len}]
-    run_tokens = sum((p["blocks"][1] - p["blocks"][0]) * p["seq_len"] for p in phases) + 1  # a phase's own seq_len
+    phases = index.phases or [PhaseEntry(blocks=[0, index.blocks], seq_len=index.seq_len)]
+    run_tokens = sum(p.block_count * p.seq_len for p in phases) + 1  # each phase's blocks of its own seq_len
     if sum(by_stream.values()) != run_tokens:
         problems.append("index.json: shards hold a different number of tokens than blocks x seq_len + 1")
     return problems
@@ -274,28 +274,28 @@ def _check_phases(index: Index) -> list[str]:
     ends = {"steps": 0, "blocks": 0, "shards": 0}
     bound = ((index.mix.balance if index.mix is not None else None) or {}).get("bound_tokens", 0)
     for phase in phases:
-        name = phase["name"]
+        name = phase.name
         for key in ends:
-            if phase[key][0] != ends[key] or phase[key][1] < phase[key][0]:
-                problems.append(f"index.json: phase {name}'s {key} start at {phase[key][0]:,}, not where the "
+            first, end = getattr(phase, key)
+            if first != ends[key] or end < first:
+                problems.append(f"index.json: phase {name}'s {key} start at {first:,}, not where the "
                                 f"previous phase's end ({ends[key]:,})")
-            ends[key] = phase[key][1]
-        first, end = phase["shards"]
+            ends[key] = end
+        first, end = phase.shards
         held = sum(int(s.blocks) for s in shards[first:end])
-        if held != phase["blocks"][1] - phase["blocks"][0]:
-            problems.append(f"index.json: phase {name}'s shards hold {held:,} blocks, the phase "
-                            f"{phase['blocks'][1] - phase['blocks'][0]:,}")
+        if held != phase.block_count:
+            problems.append(f"index.json: phase {name}'s shards hold {held:,} blocks, the phase {phase.block_count:,}")
         for shard in shards[first:end]:
-            if shard.phase != name or shard.seq_len != phase["seq_len"]:
+            if shard.phase != name or shard.seq_len != phase.seq_len:
                 problems.append(f"{shard.file}: recorded in phase {shard.phase} with seq_len "
-                                f"{shard.seq_len}, index.json's phases put it in {name} ({phase['seq_len']})")
-        for n, target in phase["target_tokens_by_stream"].items():
-            if abs(phase["tokens_by_stream"][n] - target) > 2 * bound:
-                problems.append(f"index.json: phase {name}: stream {n} has {phase['tokens_by_stream'][n]:,} tokens, "
+                                f"{shard.seq_len}, index.json's phases put it in {name} ({phase.seq_len})")
+        for n, target in phase.target_tokens_by_stream.items():
+            if abs(phase.tokens_by_stream[n] - target) > 2 * bound:
+                problems.append(f"index.json: phase {name}: stream {n} has {phase.tokens_by_stream[n]:,} tokens, "
                                 f"its target {target:,.0f} (more than twice the longest document apart)")
     if ends["steps"] != index.train_steps or ends["blocks"] != index.blocks or ends["shards"] != len(shards):
         problems.append("index.json: the phases do not cover the run's steps, blocks and shards")
-    realized = {n: sum(p["tokens_by_stream"][n] for p in phases) for n in index.total.tokens_by_stream}
+    realized = {n: sum(p.tokens_by_stream[n] for p in phases) for n in index.total.tokens_by_stream}
     if realized != index.total.tokens_by_stream:
         problems.append("index.json: the phases' tokens by stream do not sum to the run's")
     return problems
