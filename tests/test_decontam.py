@@ -395,15 +395,20 @@ def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     fingerprint, as the run's do)."""
     out = planted["out"]
     record = read_json(out / "contamination.json", sealed=True)
-    html = subprocess.run([sys.executable, "-m", "tokmix.cli", "report", str(out), "--html", str(out / "r.html")],
-                          capture_output=True, text=True, env=ENV)
-    assert html.returncode == 0, html.stderr[-2000:]
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+
+    def cli(*args: str):  # in this process: no interpreter and imports to start for each command
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})
+
+    html = cli("report", str(out), "--html", str(out / "r.html"))
+    assert html.exit_code == 0, html.output[-2000:]
     page = (out / "r.html").read_text()
     assert "<h2>Decontamination</h2>" in page and "items found" in page
-    shown = subprocess.run([sys.executable, "-m", "tokmix.cli", "inspect", str(out), "--contamination"],
-                           capture_output=True, text=True, env=ENV)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    assert all(item["id"] in shown.stdout for item in record["items"])
+    shown = cli("inspect", str(out), "--contamination")
+    assert shown.exit_code == 0, shown.output[-2000:]
+    assert all(item["id"] in shown.output for item in record["items"])
     wide = Console(width=400, file=io.StringIO())
     wide.print(contamination(out))
     first = record["items"][0]["places"][0]
@@ -411,10 +416,9 @@ def test_report_inspect_and_plan_show_it(planted, monkeypatch):
 
     # why a source document is not in the shards: trace --source names the items that took it
     where = f"{first['file']}:row {first['place']}"
-    traced = subprocess.run([sys.executable, "-m", "tokmix.cli", "trace", str(out), "--source", where],
-                            capture_output=True, text=True, env=ENV)
-    assert traced.returncode == 0, traced.stderr[-2000:]
-    said = " ".join(traced.stdout.split())
+    traced = cli("trace", str(out), "--source", where)
+    assert traced.exit_code == 0, traced.output[-2000:]
+    said = " ".join(traced.output.split())
     assert "dropped by benchmark decontamination: not in the shards" in said
     assert all(item["id"] in said for item in record["items"] if first in item["places"])
     from tokmix.trace import find_source
@@ -427,9 +431,8 @@ def test_report_inspect_and_plan_show_it(planted, monkeypatch):
                     "stream": place["stream"], "tokens": place["tokens"]} in doc.items
     kept = find_source(out, f"{planted['files']['edu'][0]}:row 20")  # the 12-word near miss
     assert kept.items == [] and [d.stream for d in kept.found] == ["edu"] and kept.found[0].blocks is not None
-    missing = subprocess.run([sys.executable, "-m", "tokmix.cli", "trace", str(out), "--source", f"{where}999"],
-                             capture_output=True, text=True, env=ENV)
-    assert missing.returncode == 2 and "in no train shard or holdout" in missing.stderr
+    missing = cli("trace", str(out), "--source", f"{where}999")
+    assert missing.exit_code == 2 and "in no train shard or holdout" in missing.output
 
     from tokmix.plan import make_plan
     from tokmix.recipe import load_recipe
