@@ -1,7 +1,7 @@
 """The stage process: what `main()` runs for the supervisor (tokmix.runner).
-It builds the run's context (split, tokenizer, backend), runs holdout -> streams -> assemble -> validate,
-each skipping what is committed, and watches the memory of its process tree: past the budget it exits
-for a restart, losing only the work in flight."""
+It builds the run's context (split, tokenizer, backend) and runs holdout -> streams -> assemble -> validate,
+each skipping what is committed, with the watchdogs of tokmix.guards (memory past the budget: exit for a
+restart, losing only the work in flight; the supervisor gone: stop)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import psutil
 
 from tokmix import identity
@@ -32,25 +30,22 @@ from tokmix.backends import (
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import WORKER_PROCESS_BYTES, fresh_process, local_workers, make_executor
-from tokmix.faults import end_descendants, exit_for_restart, fault_point
-from tokmix.format.records import Index, TokenFileEntry
+from tokmix.faults import end_descendants, fault_point
+from tokmix.format.records import Index
+from tokmix.guards import start_memory_guard, watch_supervisor
 from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
 from tokmix.ngrams import NORMALIZATION
 from tokmix.ownership import Ownership
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
-from tokmix.progress import RunProgress, count, read_stage, tree_rss, write_stage
+from tokmix.progress import RunProgress, count, read_stage, write_stage
 from tokmix.provenance import sources_of
 from tokmix.recipe import Recipe
 from tokmix.shards import (
     OWN_TOKENIZER_NAMES,
     STATE_DIR,
-    DamagedFile,
     Layout,
-    Part,
-    first_damage,
-    read_json,
     write_bytes,
     write_json,
 )
@@ -65,6 +60,7 @@ from tokmix.stages.decontam import (
     write_contamination,
 )
 from tokmix.stages.expected import record_expected
+from tokmix.stages.finished import remakable, verified_complete
 from tokmix.stages.holdout import run_holdout
 from tokmix.stages.ids import write_ids
 from tokmix.stages.streams import run_streams
@@ -85,8 +81,6 @@ from tokmix.tokenizer import (
 
 STAGE_RECORD_SECONDS = 1.0  # how often the tokenizer trainer tells what it has read
 REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
-MEMORY_POLL_SECONDS = 0.25
-MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart before the kernel's OOM killer acts
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
 # The backend check runs in the stage process for vocabularies up to this many ids (a 32k BPE's encoders are a
@@ -94,65 +88,6 @@ SAMPLE_CHARS_PER_STREAM = 128 << 10
 # small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
 # (o200k_base: ~270 MiB each, a tree of 912 MiB at the run's peak otherwise).
 CHECK_IN_PROCESS_IDS = 1 << 16
-
-def _start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: bool = False) -> None:
-    """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
-    Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
-    are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
-    watches this process, the driver, alone. RSS as top shows it, file-backed mapped pages included."""
-    # The supervisor is counted when it is the tokmix command (docs/benchmarks.md), so that the guard's figure is the
-    # whole command's, as the docs and benchmarks report it; under the Python API it is the caller's own
-    # process (a notebook, a test runner), whose memory is not the run's.
-    me = psutil.Process()
-    supervisor = me.parent() if with_supervisor else None
-
-    def watch() -> None:
-        while True:
-            rss = tree_rss() if with_workers else me.memory_info().rss
-            if supervisor is not None:
-                try:
-                    rss += supervisor.memory_info().rss
-                except psutil.Error:  # the supervisor is gone: this process is being stopped anyway
-                    pass
-            available = psutil.virtual_memory().available
-            if rss > limit or available < MIN_AVAILABLE_BYTES:
-                log(f"memory guard: process tree {rss / 2**20:,.0f} MiB (limit {limit / 2**20:,.0f}), "
-                    f"machine available {available / 2**20:,.0f} MiB -> restarting from committed work")
-                exit_for_restart()
-            time.sleep(MEMORY_POLL_SECONDS)
-
-    threading.Thread(target=watch, daemon=True, name="memory-guard").start()
-
-
-SUPERVISOR_GONE_SECONDS = 10.0  # to stop as on Ctrl-C once the supervisor is gone, before being cut short
-
-
-def _watch_supervisor() -> None:
-    """When the supervisor dies without stopping this process (kill -9 of the tokmix command, the OOM killer),
-    stop as Ctrl-C stops a run: the stage process must not write on, holding the lock, for no one. If the
-    stages do not end in SUPERVISOR_GONE_SECONDS (a call that signals cannot interrupt), end at once."""
-    supervisor = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == supervisor:
-            time.sleep(MEMORY_POLL_SECONDS)
-        log(f"the tokmix command (pid {supervisor}) is gone: stopping; committed work is kept")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(SUPERVISOR_GONE_SECONDS)
-        end_descendants(stop_tracker=False)
-        os._exit(ERROR_EXIT_CODE)
-
-    threading.Thread(target=watch, daemon=True, name="supervisor-watch").start()
-
-
-def remakable(path, sealed: bool = False):
-    """A state file that the run remakes when it is damaged: its content, or None (missing or damaged)."""
-    try:
-        return read_json(path, sealed)
-    except DamagedFile as e:
-        log(f"{e.path}: damaged ({e.why}); remade")
-        return None
-
 
 class Timings:
     """Seconds per stage, summed over the restarts of a run."""
@@ -164,74 +99,6 @@ class Timings:
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + seconds, 3)
         write_json(self.path, self.seconds)
-
-
-def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
-    """(shards, holdouts) when the validated run of this recipe is on disk, every file at its size and its
-    checksum in index.json (one read of each); None otherwise. A damaged file is removed, with its record and
-    done.json, so that the run remakes it."""
-    done = remakable(layout.done)
-    if done is None or done.get("fingerprint") != recipe.fingerprint():
-        return None
-    try:
-        index = layout.read_index()
-    except DamagedFile as e:
-        log(f"{e.path}: damaged ({e.why}); remade")
-        return None
-    plan = recipe.shard_blocks
-    if not index or len(index.shards) != len(plan):
-        return None
-    itemsize = np.dtype(index.dtype).itemsize
-    files = index.shards + list(index.val.values())
-    # layout.root: the output directory or the store; one stat or request per file
-    if not all((layout.root / f.file).exists() and (layout.root / f.file).stat().st_size == f.tokens * itemsize
-               for f in files) or any(s.tokens != n for s, n in zip(index.shards, recipe.shard_tokens_list)):
-        return None
-    damaged = []
-    for entry in files:
-        if (why := _damage(layout, entry)) is not None:
-            log(f"{why}; remaking it")
-            damaged.append(entry.file)
-    damaged += _not_derived(layout, index, damaged)
-    for name in damaged:
-        (layout.root / name).unlink()
-        layout.shard_record(name).unlink(missing_ok=True)
-    if damaged:
-        (layout.done).unlink()
-        return None
-    return len(index.shards), len(index.val)
-
-
-def _damage(layout: Layout, entry: TokenFileEntry) -> str | None:
-    """Why a finished run's token file must be made again: it, or its provenance index or documents' ids (made
-    with it), is not what index.json's checksum says."""
-    if first_damage([Part(layout.root / entry.file, entry.checksum)]) is not None:
-        return f"{entry.file}: damaged (sha256 differs from index.json)"
-    docs = entry.provenance
-    if docs is not None and first_damage([Part(layout.root / docs.file, docs.checksum)]) is not None:
-        return f"{docs.file}: missing or damaged (sha256 differs from index.json)"
-    ids = docs.ids if docs is not None else None
-    if ids is not None and first_damage([Part(layout.root / ids.file, ids.checksum)]) is not None:
-        return f"{ids.file}: missing or damaged (sha256 differs from index.json)"
-    return None
-
-
-def _not_derived(layout: Layout, index: Index, damaged: list[str]) -> list[str]:
-    """The shards whose sha256 in index.json is not the one derived from the committed units and the seed before
-    they were removed (tokmix.stages.expected): a shard edited together with its record and index.json. A run
-    that kept no such record is verified against index.json alone, and the log says so."""
-    try:
-        expected = read_json(layout.expected, sealed=True)
-    except DamagedFile as e:
-        log(f"{e.path}: damaged ({e.why}); the shards are verified against index.json only")
-        return []
-    if expected is None:
-        log(f"no {layout.expected}: the shards are verified against index.json only")
-        return []
-    wrong = [s.file for s in index.shards if s.file not in damaged and s.checksum != expected["shards"].get(s.file)]
-    for name in wrong:
-        log(f"{name}: not what the committed units and the seed produce ({layout.expected.name}); remaking it")
-    return wrong
 
 
 def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] | None = None,
@@ -651,8 +518,8 @@ def child_main(work: str, report_fd: int | None = None) -> int:
     layout = Layout(options.store, work=work) if options.store else Layout(work)
     log.format = options.log_format
     signal.signal(signal.SIGTERM, interrupt)
-    _watch_supervisor()
-    _start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
+    watch_supervisor()
+    start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
                         with_supervisor=options.guard_counts_supervisor)
     try:
         run_stages(layout, options)
