@@ -48,7 +48,7 @@ class Mutation:
 
 
 def m(name: str, guarantee: str, file: str, old: str, new: str, *tests: str, equivalent: str = "") -> Mutation:
-    return Mutation(name, guarantee, file, old, new, tests, equivalent)
+    return Mutation(name, guarantee, file, old, new, tuple(dict.fromkeys(tests)), equivalent)
 
 
 SHARDS, TOKENS, VALIDATE, STORE = "tokmix/shards.py", "tokmix/tokens.py", "tokmix/stages/validate.py", "tokmix/store.py"
@@ -63,33 +63,33 @@ MUTATIONS = [
     m("write_bytes writes the final name directly", "atomic commit", STORE,
       '            with open(tmp, "wb") as f:\n                write_in_halves(f, data)\n            commit(tmp, path, durable)',
       '            with open(path, "wb") as f:\n                write_in_halves(f, data)\n            pass',
-      f"{FAULT_KILL}[write:middle:1]", f"{FAULT_KILL}[write:middle:5]", f"{FAULT_KILL}[write:middle:13]"),
+      f"{FAULT_KILL}[mid-write]", f"{FAULT_KILL}[mid-write]", f"{FAULT_KILL}[mid-write]"),
     m("token files written under their final name", "atomic commit", STORE,
       "        tmp = tmp_name(path)\n        return Pending(path, open(tmp, \"wb\"), tmp)\n",
       '        tmp = path if path.suffix in (".tok", ".len") else tmp_name(path)\n        return Pending(path, open(tmp, "wb"), tmp)\n',
-      f"{FAULT_KILL}[streams:unit-mid-write:1]", f"{FAULT_KILL}[assemble:mid-write:1]"),
+      f"{FAULT_KILL}[first-hits]", f"{FAULT_KILL}[first-hits]"),
     m("a token file is renamed before its last bytes", "atomic commit", STORE,
       "        self.f.close()\n        if before_commit:\n            before_commit()\n        publish(self.tmp, self.path)",
       "        publish(self.tmp, self.path)\n        self.f.close()\n        if before_commit:\n            before_commit()",
-      f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:1]",
+      f"{FAULT_KILL}[first-hits]", f"{FAULT_KILL}[first-hits]",
       equivalent="every byte is written (and flushed after each write) before the rename either way: only a power "
                  "loss, not a kill, can see the order"),
     m("temporary files are not swept on resume", "atomic commit", OWNERSHIP,
       "self._own_tmp(folder, tmp, recorded) and tmp.is_file() and not tmp.is_symlink():\n                    tmp.unlink()",
       "self._own_tmp(folder, tmp, recorded) and tmp.is_file() and not tmp.is_symlink():\n                    pass",
-      f"{FAULT_KILL}[assemble:before-rename:1]", f"{FAULT_KILL}[write:middle:5]"),
+      f"{FAULT_KILL}[first-hits]", f"{FAULT_KILL}[mid-write]"),
     m("a unit's record is written before its token file", "atomic commit", STREAMS,
       '    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
       '    write_json(unit_dir / f"{unit.name}.json", {"index": unit.index, "name": unit.name, "pieces": '
       'unit.describe(), "tokens": writer.tokens, "docs": kept, "chars": chars[0], "size": unit.size, '
       '"file_bytes": unit.file_bytes(), "limit": task.limit, "dropped_at": dropped_at, "encode_seconds": 0})\n'
       '    tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))',
-      f"{FAULT_KILL}[streams:unit-before-rename:1]", f"{FAULT_KILL}[streams:unit-before-rename:4]",
+      f"{FAULT_KILL}[first-hits]", f"{FAULT_KILL}[later-hits-2]",
       equivalent="a record counts only with its .tok and .len beside it (streams._committed, itself mutated above)"),
     m("a unit counts as committed without its .len", "atomic commit", "tokmix/stages/passes.py",
       'record.get(f"{part}_sha256")) for part in ("tok", "len", "src")',
       'record.get(f"{part}_sha256")) for part in ("tok", "src")',
-      f"{FAULT_KILL}[streams:unit-before-record:1]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
+      f"{FAULT_KILL}[first-hits]", "tests/test_oracles.py::test_a_unit_without_its_lengths_file_is_redone"),
     m("a shard on disk counts as done whatever its size", "atomic commit", ASSEMBLE,
       "    if not (shard.exists() and shard.stat().st_size == n_tokens * ctx.dtype.itemsize):",
       "    if not shard.exists():",
@@ -100,7 +100,7 @@ MUTATIONS = [
       '            records[k] = record\n            fault_point("assemble:after-rename")',
       '            records[k] = record\n            write_json(_record_path(ctx, k), records[k])\n'
       '            fault_point("assemble:after-rename")',
-      f"{FAULT_KILL}[assemble:after-rename:1]",
+      f"{FAULT_KILL}[first-hits]",
       equivalent="the shard is committed inside write_shard before its result reaches this loop: the order is unchanged"),
     # ------------------------------------------------------------------ checksums
     m("the shard checksum hashes nothing", "checksums", TOKENS,
