@@ -285,7 +285,12 @@ def test_a_schedule_is_exact_per_phase_and_within_one_document_at_every_boundary
     for shard in long:  # the long-context phase's shards hold blocks of its own seq_len
         assert shard["tokens"] == shard["blocks"] * 128 + 1
         assert (scheduled / shard["file"]).stat().st_size == shard["tokens"] * 2
-    assert subprocess.run([sys.executable, "-m", "tokmix.cli", "validate", str(scheduled)]).returncode == 0
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+
+    validated = CliRunner().invoke(app, ["validate", str(scheduled)])  # the command, in this process
+    assert validated.exit_code == 0 and "valid (" in validated.output, validated.output
 
 
 def _occurrence(labels: np.ndarray) -> np.ndarray:
