@@ -131,10 +131,13 @@ def test_plan_shows_what_the_cache_holds_of_a_recipe_and_the_disk_it_and_the_run
     shown = console.export_text()
     units = sum(s.units for s in plan.streams.values())
     assert f"holds {units:,} of the ~{units:,} units the budgets need (~100% of their tokens" in shown, shown
+    assert plan.cache.holdout_cached == plan.cache.holdout_tokens > 0  # every stream's holdout entry: all it reads
+    assert "; and ~100% of the tokens the holdouts read" in " ".join(shown.split()), shown
     assert "in the token cache already (linked from it: no second copy)" in shown
 
     remix = make_plan(tokmix.load_recipe(recipes[1]), out=tmp_path / "out", cache=cache, sample_bytes=SAMPLE)
     held = sum(s.cached_units for s in remix.streams.values())
+    assert 0 < remix.cache.holdout_cached <= remix.cache.holdout_tokens
     assert 0 < held < sum(s.units for s in remix.streams.values())
     assert 0 < remix.cache.grows < remix.disk.intermediates
     assert remix.disk.needed == remix.disk.intermediates - remix.cache.holds + remix.disk.shards + remix.disk.holdouts

@@ -30,12 +30,13 @@ from rich.text import Text
 
 from tokmix import identity
 from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
-from tokmix.cache import KeyBase, UnitCache, default_cap
+from tokmix.cache import KeyBase, UnitCache, default_cap, source_identity
 from tokmix.errors import TokmixError
 from tokmix.process import default_unit_bytes
 from tokmix.recipe import Recipe
 from tokmix.shards import UNITS_DIR, DamagedFile, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
+from tokmix.sources.files import file_size
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages import key_base
@@ -156,6 +157,8 @@ class CachePlan:
     grows: int = 0  # bytes the run adds to it (its other units)
     linked: bool = False  # on the output's filesystem: the run's units and the cache share their files
     free: int | None = None  # free bytes on the cache's filesystem, when it is another local one
+    holdout_tokens: int = 0  # what the holdouts' reads take from their streams (their share of each domain's)
+    holdout_cached: int = 0  # of those, the tokens the streams' holdout entries hold
 
 
 @dataclass
@@ -596,6 +599,18 @@ def _cached(recipe: Recipe, split: Split, mirrors, base: KeyBase, streams: dict[
             got += tokens or unit.size * per_byte
 
 
+def _cached_holdouts(recipe: Recipe, split: Split, mirrors, base: KeyBase, cache: UnitCache, plan: CachePlan) -> None:
+    """How much of what the holdouts read the token cache holds: each stream's holdout entry (keyed as the
+    holdout stage keys it) against the tokens the stream's holdout read needs."""
+    for domain in recipe.domains:
+        for name, need in stream_reads(recipe, domain).items():
+            files = stream_files(recipe, split, name, "holdout")
+            key = base.holdout_key(recipe.streams[name].text_field, files,
+                                   [source_identity(f, file_size(f, mirrors)) for f in files])
+            plan.holdout_tokens += round(need)
+            plan.holdout_cached += min(cache.holds(key, 0), round(need))  # an entry short of it: read on past it
+
+
 def make_plan(
     recipe: Recipe,
     mirrors: Iterable = (),
@@ -649,9 +664,10 @@ def make_plan(
         size, entries = unit_cache.size()
         cache_plan = CachePlan(cache, default_cap(cache), size, entries)
         if encoder is not None:
-            _cached(recipe, split, mirrors, key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
-                                                     huge_doc_chars(tokenizer_path),
-                                                     benchmark_fingerprint), streams, unit_cache, run_unit_bytes(out))
+            base = key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
+                            huge_doc_chars(tokenizer_path), benchmark_fingerprint)
+            _cached(recipe, split, mirrors, base, streams, unit_cache, run_unit_bytes(out))
+            _cached_holdouts(recipe, split, mirrors, base, unit_cache, cache_plan)
     shards = recipe.shard_blocks
     disk = _disk(recipe, out, dtype.itemsize, streams, shards, cache_plan)
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,
@@ -818,6 +834,8 @@ def cache_line(plan: Plan) -> Text | None:
                     f"budgets need (~{min(tokens, budget) / max(budget, 1):.0%} of their tokens: "
                     + ", ".join(f"{s.name} {min(s.cached_tokens, s.budget) / max(s.budget, 1):.0%}"
                                 for s in plan.streams.values()) + ")")
+    if c.holdout_tokens:
+        line.append(f"; and ~{c.holdout_cached / c.holdout_tokens:.0%} of the tokens the holdouts read")
     return line
 
 
