@@ -10,9 +10,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests.corpus import make_corpus, write_recipe, write_split
-from tokmix import pipeline
+from tokmix import tokenizer_stage
 from tokmix.errors import TokmixError
-from tokmix.pipeline import sample_sizes, training_pieces
 from tokmix.recipe import load_recipe
 from tokmix.sources import iter_file_texts, load_or_create_split, stream_files
 from tokmix.tokenizer import (
@@ -24,6 +23,7 @@ from tokmix.tokenizer import (
     token_dtype,
     train_tokenizer,
 )
+from tokmix.tokenizer_stage import sample_sizes, training_pieces
 from tokmix.tokens import Delimiters, dtype_for_vocab
 
 RECIPE = """
@@ -193,7 +193,7 @@ def test_the_training_sample_is_bounded_by_its_distinct_words(tmp_path, monkeypa
         ratios.append(len(read) / recipe.share(name))
     assert max(ratios) - min(ratios) <= max(len(p) for _, p in sample) / min(map(recipe.share, documents))
 
-    monkeypatch.setattr(pipeline, "TRAINER_PIECE_CHARS", 2000)
+    monkeypatch.setattr(tokenizer_stage, "TRAINER_PIECE_CHARS", 2000)
     everything = sample_of("")[0]
     assert max(len(p) for _, p in everything) < 4000
     for name, texts in documents.items():

@@ -125,7 +125,7 @@ PINS = {pin.name: pin for pin in (
     Pin("benchmarks", lambda layout: layout.benchmark_identity, ("normalization", "files"),
         changes=benchmark_changes, refusal=_benchmark_refusal),
     # the versions of the oracle's and the backend's libraries, with the digests of the oracle's ids on the
-    # check's texts: a resume under others encodes those texts again (tokmix.pipeline._same_libraries)
+    # check's texts: a resume under others encodes those texts again (tokmix.tokenizer_stage._same_libraries)
     Pin("tokenizer libraries", lambda layout: layout.tokenizer_libraries, ("libraries",), on_change="redo",
         remade=True, value_first=True),
 )}

@@ -5,31 +5,24 @@ restart, losing only the work in flight; the supervisor gone: stop)."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 
 from tokmix import identity
 from tokmix.backends import (
-    ORACLE,
     ORACLE_LIBRARY,
-    choose_backend_with_digest,
     huge_doc_chars,
-    library_versions,
-    tokenizer_format,
 )
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import WORKER_PROCESS_BYTES, fresh_process, local_workers, make_executor
+from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
 from tokmix.faults import end_descendants, fault_point
 from tokmix.format.records import Index
 from tokmix.guards import start_memory_guard, watch_supervisor
@@ -39,7 +32,7 @@ from tokmix.manifest import build_index
 from tokmix.ngrams import NORMALIZATION
 from tokmix.ownership import Ownership
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
-from tokmix.progress import RunProgress, count, read_stage, write_stage
+from tokmix.progress import RunProgress
 from tokmix.provenance import sources_of
 from tokmix.recipe import Recipe
 from tokmix.shards import (
@@ -49,8 +42,8 @@ from tokmix.shards import (
     write_bytes,
     write_json,
 )
-from tokmix.sources import HugeText, Split, iter_file_texts, load_or_create_split, parse_mirrors, stream_files
-from tokmix.stages import ENCODER_THREADS, Context, drop_cached, release_memory
+from tokmix.sources import Split, load_or_create_split, parse_mirrors
+from tokmix.stages import Context, drop_cached, release_memory
 from tokmix.stages.assemble import balance_entry, provenance_entry, run_assemble
 from tokmix.stages.decontam import (
     benchmark_checksums,
@@ -66,28 +59,15 @@ from tokmix.stages.ids import write_ids
 from tokmix.stages.streams import run_streams
 from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.store import store_problem
-from tokmix.text import HUGE_DOC_CHARS, document_pieces
 from tokmix.tokenizer import (
-    TRAINER_PIECE_CHARS,
-    TRAINER_THREADS,
-    DistinctWords,
     document_delimiters,
     load_vocabulary,
     token_dtype,
-    tokenizer_checksum,
     tokenizer_file,
-    train_tokenizer,
 )
+from tokmix.tokenizer_stage import count_sample, in_fresh_process, run_backend, same_tokenizer, train_run_tokenizer
 
-STAGE_RECORD_SECONDS = 1.0  # how often the tokenizer trainer tells what it has read
 REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
-SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
-SAMPLE_CHARS_PER_STREAM = 128 << 10
-# The backend check runs in the stage process for vocabularies up to this many ids (a 32k BPE's encoders are a
-# few MiB, and a fresh process would cost an interpreter's start and every import, about 40% of the CPU of a
-# small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
-# (o200k_base: ~270 MiB each, a tree of 912 MiB at the run's peak otherwise).
-CHECK_IN_PROCESS_IDS = 1 << 16
 
 class Timings:
     """Seconds per stage, summed over the restarts of a run."""
@@ -99,205 +79,6 @@ class Timings:
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + seconds, 3)
         write_json(self.path, self.seconds)
-
-
-def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] | None = None,
-                    taken: dict[str, int] | None = None) -> Iterator[tuple[str, str]]:
-    """(stream, text) of what a [tokenizer.train] learns from: each stream's train documents in canonical order,
-    up to its share of max_bytes characters, the streams read side by side (the next text always from the stream
-    with the fewest characters read for its share), until the next one would take the distinct words past
-    max_word_bytes (DistinctWords: what the trainer's tables grow with), where the whole sample ends. Documents
-    come in pieces of at most TRAINER_PIECE_CHARS where a word ends (the trainer counts the same words: each of
-    its threads holds several copies of the text it splits). With `taken` (what sample_sizes counted), the first
-    taken[stream] pieces of each stream, and nothing counted. `tell(what)` is told what has been read, every
-    STAGE_RECORD_SECONDS."""
-    spec = recipe.tokenizer.train
-    words = DistinctWords() if taken is None else None
-    said, docs, full = time.monotonic() - STAGE_RECORD_SECONDS, 0, False
-    chars, given = dict.fromkeys(recipe.streams, 0), dict.fromkeys(recipe.streams, 0)
-    shares = {name: recipe.share(name) for name in recipe.streams}  # a schedule's: integrated once, not per piece
-    left = {name: int(spec.max_bytes * shares[name]) for name in recipe.streams}
-
-    def pieces(name: str) -> Iterator[str]:
-        nonlocal docs
-        stream = recipe.streams[name]
-        for text in iter_file_texts(stream_files(recipe, split, name, "train"), stream.text_field, name, mirrors,
-                                    HUGE_DOC_CHARS):
-            if chars[name] >= left[name]:  # checked at each document: its pieces come whole
-                return
-            docs += 1
-            # a huge document's pieces already end where a word does
-            for part in text.pieces() if isinstance(text, HugeText) else [text] if text else []:
-                yield from document_pieces(part, TRAINER_PIECE_CHARS)
-
-    readers = {name: pieces(name) for name in recipe.streams}
-    while readers:
-        # ties: the recipe's order; a stream of share 0 (a schedule may give one none) last, and it gives nothing
-        name = min(readers, key=lambda n: chars[n] / shares[n] if shares[n] > 0 else math.inf)
-        piece = None if taken is not None and given[name] >= taken[name] else next(readers[name], None)
-        if piece is None:
-            readers.pop(name).close()
-            continue
-        if words is not None:
-            new, mass = words.new_mass(piece)
-            if words.mass + mass > spec.max_word_bytes:
-                full = True
-                break
-            words.take(new, mass)
-        chars[name] += len(piece)
-        given[name] += 1
-        yield name, piece
-        if tell is not None and time.monotonic() - said >= STAGE_RECORD_SECONDS:
-            tell(f"training: {count(sum(chars.values()))} of at most {count(spec.max_bytes)} characters read "
-                 f"({docs:,} document(s), stream {name})")
-            said = time.monotonic()
-        fault_point("tokenizer:training")
-    for reader in readers.values():
-        reader.close()
-    if tell is None:
-        return
-    if words is not None:
-        tell(f"training: the sample is {count(sum(chars.values()))} characters ({docs:,} document(s)), "
-             f"{count(words.mass)} bytes of distinct words (at most {count(spec.max_word_bytes)}"
-             f"{': reached' if full else ''})")
-    else:
-        tell(f"training: merging, all {count(sum(chars.values()))} characters read ({docs:,} document(s))")
-
-
-def sample_sizes(recipe: Recipe, split, mirrors, tell: Callable[[str], None] | None = None) -> dict[str, int]:
-    """The pieces of each stream that training_pieces gives [tokenizer.train], counted (in a process of its own:
-    its sets of words are gone before the trainer starts)."""
-    taken = dict.fromkeys(recipe.streams, 0)
-    for name, _ in training_pieces(recipe, split, mirrors, tell):
-        taken[name] += 1
-    return taken
-
-
-def _stage_teller(layout: Layout) -> Callable[[str], None]:
-    started = (read_stage(layout) or {}).get("started")
-    return lambda doing: write_stage(layout, "tokenizer", doing, started)  # for `tokmix status`, progress lines
-
-
-def _count_sample(recipe: Recipe, layout: Layout, split, mirrors) -> dict[str, int]:
-    return sample_sizes(recipe, split, mirrors, _stage_teller(layout))
-
-
-def _train_tokenizer(recipe: Recipe, layout: Layout, split, mirrors, taken: dict[str, int]) -> str:
-    """[tokenizer.train]: learn a byte-level BPE from the sample training_pieces gives (train files only; `taken`:
-    sample_sizes), once, on TRAINER_THREADS threads; later processes of the run load the saved file."""
-    os.environ["RAYON_NUM_THREADS"] = str(TRAINER_THREADS)  # this fresh process's pool is not built yet
-    path, spec = layout.tokenizer, recipe.tokenizer.train
-    texts = (piece for _, piece in training_pieces(recipe, split, mirrors, _stage_teller(layout), taken))
-    train_tokenizer(texts, spec.vocab_size, spec.min_frequency, path,
-                    recipe.tokenizer.doc_prefix + recipe.tokenizer.doc_suffix)
-    fault_point("tokenizer:after-train")
-    return str(path)
-
-
-def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
-    """The first documents of every stream, SAMPLE_CHARS_PER_STREAM in all, for the exactness check: HF, the
-    oracle, encodes ~0.3M tokens/s, so the sample is what makes the check take a second or ten."""
-    sample = []
-    for name, stream in recipe.streams.items():
-        files = stream_files(recipe, split, name, "train")
-        # huge documents are skipped unread: reading a 200 MB one would need ~1 GB in this process
-        reader = iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS, skip_huge=True)
-        left = SAMPLE_CHARS_PER_STREAM
-        for text in itertools.islice(reader, SAMPLE_DOCS_PER_STREAM):
-            text = (next(text.pieces()) if isinstance(text, HugeText) else text)[:left]
-            sample.append(text)
-            left -= len(text)
-            if left <= 0:
-                break
-    return sample
-
-
-def _check_backend(recipe: Recipe, tokenizer_path: str, split, mirrors, requested: str | None = None,
-                   threads: int | None = None) -> tuple[str, list[str], dict[str, str]]:
-    """The backend, its notices, and the digests of the oracle's ids on the check's texts."""
-    fault_point("backend:checking")
-    sample = _sample_texts(recipe, split, mirrors)
-    return choose_backend_with_digest(tokenizer_path, requested or recipe.tokenizer.backend, sample, threads)
-
-
-def _checked(recipe: Recipe, tokenizer_path: str, vocab_size: int, split, mirrors, requested: str | None = None
-             ) -> tuple[str, list[str], dict[str, str]]:
-    """_check_backend where it costs least (CHECK_IN_PROCESS_IDS). In this process its encoders get the
-    stages' thread count, the first a process builds fixing the Rust pools' sizes (_size_thread_pools)."""
-    if vocab_size > CHECK_IN_PROCESS_IDS:
-        return in_fresh_process(_check_backend, recipe, tokenizer_path, split, mirrors, requested)
-    try:
-        return _check_backend(recipe, tokenizer_path, split, mirrors, requested, ENCODER_THREADS)
-    finally:
-        release_memory()
-
-
-def in_fresh_process(fn, *args):
-    with fresh_process() as pool:
-        return pool.submit(fn, *args).result()
-
-
-
-def _backend(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size: int, split, mirrors) -> str:
-    """The backend, checked once per run and recorded (restarts reuse the decision), with the versions of the
-    libraries that give the ids and the digests of the oracle's ids on the check's texts (_same_libraries)."""
-    key = {"requested": recipe.tokenizer.backend, "tokenizer": tokenizer_path}
-    if (recorded := identity.check(layout, "backend", key, "", log)) is not None:
-        backend = recorded["backend"]
-        _same_libraries(recipe, layout, tokenizer_path, vocab_size, split, mirrors, backend)
-        return backend
-    backend, notices, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors)
-    for notice in notices:
-        log(notice)
-    first = identity.recorded(layout, "tokenizer libraries", log)
-    if first is not None and first["oracle_ids_sha256"] != digest:  # a backend checked again (another requested)
-        raise TokmixError("the tokenizer's oracle gives other ids on the check's texts than when this run started "
-                          f"(its libraries then: {first['libraries']}): what is already written holds the first "
-                          f"ids; restore those versions, or {identity.RESTART}")
-    identity.record(layout, "backend", key, backend=backend, notices=notices)
-    identity.record(layout, "tokenizer libraries", _libraries(tokenizer_path, backend), oracle_ids_sha256=digest)
-    return backend
-
-
-def _libraries(tokenizer_path: str, backend: str) -> dict[str, str]:
-    return library_versions({ORACLE[tokenizer_format(tokenizer_path)], backend})
-
-
-def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size: int, split, mirrors,
-                    backend: str) -> None:
-    """A resume under other versions of the oracle's or the backend's library: the oracle's ids on the first
-    check's texts must be the ones recorded then, and the backend must still give them; said in one line."""
-    libraries = _libraries(tokenizer_path, backend)
-    first = identity.recorded(layout, "tokenizer libraries", log)
-    if first is not None and identity.check(layout, "tokenizer libraries", libraries, "") is not None:
-        return
-    if first is None:  # a run started before tokmix recorded them, or its record damaged: recorded now
-        _, _, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors, backend)
-        identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest)
-        return
-    was = first["libraries"]
-    changed = ", ".join(f"{lib} {was.get(lib, 'absent')} -> {v}" for lib, v in libraries.items() if was.get(lib) != v)
-    try:
-        _, _, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors, backend)
-    except TokmixError as e:
-        raise TokmixError(f"tokenizer libraries changed since this run started ({changed}): {e}; restore the "
-                          f"versions it started with, or {identity.RESTART}") from None
-    if digest != first["oracle_ids_sha256"]:
-        raise TokmixError(f"tokenizer libraries changed since this run started ({changed}) and the oracle's ids "
-                          "on the check's texts changed with them: what is already written holds the first ids; "
-                          f"restore the versions it started with, or {identity.RESTART}")
-    log(f"tokenizer libraries changed since this run started ({changed}): ids re-checked on the check's texts "
-        f"(adversarial texts and {SAMPLE_DOCS_PER_STREAM} documents a stream at most): identical, resuming")
-    identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest,
-                    libraries_at_start=first.get("libraries_at_start", was))
-
-
-def _same_tokenizer(layout: Layout, path: str) -> str:
-    """The tokenizer file's checksum, recorded when the run first loads it. A resume finding other bytes is
-    refused: the holdouts and units already written hold the first tokenizer's ids. (Another path is a changed
-    recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
-    # damaged: the one line naming it (what it recorded cannot be remade)
-    return identity.pinned(layout, "tokenizer checksum", tokenizer_checksum(path), path, path=path)
 
 
 def _same_split(layout: Layout, path: str, split: Split) -> None:
@@ -317,19 +98,19 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     tokenizer_path = tokenizer_file(recipe, layout.own_tokenizer(recipe.tokenizer.format))
     if tokenizer_path is None:
         progress.stage("tokenizer", f"training a {recipe.tokenizer.train.vocab_size:,}-token BPE on the train files")
-        taken = in_fresh_process(_count_sample, recipe, layout, split, mirrors)
-        tokenizer_path = in_fresh_process(_train_tokenizer, recipe, layout, split, mirrors, taken)
+        taken = in_fresh_process(count_sample, recipe, layout, split, mirrors)
+        tokenizer_path = in_fresh_process(train_run_tokenizer, recipe, layout, split, mirrors, taken)
     else:
         progress.stage("tokenizer", f"loading {tokenizer_path}")
     vocab = load_vocabulary(tokenizer_path, recipe.tokenizer.format)
     delimiters = document_delimiters(vocab, recipe.tokenizer.doc_prefix, recipe.tokenizer.doc_suffix,
                                      tokenizer_path)
-    checksum = _same_tokenizer(layout, tokenizer_path)
+    checksum = same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
     workers = max(1, options.workers)
     progress.stage("backend check", f"{recipe.tokenizer.backend}: the fast backends against "
                    f"the oracle ({ORACLE_LIBRARY[recipe.tokenizer.format]}) on the first documents of every stream")
-    backend = _backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
+    backend = run_backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
     libraries = identity.recorded(layout, "tokenizer libraries")
     huge = huge_doc_chars(tokenizer_path)
     timings.add("tokenizer", time.perf_counter() - t0)
@@ -455,7 +236,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     recipe = load_recorded_recipe(layout)
     if (complete := verified_complete(layout, recipe)) is not None:
         if (path := tokenizer_file(recipe, layout.tokenizer)) is not None:
-            _same_tokenizer(layout, path)  # a finished run's tokenizer changed is named, not called complete
+            same_tokenizer(layout, path)  # a finished run's tokenizer changed is named, not called complete
         log(f"{layout.root}: already complete: sha256 of {complete[0]} shard(s) and {complete[1]} holdout(s) "
             "verified; nothing to do")
         if layout.remote and not layout.published_index.exists():  # stopped between validation and publishing
