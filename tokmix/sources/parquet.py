@@ -108,20 +108,25 @@ def _batch_rows(group: pq.RowGroupMetaData, column_index: int) -> int:
     return max(1, min(PARQUET_READ_ROWS, group.num_rows * PARQUET_READ_BYTES // size))
 
 
-def _offsets(column: pa.Array) -> np.ndarray:
-    """A string or binary column's value offsets into its data buffer (len(column) + 1 of them)."""
+def _offsets(column: pa.Array) -> tuple[np.ndarray, pa.Buffer | None]:
+    """A string or binary column's value offsets into its data buffer (len(column) + 1 of them), and that buffer.
+    A column of another layout (a string or binary view, as a file written from one reads back) is cast to
+    offsets and bytes first."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        column = column.cast(pa.large_binary())
     wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
     offsets = np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)
-    return offsets[column.offset:column.offset + len(column) + 1]
+    return offsets[column.offset:column.offset + len(column) + 1], column.buffers()[2]
 
 
 def utf8_crc32s(column: pa.Array) -> list[int]:
     """CRC-32 (zlib's) of each value's bytes, read from Arrow's buffer: for a string column the value of
     tokmix.provenance.text_crc32 on its texts, without encoding each str again (that encode was ~3/4 of the
     checksums' time, docs/benchmarks.md)."""
-    data = column.buffers()[2]
+    offsets, data = _offsets(column)
     view = memoryview(data) if data is not None else memoryview(b"")
-    offsets = _offsets(column).tolist()
+    offsets = offsets.tolist()
     return [zlib.crc32(view[a:b]) for a, b in zip(offsets, offsets[1:])]
 
 
@@ -130,10 +135,7 @@ def _longest(column: pa.Array) -> int:
     importing it costs each stage process ~0.1 CPU-second)."""
     if not len(column):
         return 0
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-            or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        column = column.cast(pa.large_binary())  # another layout (a string view): as offsets and bytes
-    return int(np.diff(_offsets(column)).max())
+    return int(np.diff(_offsets(column)[0]).max())
 
 
 def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,
