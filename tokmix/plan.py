@@ -30,18 +30,17 @@ from rich.text import Text
 
 from tokmix import identity
 from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
-from tokmix.cache import KeyBase, UnitCache, default_cap, source_identity
+from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.process import default_unit_bytes
 from tokmix.recipe import Recipe
 from tokmix.shards import UNITS_DIR, DamagedFile, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
-from tokmix.sources.files import file_size
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages import key_base
 from tokmix.stages.decontam import BenchmarkSet, build_set
-from tokmix.stages.holdout import draw, read_stream, stream_reads
+from tokmix.stages.holdout import draw, holdout_cache_key, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.store import is_url
 from tokmix.text import clean_surrogates
@@ -604,9 +603,7 @@ def _cached_holdouts(recipe: Recipe, split: Split, mirrors, base: KeyBase, cache
     holdout stage keys it) against the tokens the stream's holdout read needs."""
     for domain in recipe.domains:
         for name, need in stream_reads(recipe, domain).items():
-            files = stream_files(recipe, split, name, "holdout")
-            key = base.holdout_key(recipe.streams[name].text_field, files,
-                                   [source_identity(f, file_size(f, mirrors)) for f in files])
+            key = holdout_cache_key(base, recipe, name, stream_files(recipe, split, name, "holdout"), mirrors)
             plan.holdout_tokens += round(need)
             plan.holdout_cached += min(cache.holds(key, 0), round(need))  # an entry short of it: read on past it
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tokmix.cache import HOLDOUT, UnitCache, source_identity
+from tokmix.cache import HOLDOUT, KeyBase, UnitCache, source_identity
 from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.format.records import HoldoutEntry, Index
@@ -150,6 +150,13 @@ def _documents_for(docs: list, budget: float) -> int:
     return min(int(np.searchsorted(ends, budget, side="left")) + 1, len(docs))
 
 
+def holdout_cache_key(base: KeyBase, recipe: Recipe, stream: str, files: list[str], mirrors) -> str:
+    """The token cache key of a stream's holdout documents read from `files` (KeyBase.holdout_key), as the
+    holdout stage and `tokmix plan` both build it."""
+    return base.holdout_key(recipe.streams[stream].text_field, files,
+                            [source_identity(f, file_size(f, mirrors)) for f in files])
+
+
 def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
     """The domain's streams' holdout documents, each stream read on a thread of the pool (the encoder encodes
     a call on its caller's thread)."""
@@ -169,8 +176,7 @@ def _read_stream(ctx: Context, encoder, stream: str, budget: float) -> tuple[Rea
         return read_stream(*args), None
     cache = UnitCache(ctx.cache)
     try:
-        key = cache_key_base(ctx).holdout_key(recipe.streams[stream].text_field, files,
-                                              [source_identity(f, file_size(f, ctx.mirrors)) for f in files])
+        key = holdout_cache_key(cache_key_base(ctx), recipe, stream, files, ctx.mirrors)
         found = cache.take_files(key)
         held = _held(found, stream, ctx.dtype, recipe.holdout.decontaminate, recipe.layout.provenance)
         if found is not None and held is None:  # whole files that do not fit together: not this entry's
@@ -178,24 +184,28 @@ def _read_stream(ctx: Context, encoder, stream: str, budget: float) -> tuple[Rea
             cache.remove(key)
     except OSError:  # a file the read names in its own words, or an unreadable cache: read as without one
         read = read_stream(*args)
-        return read, {"tokens_from_cache": 0, "tokens_tokenized": sum(len(ids) for _, ids, _ in read.docs)}
+        return read, {"tokens_from_cache": 0, "tokens_tokenized": _tokens(read)}
     if cache.problem is not None:
         ctx.log(f"token cache: {cache.entry_dir(key)}: damaged ({cache.problem}); removed, holdout {stream}'s "
                 "documents encoded again")
     read = read_stream(*args, held=held)
     reused = len(held.docs) if held is not None else 0
-    from_cache = sum(len(ids) for _, ids, _ in read.docs[:reused])
+    from_cache, tokens = sum(len(ids) for _, ids, _ in read.docs[:reused]), _tokens(read)
     if len(read.docs) > reused:
         try:
-            cache.fill(key, None, stream, {"tokens": sum(len(ids) for _, ids, _ in read.docs),
+            cache.fill(key, None, stream, {"tokens": tokens,
                                            "documents": len(read.docs)}, read.complete,
                        {"tokenizer": ctx.tokenizer_sha256, "tokenizer_path": ctx.tokenizer_path, "stream": stream,
                         "holdout": True, "sources": files}, _entry_files(read, ctx.dtype), kind=HOLDOUT)
         except (OSError, DamagedFile):  # a full or read-only cache: the run goes on without adding to it
             pass
-    tokenized = sum(len(ids) for _, ids, _ in read.docs) - from_cache
+    tokenized = tokens - from_cache
     ctx.log(f"holdout {stream}: its documents' {from_cache:,} tokens from the token cache, {tokenized:,} encoded")
     return read, {"tokens_from_cache": from_cache, "tokens_tokenized": tokenized}
+
+
+def _tokens(read: Read) -> int:
+    return sum(len(ids) for _, ids, _ in read.docs)
 
 
 def _entry_files(read: Read, dtype: np.dtype) -> dict[str, bytes]:
