@@ -661,7 +661,7 @@ def choose_backend_with_digest(
     want = oracle.encode_batch(texts)
     if requested == oracle_name:
         return oracle_name, [], _digests(want)
-    vocab_size, oracle = oracle.vocab_size, None  # freed before the candidates are built (o200k: ~75 MiB)
+    vocab_size, oracle = oracle.vocab_size, None  # freed before the candidates: one large vocabulary held at once
     problems = []
     installed = installed_backends()
     tried = [requested] if requested != "auto" else [n for n in SERVES[fmt] if n != oracle_name and n in installed]

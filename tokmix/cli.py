@@ -478,12 +478,12 @@ def _the_cache(cache: str | None):
 def cache(
     ctx: typer.Context,
     cache: str | None = CACHE_OPTION,
-    max_size: str | None = typer.Option(None, "--max-size", help="evict least recently used entries down to this "
-                                                                 "size (e.g. 20GiB)"),
-    older_than: float | None = typer.Option(None, "--older-than", help="remove entries not used for this many "
-                                                                       "days"),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="remove the entries of the tokenizer whose "
-                                                                   "sha256 starts with this"),
+    max_size: str | None = typer.Option(None, "--max-size", metavar="SIZE",
+                                        help="evict least recently used entries down to SIZE (e.g. 20GiB)"),
+    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",
+                                            help="remove entries not used for this many days"),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", metavar="SHA256",
+                                         help="remove the entries of the tokenizer whose sha256 starts with this"),
     debug: bool = typer.Option(False, "--debug"),
 ) -> None:
     """Show the token cache's size and entries by tokenizer and source; prune it. Entries a running run holds

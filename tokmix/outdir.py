@@ -60,7 +60,7 @@ def _check_input(out: str, layout: Layout, what: str, pattern: str) -> None:
         raise TokmixError(f"output directory {out}: it holds {what} {named}; tokmix writes and removes files "
                           "there: choose another --out")
     if magic and _inside(real_out, real_static):
-        from fsspec.utils import glob_translate  # fsspec's import costs ~0.15 CPU-s: only for this rare case
+        from fsspec.utils import glob_translate  # fsspec's import is not free: only for this rare case
 
         translated = re.compile(glob_translate(pattern))
         for sample in layout.sample_paths():

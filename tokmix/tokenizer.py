@@ -285,7 +285,7 @@ def token_byte_lengths(tok: Tokenizer) -> np.ndarray:
 # the threads; two bound it on any machine (the trained tokenizer is the same with any number)
 TRAINER_THREADS = 2
 # The longest text the trainer is given at once: each thread splitting a text holds several copies of it with 16
-# bytes of offsets per byte, and keeps that memory once freed; a multi-MB document cost the trainer ~300 MiB
+# bytes of offsets per byte, and keeps that memory once freed (a multi-MB document's cost: docs/benchmarks.md)
 TRAINER_PIECE_CHARS = 1 << 16
 
 

@@ -34,10 +34,10 @@ from tokmix.tokenizer import (
 STAGE_RECORD_SECONDS = 1.0  # how often the tokenizer trainer tells what it has read
 SAMPLE_DOCS_PER_STREAM = 64  # documents of each stream checked against the oracle when choosing a backend
 SAMPLE_CHARS_PER_STREAM = 128 << 10
-# The backend check runs in the stage process for vocabularies up to this many ids (a 32k BPE's encoders are a
-# few MiB, and a fresh process would cost an interpreter's start and every import, about 40% of the CPU of a
-# small run). A larger vocabulary's encoders are checked in a fresh process, which takes their memory with it
-# (o200k_base: ~270 MiB each, a tree of 912 MiB at the run's peak otherwise).
+# The backend check runs in the stage process for vocabularies up to this many ids: their encoders are small,
+# and a fresh process's start and imports would be a large part of a small run's CPU. A larger vocabulary's
+# encoders are checked in a fresh process, which takes their memory with it (the figures behind both:
+# docs/benchmarks.md, "Choices measured in the code").
 CHECK_IN_PROCESS_IDS = 1 << 16
 
 
@@ -140,7 +140,7 @@ def _sample_texts(recipe: Recipe, split, mirrors) -> list[str]:
     sample = []
     for name, stream in recipe.streams.items():
         files = stream_files(recipe, split, name, "train")
-        # huge documents are skipped unread: reading a 200 MB one would need ~1 GB in this process
+        # huge documents are skipped unread: reading one would take several times its size in this process
         reader = iter_file_texts(files, stream.text_field, name, mirrors, HUGE_DOC_CHARS, skip_huge=True)
         left = SAMPLE_CHARS_PER_STREAM
         for text in itertools.islice(reader, SAMPLE_DOCS_PER_STREAM):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -359,6 +360,22 @@ def shard_runs(task: ShardTask):
         yield from runs_of(chunk, took)
 
 
+@contextmanager
+def _aborted_on_error(readers, *writers):
+    """The readers closed however the block ends; the writers (None: not writing) aborted if it raises, so no
+    partial file is left behind."""
+    try:
+        yield
+    except BaseException:
+        for writer in writers:
+            if writer is not None:
+                writer.abort()
+        raise
+    finally:
+        for reader in readers:
+            reader.close()
+
+
 def write_shard(task: ShardTask) -> dict:
     """Gather the shard's documents from the unit files and commit the shard, while its run holds the directory;
     returns its record."""
@@ -378,7 +395,7 @@ def _write_shard(task: ShardTask) -> dict:
     gathered, pending = np.empty(min(GATHER_TOKENS, task.n_tokens), dtype=writer.dtype), 0
     by_stream = [0] * len(task.streams)
     documents = ShardDocuments(task) if task.docs_path else None
-    try:
+    with _aborted_on_error(readers, writer, documents):
         for chunk, took in shard_documents(task):
             if documents is not None:
                 documents.add(chunk, took)
@@ -396,14 +413,6 @@ def _write_shard(task: ShardTask) -> dict:
         if writer.tokens != task.n_tokens:
             raise TokmixError(f"{path.name}: gathered {writer.tokens:,} of {task.n_tokens:,} tokens")
         docs = documents.close() if documents is not None else None  # committed before the shard: see _done
-    except BaseException:
-        writer.abort()
-        if documents is not None:
-            documents.abort()
-        raise
-    finally:
-        for reader in readers:
-            reader.close()
     checksum = writer.close(before_commit=lambda: fault_point("assemble:before-rename"))
     marks_path = fingerprints_path(path.parent, path.name)
     marks_path.parent.mkdir(parents=True, exist_ok=True)
@@ -484,20 +493,13 @@ def balanced_order(recipe, docs: list[int], units: list[StreamUnits], path: Path
     writer = TokenFileWriter(as_path(path), np.uint8, checksum=False) if path is not None else None
     deviation = Deviation(mix, recipe.train_tokens, recipe.phase_positions)
     counts = np.zeros(len(units), dtype=np.int64)
-    try:
+    with _aborted_on_error(readers, writer):
         for labels, lengths in balanced_chunks([r.take for r in readers], docs, mix, recipe.seed,
                                                recipe.train_tokens, INTERLEAVE_CHUNK):
             if writer is not None and len(labels):
                 writer.write(labels)
             deviation.feed(labels, lengths)
             counts += np.bincount(labels, minlength=len(units))
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        for reader in readers:
-            reader.close()
     if writer is not None:
         writer.close()
     return counts.tolist(), deviation.to_index(list(recipe.streams))
