@@ -1,8 +1,10 @@
-"""Peak memory of a whole `tokmix run` process tree on the two inputs that break naive tokenizers:
-one 200 MB document, and 10,000 small files. Also checks that the 200 MB document's ids equal encoding it
-whole (with fastokens, id-identical to HF; HF itself would need ~8 GB and minutes).
+"""Peak memory of a whole `tokmix run` process tree on the inputs that break naive tokenizers: one 200 MB
+document (300 MB: issue 31), 10,000 small files, and 50,000 empty files beside 3 real ones. Also checks that the
+huge document's ids equal encoding it whole (with fastokens, id-identical to HF; HF itself would need ~8 GB and
+minutes).
 
-    python bench/memory.py [--work bench/work/memory] [--doc-mb 200] [--files 10000]
+    python bench/memory.py [--work bench/work/memory] [--doc-mb 200] [--files 10000] [--empty-files 50000]
+                           [--cases text,parquet,jsonl,files,empty]
 """
 
 from __future__ import annotations
@@ -113,14 +115,40 @@ def many_files_case(work: Path, n_files: int) -> dict:
     return {"case": f"{n_files:,} small files", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc}
 
 
+def empty_files_case(work: Path, n_files: int) -> dict:
+    """`n_files` empty JSONL files beside the edu stream's 3 real ones (issue 31: 5,000 took 112 s)."""
+    files = make_corpus(work)
+    train_test_tokenizer(files, work / "tokenizer" / "tokenizer.json")
+    folder = work / "corpus" / "edu"
+    for i in range(n_files):
+        (folder / f"empty-{i:05d}.jsonl").touch()
+    files["edu"] = sorted(files["edu"] + list(folder.glob("empty-*.jsonl")))
+    write_split(work, files)
+    recipe = write_recipe(work, "tokenizer/tokenizer.json")
+    recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
+    peak, secs, rc = peak_tree_rss([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out",
+                                    str(work / "out"), "--workers", "2", "--restart"])
+    return {"case": f"{n_files:,} empty files beside 3", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "memory")
     ap.add_argument("--doc-mb", type=int, default=200)
     ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--empty-files", type=int, default=50_000)
+    ap.add_argument("--cases", default="text,parquet,jsonl,files,empty",
+                    help="which of text, parquet, jsonl (one huge document), files, empty (comma-separated)")
     args = ap.parse_args()
-    rows = [huge_document_case(args.work / f"huge-{fmt}", args.doc_mb, fmt) for fmt in ("text", "parquet", "jsonl")]
-    rows.append(many_files_case(args.work / "files", args.files))
+    cases = args.cases.split(",")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    rows = [huge_document_case(args.work / f"huge-{fmt}", args.doc_mb, fmt) for fmt in ("text", "parquet", "jsonl")
+            if fmt in cases]
+    if "files" in cases:
+        rows.append(many_files_case(args.work / "files", args.files))
+    if "empty" in cases:
+        rows.append(empty_files_case(args.work / "empty", args.empty_files))
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'case':<36} {'peak RSS (tree)':>16} {'seconds':>8} {'exit':>5}  ids identical")
     for r in rows:
         print(f"{r['case']:<36} {r['peak_mib']:>12,.0f} MiB {r['seconds']:>8.1f} {r['exit']:>5}  "

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokmix.sources.files import open_file
+from tokmix.sources.parquet_pages import row_group_values
 from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, document_id, reading
 
 PARQUET_READ_ROWS = 1024
@@ -75,7 +76,8 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 row += meta.num_rows
                 continue
             if heavy and meta.num_rows <= PARQUET_READ_ROWS:
-                batches = _rows_one_at_a_time(f, pf.metadata, group, field)
+                batches = (row_group_values(f, pf.metadata, group, column_index)
+                           or _rows_one_at_a_time(f, pf.metadata, group, field))
             else:
                 rows = _batch_rows(meta, column_index)
                 # decoded on this thread, not handed to Arrow's pool for the one column: faster (measured:
@@ -92,7 +94,8 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
 
 
 def _rows_one_at_a_time(f, metadata: pq.FileMetaData, group: int, field: str) -> list[pa.Array]:
-    """A row group of a few huge documents, one row per Arrow batch: pyarrow then sizes each value's buffer
+    """A row group of a few huge documents that tokmix.sources.parquet_pages does not read (a layout it leaves to
+    pyarrow), one row per Arrow batch: pyarrow then sizes each value's buffer
     to the value (a batch that goes on past a huge value doubles its buffer, copying the value). Its pages
     are streamed unbuffered, and the whole group is read before any of its documents is tokenized, so the
     reader's page buffers are gone by then: a 200 MB value peaks at ~600 MiB of transient buffers, not ~800."""
@@ -148,10 +151,11 @@ def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge:
         raise bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
     if huge is None or _longest(column) <= huge:
         yield from column.to_pylist()
-    else:  # documents past `huge` bytes stay Arrow bytes, never one Python string
-        for value in column:
-            data = value.as_buffer()
-            yield HugeText(data, piece.path, stream) if len(data) > huge else value.as_py()
+    else:  # documents past `huge` bytes stay Arrow bytes, never one Python string: a slice of the column's buffer
+        # (a scalar of the column, `for value in column`, held a copy of its 300 MB value: docs/benchmarks.md)
+        offsets, data = _offsets(column)
+        for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist())):
+            yield HugeText(data.slice(a, b - a), piece.path, stream) if b - a > huge else column[i].as_py()
 
 
 def sample(path: str, field: str, stream: str, mirrors, limit: int) -> Sample:
