@@ -89,3 +89,25 @@ def test_a_run_with_a_20_mb_document_writes_its_whole_encoding(tmp_path, fmt):
     lengths = np.diff(np.append(starts, len(tokens)))
     (at,) = np.flatnonzero(lengths == len(want) + 1)  # exactly one document has the huge one's length
     assert np.array_equal(tokens[starts[at] + 1 : starts[at] + lengths[at]], want.astype(np.uint16))
+
+
+def test_a_unit_too_large_for_a_workers_share_of_the_budget_runs_alone(tmp_path, capfd):
+    """With 2 workers and --max-memory 640 MiB a worker's share is 192 MiB: a 110 MB document (a text file, a
+    unit of its own) may peak at twice its bytes, so it is sent only once the units in flight are done, and none
+    after it until it is (said once in the log). The run's bytes are those of one worker."""
+    files = make_corpus(tmp_path)
+    train_test_tokenizer(files, tmp_path / "tokenizer" / "tokenizer.json")
+    path = tmp_path / "corpus" / "edu" / "part-0.txt"
+    path.write_text((TEXTS["code"] * ((110 << 20) // len(TEXTS["code"]) + 1))[: 110 << 20])
+    files["edu"].insert(0, path)
+    write_split(tmp_path, files)
+    recipe = write_recipe(tmp_path, "tokenizer/tokenizer.json", blocks=800)
+    recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
+    tokmix.run(tokmix.load_recipe(recipe), tmp_path / "two", workers=2, max_memory=640 << 20)
+    log = capfd.readouterr().out
+    assert log.count("runs alone") == 1
+    assert "edu: unit 000000 (110 MiB of source) runs alone: over a worker's share of --max-memory (192 MiB)" in log
+    tokmix.run(tokmix.load_recipe(recipe), tmp_path / "one", workers=1, max_memory=640 << 20)
+    assert "runs alone" not in capfd.readouterr().out  # one worker: nothing to hold back
+    for shard in sorted((tmp_path / "one").glob("train_*.bin")):
+        assert (tmp_path / "two" / shard.name).read_bytes() == shard.read_bytes()

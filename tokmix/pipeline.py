@@ -118,7 +118,8 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
                    tokenizer_sha256=checksum, token_bytes=vocab.token_bytes(), delimiters=delimiters,
                    writer=RunWriter.of(layout), oracle=vocab.oracle, libraries=libraries["libraries"],
-                   oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache)
+                   oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache,
+                   max_memory=options.max_memory)
 
 
 def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None:

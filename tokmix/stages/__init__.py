@@ -13,10 +13,11 @@ import numpy as np
 
 from tokmix.backends import ORACLE_LIBRARY, Encoder, make_encoder
 from tokmix.cache import KeyBase, tokenizer_oracle
+from tokmix.executors import STAGE_PROCESS_BYTES
 from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, Layout
-from tokmix.sources import Split
+from tokmix.sources import Split, Unit
 from tokmix.text import HUGE_DOC_CHARS
 from tokmix.tokens import REFERENCE_DELIMITERS, Delimiters
 
@@ -75,6 +76,8 @@ class Context:
     oracle: str = "hf"  # the backend whose ids are the tokenizer's (tokmix.backends.ORACLE), recorded in index.json
     libraries: dict[str, str] = field(default_factory=dict)  # the oracle's and the backend's library versions
     oracle_ids_sha256: str = ""  # of the oracle's ids on ADVERSARIAL_TEXTS (tokmix.backends.oracle_digests)
+    max_memory: int = 1 << 30  # the process tree's budget (--max-memory): a unit too large for a worker's share runs
+    # alone (alone_share)
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
@@ -85,6 +88,18 @@ ENCODER_THREADS = 1
 # Units (or shards) dispatched per worker and not yet committed: the streams and assemble stages' window, which
 # bounds their memory and what a kill loses.
 UNITS_IN_FLIGHT_PER_WORKER = 2
+# A unit's peak memory per byte of its source, at most: a huge JSONL line is held with its decoded text (~2x), a
+# heavy parquet row group with its compressed page while it decompresses (~1.4x), a text file once (docs/benchmarks.md,
+# "Memory on hard inputs").
+UNIT_PEAK_PER_BYTE = 2
+
+
+def alone_share(ctx: Context, unit: Unit) -> int | None:
+    """A worker's share of the memory budget when `unit` may peak above it (its source bytes, known before it is
+    read: a JSONL piece's byte range, a text file's size, a parquet piece's row groups from the footer, times
+    UNIT_PEAK_PER_BYTE), else None. Such a unit is tokenized with no other unit in flight (tokmix.stages.streams)."""
+    share = (ctx.max_memory - STAGE_PROCESS_BYTES) // ctx.workers
+    return share if ctx.workers > 1 and unit.size * UNIT_PEAK_PER_BYTE > share else None
 
 
 class Window:

@@ -28,7 +28,15 @@ from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.shards import DamagedFile, read_json, unit_file, write_bytes, write_record
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
-from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key_base, cached, shared_encoder
+from tokmix.stages import (
+    UNITS_IN_FLIGHT_PER_WORKER,
+    Context,
+    Window,
+    alone_share,
+    cache_key_base,
+    cached,
+    shared_encoder,
+)
 from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
@@ -719,6 +727,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
     runs = [StreamRun(ctx, name) for name in names]
     metas: dict[str, dict] = {}
     window = Window(executor, UNITS_IN_FLIGHT_PER_WORKER * ctx.workers)
+    alone = False  # a unit too large for a worker's share of the budget is in flight, or waits for the others
     while True:
         for run in runs:
             if run.name not in metas and run.advance():
@@ -727,7 +736,18 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
         if not active:
             return metas
         for run in active:
-            while window.room > 0 and run.wants_more() and (task := run.next_task()):
+            while not alone and window.room > 0 and run.wants_more():
+                upcoming = run.upcoming if run.upcoming is not None else run._next_unit()
+                share = alone_share(ctx, upcoming) if isinstance(upcoming, Unit) else None
+                if share and len(window):
+                    alone = True  # the units in flight finish first; nothing else is sent until this one is done
+                    break
+                if (task := run.next_task()) is None:
+                    break
+                if share:
+                    alone = True
+                    ctx.log(f"{run.name}: unit {task.unit.name} ({task.unit.size / 2**20:,.0f} MiB of source) runs "
+                            f"alone: over a worker's share of --max-memory ({share / 2**20:,.0f} MiB)")
                 # a unit of pass 1 is tokenized from its files, one of a later pass copied from pass 1's (each
                 # function submitted by name: Ray titles its worker by it)
                 work = repeat_unit if isinstance(task, RepeatTask) else tokenize_unit
@@ -739,6 +759,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             continue  # committed units alone reached a budget: finish it above
         for (run, unit), result in window.finished():
             run.committed(unit, result)
+            alone = alone and bool(window)  # a unit that waited for the others goes next; one that ran alone is done
             fault_point("streams:after-unit", run.name)
             ctx.progress.update(run.name, run.committed_tokens, run.budget)
 
