@@ -19,6 +19,7 @@ NORMALIZATION = "tokmix-words-v1"  # NFKC, lowercase, words = runs of letters an
 # other ASCII byte to 0 (a separator); a byte >= 0x80 (part of a non-ASCII character) to itself.
 _BYTE_MAP = np.array([b if b >= 0x80 or chr(b).isdigit() or chr(b).islower() else
                       ord(chr(b).lower()) if chr(b).isupper() else 0 for b in range(256)], np.uint8)
+_BYTE_TABLE = _BYTE_MAP.tobytes()
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -92,33 +93,42 @@ class Words:
         before = np.concatenate([[0], np.cumsum(outside[:-1], dtype=np.int64)])
         # words i..i+n-1 are a run when none of i..i+n-2 is outside, and the last is a member
         at = np.flatnonzero(before[n - 1:n - 1 + count] - before[:count] == 0)
-        if member is None:  # every run is hashed: slices of the word hashes, not gathers
-            return gram_hashes(self.hashes, n)[at], at
-        at = at[member[at + n - 1]]
-        return gram_hashes_at(self.hashes, at, n), at
+        if member is not None:
+            at = at[member[at + n - 1]]
+        if len(at) * SLICES_FROM < count:  # few runs: gathers at them
+            return gram_hashes_at(self.hashes, at, n), at
+        return gram_hashes(self.hashes, n)[at], at  # most: slices of the word hashes (the same values)
 
     def text_of(self, w: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.first, w, side="right") - 1
+
+
+SLICES_FROM = 4  # n-grams at more than 1 in this many positions are hashed at all of them, by slices
 
 
 def split_words(texts: list[str]) -> Words:
     """The texts' words: NFKC, lowercase; every ASCII character that is not a letter or a digit (punctuation,
     '_', whitespace, controls) and the non-ASCII punctuation of _punctuation separates words; a word is a
     maximal run of the rest (letters, digits, any other non-ASCII character)."""
-    raw, offsets = _joined([normalized_bytes(t) for t in texts])
-    return _words_of(raw, offsets, not all(t.isascii() for t in texts))
+    raw, data, offsets = _joined([normalized_bytes(t) for t in texts])
+    return _words_of(raw, data, offsets, not all(t.isascii() for t in texts))
 
 
-def _joined(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def _joined(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The parts end to end with a zero byte before and between them and 9 after them (prefix_hashes reads 8
-    bytes from a word's start), and each one's first byte in it (one more entry: the end)."""
+    bytes from a word's start), the same bytes through _BYTE_MAP, and each part's first byte in them (one more
+    entry: the end). Both arrays are writable (bytearrays); bytes.translate maps them in one C loop, a few
+    times faster than numpy's gather."""
     offsets = np.cumsum([1] + [len(p) + 1 for p in parts])
-    return np.frombuffer(b"\0" + b"\0".join(parts) + bytes(9), np.uint8), offsets
+    joined = bytearray(b"\0")
+    joined += bytearray(b"\0").join(parts)
+    joined += bytes(9)
+    return np.frombuffer(joined, np.uint8), np.frombuffer(joined.translate(_BYTE_TABLE), np.uint8), offsets
 
 
-def _words_of(raw: np.ndarray, offsets: np.ndarray, non_ascii: bool, cuts: np.ndarray | None = None) -> Words:
-    """split_words of the texts' normalized bytes joined (_joined); `cuts`: more bytes that separate."""
-    data = _BYTE_MAP[raw]
+def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii: bool,
+              cuts: np.ndarray | None = None) -> Words:
+    """split_words of the texts' normalized bytes joined and mapped (_joined); `cuts`: more bytes that separate."""
     if non_ascii:
         data[_punctuation(raw)] = 0
     if cuts is not None:
@@ -157,8 +167,7 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
         except UnicodeEncodeError:  # a lone surrogate: checked the slow way
             forced.append(i)
             parts.append(b"")
-    raw, offsets = _joined(parts)
-    data = _BYTE_MAP[raw]
+    raw, data, offsets = _joined(parts)
     letter = data != 0
     high = np.flatnonzero(raw >= 0x80)
     if len(high):
@@ -237,11 +246,11 @@ def _wild_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     context ends there; no run holds _JOINT itself)."""
     joined = raw.tobytes()
     text = _JOINT.encode().join([joined[s:e] for s, e in zip(starts.tolist(), ends.tolist())]).decode()
-    normal, offsets = _joined([normalized_bytes(text)])
+    normal, data, offsets = _joined([normalized_bytes(text)])
     cuts = _joints(normal)
     if len(cuts) != len(starts) - 1:  # (no character's NFKC form holds _JOINT: it has none)
         raise AssertionError(f"{len(cuts)} cuts between {len(starts)} wild runs")
-    words = _words_of(normal, offsets, True, np.concatenate([cuts, cuts + 1, cuts + 2]))
+    words = _words_of(normal, data, offsets, True, np.concatenate([cuts, cuts + 1, cuts + 2]))
     run = np.searchsorted(cuts, words.starts)  # which wild run each word is in
     count = np.bincount(run, minlength=len(starts))
     found = np.bincount(run, weights=member(words.hashes), minlength=len(starts)) > 0
@@ -256,6 +265,14 @@ def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     check of every candidate tells apart."""
     if not len(starts):
         return np.empty(0, np.uint64)
+    head, tail, lengths = word_ends(data, starts, ends)
+    with np.errstate(over="ignore"):
+        return _mix(_mix(head ^ lengths * _STEP) + tail)
+
+
+def word_ends(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each word's first 8 bytes and last 8 (fewer for a shorter word, as a little-endian uint64 each) and its
+    length: together all of a word of at most 16 bytes."""
     padded = np.concatenate([np.zeros(8, np.uint8), data, np.zeros(8, np.uint8)])
     # every 8 bytes from each offset, as one little-endian uint64 (an unaligned view, no copy)
     eights = np.ndarray((len(padded) - 7,), "<u8", buffer=padded, strides=(1,))
@@ -264,8 +281,7 @@ def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     keep = np.where(short == 8, _M64, (np.uint64(1) << (short * np.uint64(8))) - np.uint64(1))
     head = eights[starts + 8] & keep  # the word's first bytes, the rest masked off
     tail = eights[ends] >> ((np.uint64(8) - short) * np.uint64(8))  # its last bytes, ending where the word does
-    with np.errstate(over="ignore"):
-        return _mix(_mix(head ^ lengths * _STEP) + tail)
+    return head, tail, lengths
 
 
 def gram_hashes_at(hashes: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:

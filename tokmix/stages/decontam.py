@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import defaultdict
+import re
+from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from tokmix.ngrams import (
     prefix_hashes,
     run_candidates,
     split_words,
+    word_ends,
 )
 from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_record
@@ -38,6 +40,8 @@ MIN_FILTER_BITS = 1 << 16
 WORD_FILTER_LOG2 = 24  # the items' words' filter: 2 MiB, 16 bits per word for a million distinct words
 GROUP_CHARS = 1 << 20  # documents checked together: their words' Python objects stay ~10x this in memory
 ITEMS_KEPT = 8192  # items' words a process keeps for checking candidates (about their text's size each)
+FIRST_PASS_GROUPS = 8  # the first pass's last groups that tell whether it pays (BenchmarkSet._first_pass_pays)
+FIRST_PASS_PROBE = 16
 GRAMS_KEPT = 16384  # candidate n-grams a process keeps the verdict of (the items holding each)
 ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs", "mixed")
 # arrays that only spare work, not in the set's fingerprint: the pair filter (ngrams.run_candidates) and the
@@ -102,11 +106,8 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     places[order].astype(np.uint32).tofile(out["places"])
     lengths[order].tofile(out["lengths"])
     out["ngrams"] += len(hashes)
-    # each word as a number, the same for the same bytes (exact: a dict of the words), to compare n-grams by
-    vocabulary = out["vocabulary"]
-    words = [w for w in group.data[:group.offsets[-1]].tobytes().split(b"\0") if w]
-    np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for w in words), np.uint32, len(words)).tofile(out["ids"])
-    out["word_count"] += len(words)
+    word_numbers(group, out["vocabulary"]).tofile(out["ids"])
+    out["word_count"] += len(group.starts)
     if out["word_count"] >= 1 << 32:
         raise ValueError("benchmark items of more than 4,294,967,295 words in all")
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
@@ -121,6 +122,31 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     out["bytes"] = base + len(data)
     out["short"] += int(short.sum())
     out["empty"] += int((counts == 0).sum())
+
+
+def word_numbers(group: Words, vocabulary: dict[bytes, int]) -> np.ndarray:
+    """Each word of the group as a number, the same for the same bytes (exact: `vocabulary` numbers each
+    distinct word), to compare n-grams by. The group's distinct words of at most 16 bytes are found by one
+    sort of their first and last 8 bytes and lengths (all of such a word), so the dictionary is consulted once
+    per distinct word; a longer word is looked up alone."""
+    numbers = np.empty(len(group.starts), np.uint32)
+    if not len(numbers):
+        return numbers
+    head, tail, lengths = word_ends(group.data, group.starts, group.ends)
+    short = np.flatnonzero(lengths <= 16)
+    order = short[np.lexsort((lengths[short], tail[short], head[short]))]
+    new = np.ones(len(order), bool)
+    new[1:] = (head[order[1:]] != head[order[:-1]]) | (tail[order[1:]] != tail[order[:-1]]) | (
+        lengths[order[1:]] != lengths[order[:-1]])
+    data = group.data
+    distinct = order[new]
+    known = np.fromiter((vocabulary.setdefault(data[s:e].tobytes(), len(vocabulary))
+                         for s, e in zip(group.starts[distinct].tolist(), group.ends[distinct].tolist())),
+                        np.uint32, len(distinct))
+    numbers[order] = known[np.cumsum(new) - 1]
+    for w in np.flatnonzero(lengths > 16).tolist():
+        numbers[w] = vocabulary.setdefault(data[group.starts[w]:group.ends[w]].tobytes(), len(vocabulary))
+    return numbers
 
 
 # what a build appends to as it reads the items (PART files, then removed): the n-grams' hashes, items, first
@@ -166,8 +192,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     del pairs  # before the n-grams are loaded and sorted
     del out["vocabulary"]
     hashes = np.fromfile(parts["grams"], np.uint64)
-    order = np.argsort(hashes, kind="stable")  # by hash, then item (the parts are in item order)
-    hashes = hashes[order]
+    order, hashes = _stable_order(hashes)  # by hash, then item (the parts are in item order)
     mixed = _mixed(hashes, order, parts)
     items = np.fromfile(parts["owners"], np.uint32)[order]
     del order
@@ -199,6 +224,21 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
               "arrays": checksums, "fingerprint": fingerprint}
     write_record(directory / "set.json", record)
     return record
+
+
+def _stable_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.argsort(hashes, kind="stable") and the hashes in that order, from numpy's unstable argsort (a few
+    times faster on uint64) with each run of equal hashes then put in position order."""
+    order = np.argsort(hashes)
+    ordered = hashes[order]
+    tie = ordered[1:] == ordered[:-1]
+    if tie.any():
+        inside = np.zeros(len(hashes), bool)  # the entries of a run of equal hashes
+        inside[1:] |= tie
+        inside[:-1] |= tie
+        at = np.flatnonzero(inside)
+        order[at] = order[at][np.lexsort((order[at], ordered[at]))]
+    return order, ordered
 
 
 def _mixed(hashes: np.ndarray, order: np.ndarray, parts: dict[str, Path]) -> np.ndarray:
@@ -301,6 +341,9 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set) 
 
 
 # ---------------------------------------------------------------------------- worker side
+_SEPARATORS = re.compile(b"\0+")
+
+
 class BenchmarkSet:
     """The run's benchmark n-grams as a worker reads them: the arrays memory-mapped (shared by every process of
     the machine through the page cache), an item's words read only when one of its n-grams is a candidate."""
@@ -314,18 +357,17 @@ class BenchmarkSet:
         self.fingerprint = record["fingerprint"]  # part of the token cache's key (tokmix.cache)
         self.shift = np.uint64(record["filter_shift"])
         self.word_shift = np.uint64(record["word_filter_shift"])
-        self.grams = np.load(files["grams"], mmap_mode="r")
-        self.items = np.load(files["items"], mmap_mode="r")
-        self.filter = np.load(files["filter"], mmap_mode="r")
-        self.words = np.load(files["words"], mmap_mode="r")
-        self.word_starts = np.load(files["word_starts"], mmap_mode="r")
-        self.word_filter = np.load(files["word_filter"], mmap_mode="r")
+        # plain arrays over the mapped files: a memmap's slices cost a Python object each
+        self.grams, self.items, self.filter, self.words, self.word_starts, self.word_filter, self.pairs = (
+            np.asarray(np.load(files[kind], mmap_mode="r"))
+            for kind in ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs"))
         self.pair_shift = np.uint64(record["pair_filter_shift"])
-        self.pairs = np.load(files["pairs"], mmap_mode="r")
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
         self._verified: dict[tuple[int, bytes], tuple[object, np.ndarray] | None] = {}
+        self._first_pass: deque[tuple[int, int]] = deque(maxlen=FIRST_PASS_GROUPS)  # (characters read, kept)
+        self._groups = 0
 
     def item_words(self, item: int) -> list[bytes]:
         """An item's words, as normalized (its mapped bytes: words separated by zeros)."""
@@ -341,20 +383,18 @@ class BenchmarkSet:
             self._items[item] = (b"\0" + b"\0".join(words) + b"\0", len(words))
         return self._items[item]
 
-    def _holding(self, hash_value: np.uint64, k: int, gram: bytes) -> tuple[object, np.ndarray] | None:
+    def _holding(self, hash_value: int, lo: int, hi: int, k: int, gram: bytes) -> tuple[object, np.ndarray] | None:
         """The items whose k-grams (an item of k words: all of them) include `gram` (its words, each between
-        zero bytes), among those with an n-gram of its hash, and a key that is the same for the same gram: None
-        when no item holds it. A hash stands for one sequence of words (the build compared them; "mixed"
-        otherwise), so the first item tells for all of them: one comparison, however many items share it."""
+        zero bytes), among those with an n-gram of its hash (grams[lo:hi]), and a key that is the same for the
+        same gram: None when no item holds it. A hash stands for one sequence of words (the build compared them;
+        "mixed" otherwise), so the first item tells for all of them: one comparison, however many items share
+        it."""
         key = (k, gram)
         if key not in self._verified:
             if len(self._verified) >= GRAMS_KEPT:
                 self._verified.clear()
-            lo = int(np.searchsorted(self.grams, hash_value, side="left"))
-            hi = int(np.searchsorted(self.grams, hash_value, side="right"))
-            if int(hash_value) in self.mixed:
-                held = np.array([item for item in np.asarray(self.items[lo:hi]).tolist() if self._holds(item, k, gram)],
-                                np.uint32)
+            if hash_value in self.mixed:
+                held = np.array([item for item in self.items[lo:hi].tolist() if self._holds(item, k, gram)], np.uint32)
                 self._verified[key] = (key, held) if len(held) else None
             else:
                 self._verified[key] = (lo, self.items[lo:hi]) if self._holds(int(self.items[lo]), k, gram) else None
@@ -364,17 +404,18 @@ class BenchmarkSet:
         words, count = self._item_bytes(item)
         return words == gram if count == k else (k == self.n and count > k and gram in words)
 
-    def candidates(self, hashes: np.ndarray) -> np.ndarray:
-        """Indices of the hashes that are in the set."""
+    def candidates(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Indices of the hashes that are in the set, and where each one's entries start and end in it."""
+        none = np.empty(0, np.int64)
         if not len(hashes) or not len(self.grams):
-            return np.empty(0, np.int64)
+            return none, none, none
         maybe = np.flatnonzero(in_filter(self.filter, self.shift, hashes))
         if not len(maybe):
-            return maybe
+            return maybe, none, none
         at = np.searchsorted(self.grams, hashes[maybe])
-        found = (at < len(self.grams)) & (np.asarray(self.grams[np.minimum(at, len(self.grams) - 1)])
-                                          == hashes[maybe])
-        return maybe[found]
+        found = (at < len(self.grams)) & (self.grams[np.minimum(at, len(self.grams) - 1)] == hashes[maybe])
+        maybe, lo = maybe[found], at[found]
+        return maybe, lo, np.searchsorted(self.grams, hashes[maybe], side="right")
 
     def pair(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each pair_hashes value may be two consecutive words of an item (and for a few others)."""
@@ -388,24 +429,17 @@ class BenchmarkSet:
         """Add to `found` the n-grams each text of the group shares with an item, every candidate compared byte
         for byte with the item's words."""
         member = self.member(group.hashes)  # words of some item (or a few more)
-        blob, first, end = None, None, None
         for k in self.lengths:
             hashes, at = group.grams(k, member)
-            cand = self.candidates(hashes)
+            cand, lo, hi = self.candidates(hashes)
             if not len(cand):
                 continue
-            if blob is None:  # the words each between one zero byte: a gram is one slice of it
-                data = group.data
-                keep = data != 0
-                keep[1:] |= data[:-1] != 0  # a word's bytes and the zero after it
-                keep[0] = True
-                place = np.cumsum(keep) - 1
-                blob, first, end = data[keep].tobytes(), place[group.starts] - 1, place[group.ends] + 1
-            texts = group.text_of(at[cand]).tolist()
-            for j, text in zip(cand.tolist(), texts):
-                start = int(at[j])
-                gram = blob[int(first[start]):int(end[start + k - 1])]
-                held = self._holding(hashes[j], k, gram)
+            starts = at[cand]
+            first, last = group.starts[starts], group.ends[starts + k - 1]
+            for text, value, a, b, s, e in zip(group.text_of(starts).tolist(), hashes[cand].tolist(), lo.tolist(),
+                                               hi.tolist(), first.tolist(), last.tolist()):
+                gram = b"\0" + _SEPARATORS.sub(b"\0", group.data[s:e].tobytes()) + b"\0"  # one zero between words
+                held = self._holding(value, a, b, k, gram)
                 if held is not None:
                     found.add(text, *held)
 
@@ -416,8 +450,11 @@ class BenchmarkSet:
         chars = 0
 
         def check(group: list[int]) -> None:
-            group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
-                                                                self.lengths[0])]
+            if self._first_pass_pays():
+                size = sum(len(texts[i]) for i in group)
+                group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
+                                                          self.lengths[0])]
+                self._first_pass.append((size, sum(len(texts[i]) for i in group)))
             if group:
                 self._matches(split_words([texts[i] for i in group]), found.renumbered(group))
 
@@ -433,6 +470,15 @@ class BenchmarkSet:
         if group:
             check(group)
         return [found.items(t) for t in range(len(texts))]
+
+    def _first_pass_pays(self) -> bool:
+        """Whether to run the cheap first pass on the next group: while it has let through at most half of the
+        text of its last groups in this process, and on every FIRST_PASS_PROBE-th group (a set whose items
+        share pairs of common words with the corpus lets nearly all through: then the pass only costs). Either
+        way the verdicts are the same: the pass keeps every text that may hold an item's n-gram."""
+        self._groups += 1
+        read, kept = sum(r for r, _ in self._first_pass), sum(k for _, k in self._first_pass)
+        return 2 * kept <= read or self._groups % FIRST_PASS_PROBE == 0
 
     def _huge(self, text: HugeText, found: Found) -> None:
         """A huge document piece by piece, each piece checked after the last words of the one before (so no
@@ -470,6 +516,8 @@ class Found:
         if len(grams) == 1:
             items = np.asarray(next(iter(grams.values())))
             return items.tolist() if self.min_matches == 1 else []
+        if self.min_matches == 1:  # the items of any of its n-grams
+            return np.unique(np.concatenate([np.asarray(items) for items in grams.values()])).tolist()
         top = max(int(np.asarray(items).max()) for items in grams.values()) + 1
         counts = np.zeros(top, np.int32)
         for items in grams.values():  # an item holds a gram once: no index twice in one
