@@ -44,9 +44,9 @@ class LocalExecutor:
     Arrow's UTF-8 and `str` with it held, ~16-17% of a worker's time (docs/scaling.md): past ~6 cores the
     threads queue for it. The default: on a few cores the fastest and the leanest."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, name: str = "tokmix-worker"):
         self.workers = workers
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker")
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
 
     def submit(self, fn: Callable, *args: Any) -> Future:
         return self.pool.submit(fn, *args)
@@ -70,6 +70,12 @@ class LocalExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close(cancel=exc[0] is not None)
+
+
+def holdout_threads(workers: int) -> LocalExecutor:
+    """Threads of the stage process for the holdout stage's reads, whatever the run's executor (they share the
+    process's encoder): one per worker, at most this machine's cores (on Ray the workers are remote)."""
+    return LocalExecutor(max(1, min(workers, os.cpu_count() or 1)), "tokmix-holdout")
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

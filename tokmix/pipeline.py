@@ -22,7 +22,7 @@ from tokmix.backends import (
 )
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import WORKER_PROCESS_BYTES, local_workers, make_executor
+from tokmix.executors import WORKER_PROCESS_BYTES, holdout_threads, local_workers, make_executor
 from tokmix.faults import end_descendants, fault_point
 from tokmix.format.records import Index
 from tokmix.guards import start_memory_guard, watch_supervisor
@@ -152,7 +152,8 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     `options_cap`: the token cache's cap (RunOptions.cache_size)."""
     t0 = time.perf_counter()
     ctx.progress.stage("holdout", f"{len(ctx.recipe.domains)} domain(s)")
-    val = run_holdout(ctx)
+    with holdout_threads(ctx.workers) as threads:
+        val = run_holdout(ctx, threads)
     if ctx.executor == "local":
         release_memory()
     else:  # the streams stage encodes in worker processes (or on Ray) with encoders of their own

@@ -82,11 +82,11 @@ class Context:
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
 # threads share one encoder, each call encoding on its caller's core, and the holdout stage reads its
-# streams on as many threads; a Ray task holds one CPU. (fastokens' own pool, shared by the workers, was
-# slower: docs/benchmarks.md, "Choices measured in the code".)
+# streams on as many threads (tokmix.executors.holdout_threads); a Ray task holds one CPU. (fastokens' own
+# pool, shared by the workers, was slower: docs/benchmarks.md, "Choices measured in the code".)
 ENCODER_THREADS = 1
-# Units (or shards) dispatched per worker and not yet committed: the streams and assemble stages' window, which
-# bounds their memory and what a kill loses.
+# Units (shards, holdout reads) dispatched per worker and not yet committed: the window of the streams, assemble
+# and holdout stages, which bounds their memory and what a kill loses.
 UNITS_IN_FLIGHT_PER_WORKER = 2
 # A unit's peak memory per byte of its source, at most: a huge JSONL line is held with its decoded text (~2x), a
 # heavy parquet row group with its compressed page while it decompresses (~1.4x), a text file once (docs/benchmarks.md,
@@ -104,8 +104,8 @@ def alone_share(ctx: Context, unit: Unit) -> int | None:
 
 class Window:
     """Tasks on an executor (tokmix.executors: threads, processes or Ray), at most `size` in flight: the one
-    scheduler of the streams and assemble stages. `submit` while there is `room`; `finished` waits for at least
-    one task and yields (key, result) of each that finished."""
+    scheduler of the streams, assemble and holdout stages. `submit` while there is `room`; `finished` waits for
+    at least one task and yields (key, result) of each that finished."""
 
     def __init__(self, executor: Any, size: int):
         self.executor, self.size = executor, size

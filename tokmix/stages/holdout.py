@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import random
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
 from tokmix.shards import CHECKSUM, DamagedFile, Part, damage, read_json, write_bytes, write_record
 from tokmix.sources import Places, file_kind, file_size, iter_file_texts, stream_files, text_hashes
-from tokmix.stages import Context, cache_key_base, shared_encoder
+from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key_base, shared_encoder
 from tokmix.tokens import Delimiters, write_npy, write_tokens
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
@@ -157,18 +156,19 @@ def holdout_cache_key(base: KeyBase, recipe: Recipe, stream: str, files: list[st
                             [source_identity(f, file_size(f, mirrors)) for f in files])
 
 
-def _read_domain(ctx: Context, encoder, pool: ThreadPoolExecutor, domain: str) -> dict[str, Future]:
-    """The domain's streams' holdout documents, each stream read on a thread of the pool (the encoder encodes
-    a call on its caller's thread)."""
-    return {name: pool.submit(_read_stream, ctx, encoder, name, reads)
-            for name, reads in stream_reads(ctx.recipe, domain).items()}
+class StreamRead(NamedTuple):
+    """The holdout stage's task: `budget` tokens of one stream's holdout documents, for its domain's holdout."""
+
+    domain: str
+    stream: str
+    budget: float
 
 
-def _read_stream(ctx: Context, encoder, stream: str, budget: float) -> tuple[Read, dict | None]:
+def _read_stream(ctx: Context, encoder, task: StreamRead) -> tuple[Read, dict | None]:
     """One stream's read (read_stream) and, with a token cache, what came from it: the documents an earlier run
     read are taken from the stream's entry (checked), only those past it encoded, and a read that went past the
     entry becomes its new entry, before the holdout that uses it is written (so no committed holdout lacks it)."""
-    recipe = ctx.recipe
+    recipe, stream, budget = ctx.recipe, task.stream, task.budget
     files = stream_files(recipe, ctx.split, stream, "holdout")
     args = (recipe, encoder, stream, files, budget, ctx.mirrors, ctx.delimiters, ctx.dtype,
             recipe.holdout.decontaminate, recipe.layout.provenance)
@@ -202,6 +202,15 @@ def _read_stream(ctx: Context, encoder, stream: str, budget: float) -> tuple[Rea
     tokenized = tokens - from_cache
     ctx.log(f"holdout {stream}: its documents' {from_cache:,} tokens from the token cache, {tokenized:,} encoded")
     return read, {"tokens_from_cache": from_cache, "tokens_tokenized": tokenized}
+
+
+def _read_or_error(ctx: Context, encoder, task: StreamRead) -> tuple[Read, dict | None] | Exception:
+    """_read_stream's result, or the error it raised: build_domain raises the first in the domain's stream order,
+    whichever read failed first."""
+    try:
+        return _read_stream(ctx, encoder, task)
+    except Exception as e:  # noqa: BLE001 - raised by build_domain, as the read's own
+        return e
 
 
 def _tokens(read: Read) -> int:
@@ -275,13 +284,16 @@ def draw(docs: list[tuple[str, np.ndarray]], names: list[str], need: int,
     return chunks, by_stream, n
 
 
-def build_domain(ctx: Context, domain: str, reads: dict[str, Future], byte_len: np.ndarray) -> dict:
+def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | None] | Exception],
+                 byte_len: np.ndarray) -> dict:
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
     docs, hashes, lengths, from_cache = [], [], [], {}
     for name in names:
-        read, from_cache[name] = reads[name].result()
+        if isinstance(reads[name], Exception):
+            raise reads[name]
+        read, from_cache[name] = reads[name]
         docs += read.docs
         hashes.append(read.hashes)
         lengths.append(read.chars)
@@ -351,8 +363,10 @@ def write_holdout_documents(ctx: Context, domain: str, taken: list[tuple], token
             "checksum": write_bytes(path, records.tobytes()), "sources": sources}
 
 
-def run_holdout(ctx: Context) -> dict[str, HoldoutEntry]:
-    """Build every domain's holdout that is not on disk yet; returns the index's `val` entry."""
+def run_holdout(ctx: Context, threads: Any) -> dict[str, HoldoutEntry]:
+    """Build every domain's holdout that is not on disk yet; returns the index's `val` entry. `threads`: this
+    process's threads (tokmix.executors.LocalExecutor), on which the streams' reads run through a Window (the
+    process's encoder encodes a call on its caller's thread)."""
     layout = ctx.layout
     try:
         index = layout.read_index() or Index.from_json({})
@@ -371,28 +385,28 @@ def run_holdout(ctx: Context) -> dict[str, HoldoutEntry]:
         if ctx.recipe.holdout.decontaminate:
             write_holdout_copies(ctx)
         return val
-    encoder = shared_encoder(ctx.tokenizer_path, ctx.backend)  # the streams stage's too
-    byte_len = ctx.token_bytes
-    threads = max(1, min(ctx.workers, os.cpu_count() or 1))  # on Ray the workers are remote: this machine's cores
-    reads: dict[str, dict[str, Future]] = {}
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="tokmix-holdout")
-    try:
-        for k, domain in enumerate(todo):
-            for ahead in todo[k : k + 2]:  # this domain's streams and the next domain's are read at once
-                if ahead not in reads:
-                    reads[ahead] = _read_domain(ctx, encoder, pool, ahead)
-            t0 = time.perf_counter()
-            val[domain] = entry = HoldoutEntry.from_json(build_domain(ctx, domain, reads.pop(domain), byte_len))
-            fault_point("holdout:after-write")
-            index = index.replace(val=val)
-            layout.write_index(index)
-            fault_point("holdout:after-index")
-            ctx.log(
-                f"holdout {domain}: {entry.tokens:,} tokens, {entry.docs:,} docs, {entry.bytes:,} bytes "
-                f"({entry.bytes / entry.targets:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
-            )
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # after an error: the queued reads are dropped
+    read = partial(_read_or_error, ctx, shared_encoder(ctx.tokenizer_path, ctx.backend))  # the streams stage's too
+    queue = iter([StreamRead(d, name, budget) for d in todo for name, budget in stream_reads(ctx.recipe, d).items()])
+    upcoming = next(queue, None)
+    done: dict[str, dict[str, tuple[Read, dict | None] | Exception]] = {d: {} for d in todo}
+    window = Window(threads, UNITS_IN_FLIGHT_PER_WORKER * threads.workers)
+    for k, domain in enumerate(todo):
+        ahead, t0 = todo[k : k + 2], time.perf_counter()  # this domain's streams and the next one's read at once
+        while len(done[domain]) < len(ctx.recipe.streams_of(domain)):
+            while window.room > 0 and upcoming is not None and upcoming.domain in ahead:
+                window.submit(read, upcoming, upcoming)
+                upcoming = next(queue, None)
+            for task, result in window.finished():
+                done[task.domain][task.stream] = result
+        val[domain] = entry = HoldoutEntry.from_json(build_domain(ctx, domain, done.pop(domain), ctx.token_bytes))
+        fault_point("holdout:after-write")
+        index = index.replace(val=val)
+        layout.write_index(index)
+        fault_point("holdout:after-index")
+        ctx.log(
+            f"holdout {domain}: {entry.tokens:,} tokens, {entry.docs:,} docs, {entry.bytes:,} bytes "
+            f"({entry.bytes / entry.targets:.3f} bytes/token) in {time.perf_counter() - t0:.1f}s"
+        )
     if ctx.recipe.holdout.decontaminate:
         write_holdout_copies(ctx)
     return val
