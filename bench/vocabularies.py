@@ -1,10 +1,12 @@
 """Pretrained vocabularies end to end: the bench corpus's recipe (bench/corpus.py) run with default flags once per
 tokenizer (r50k, p50k, cl100k, o200k from tiktoken's ranks, Mistral 7B's SentencePiece model, DeepSeek-V3's
-tokenizer.json: tests/vocab.py fetches them), the peak RSS of the whole process tree, the backend auto chose and
-the streams stage's tokens/s; then every document of the first shard read again from its source and encoded by
-the oracle (the format's own library), compared id for id; and the chosen backend's bare speed on the first
-shard's texts (pre-loaded, both cores, batches of 256 documents; each of 3 passes with a new encoder and new str
-objects, as the stage meets each document once: the best pass), the ceiling the streams stage is judged against.
+tokenizer.json: tests/vocab.py fetches them; Cohere Command-R's 256k byte-level BPE rebuilt from llama.cpp's GGUF in
+the llama-cpp-python sdist: bench/vocab256k.py, which needs the gguf package), the peak RSS of the whole process
+tree, the backend auto chose and the streams stage's tokens/s; then every document of the first shard read again from
+its source and encoded by the oracle (the format's own library), compared id for id; and the chosen backend's bare
+speed on the first shard's texts (pre-loaded, both cores, batches of 256 documents; each of 3 passes with a new
+encoder and new str objects, as the stage meets each document once: the best pass), the ceiling the streams stage is
+judged against.
 
     .venv/bin/python bench/vocabularies.py [--corpus bench/work/corpus] [--only cl100k_base,o200k_base] [--steps N]
 
@@ -30,7 +32,8 @@ from bench.memory import peak_tree_rss  # noqa: E402
 from tests.test_pretrained import assert_first_shard_is_the_oracles  # noqa: E402
 from tests.vocab import DATA, package_file, tiktoken_package_cache  # noqa: E402
 
-NAMES = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base", "mistral", "deepseek_v3"]
+NAMES = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base", "mistral", "deepseek_v3", "command_r"]
+HF_JSON = {"deepseek_v3": "<｜begin▁of▁sentence｜>", "command_r": "<BOS_TOKEN>"}  # tokenizer.json: its BOS
 
 
 def tokenizer_lines(name: str, work: Path) -> list[str]:
@@ -40,9 +43,17 @@ def tokenizer_lines(name: str, work: Path) -> list[str]:
         model = work / "mistral-v1.model"
         model.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
         return [f'sentencepiece = "{model}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
-    if name == "deepseek_v3":
-        return [f'path = "{package_file("deepseek_v3")}"', 'doc_prefix = "<｜begin▁of▁sentence｜>"']
+    if name in HF_JSON:
+        return [f'path = "{hf_json(name)}"', f'doc_prefix = "{HF_JSON[name]}"']
     return [f'tiktoken = "{name}"']
+
+
+def hf_json(name: str) -> Path:
+    if name == "command_r":
+        from bench.vocab256k import WORK, command_r_tokenizer
+
+        return command_r_tokenizer(WORK)
+    return package_file(name)
 
 
 def recipe_for(corpus: Path, name: str, work: Path, steps: int | None) -> Path:
@@ -69,10 +80,10 @@ def oracle_encode(name: str, work: Path):
         import sentencepiece
 
         return sentencepiece.SentencePieceProcessor(model_file=str(work / "mistral-v1.model")).encode
-    if name == "deepseek_v3":
+    if name in HF_JSON:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(package_file("deepseek_v3")))
+        tok = Tokenizer.from_file(str(hf_json(name)))
         tok.encode_special_tokens = True
         return lambda t: tok.encode(t, add_special_tokens=False).ids
     import tiktoken
@@ -120,7 +131,9 @@ def one(corpus: Path, name: str, base: Path, steps: int | None, keep: bool) -> d
     recipe = recipe_for(corpus, name, work, steps)
     out = work / "out"
     load = os.getloadavg()[0]
-    peak, seconds, rc = peak_tree_rss([sys.executable, "-m", "tokmix", "run", str(recipe), "--out", str(out)])
+    # --no-cache: a unit taken from the token cache (shared by every run on the machine) would time nothing
+    peak, seconds, rc = peak_tree_rss([sys.executable, "-m", "tokmix", "run", str(recipe), "--out", str(out),
+                                       "--no-cache"])
     print(json.dumps({"name": name, "rc": rc, "run_s": round(seconds, 1), "peak_tree_mib": round(peak / 2**20)}),
           flush=True)
     if rc:

@@ -107,17 +107,22 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                                      tokenizer_path)
     checksum = same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
+    vocab_size, oracle, token_bytes = vocab.size, vocab.oracle, vocab.token_bytes()
+    # A large vocabulary's oracle tokenizer weighs as much as an encoder: it is not held beside the backend
+    # check's process nor the stage's encoder (docs/benchmarks.md, "Pretrained vocabularies")
+    del vocab
+    release_memory()
     workers = max(1, options.workers)
     progress.stage("backend check", f"{recipe.tokenizer.backend}: the fast backends against "
                    f"the oracle ({ORACLE_LIBRARY[recipe.tokenizer.format]}) on the first documents of every stream")
-    backend = run_backend(recipe, layout, tokenizer_path, vocab.size, split, mirrors)
+    backend = run_backend(recipe, layout, tokenizer_path, vocab_size, split, mirrors)
     libraries = identity.recorded(layout, "tokenizer libraries")
     huge = huge_doc_chars(tokenizer_path)
     timings.add("tokenizer", time.perf_counter() - t0)
-    return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab.size, workers, mirrors,
+    return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
-                   tokenizer_sha256=checksum, token_bytes=vocab.token_bytes(), delimiters=delimiters,
-                   writer=RunWriter.of(layout), oracle=vocab.oracle, libraries=libraries["libraries"],
+                   tokenizer_sha256=checksum, token_bytes=token_bytes, delimiters=delimiters,
+                   writer=RunWriter.of(layout), oracle=oracle, libraries=libraries["libraries"],
                    oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache,
                    max_memory=options.max_memory)
 
