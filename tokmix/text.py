@@ -23,7 +23,7 @@ def clean_surrogates(text: str) -> str:
     return text
 
 
-HUGE_DOC_CHARS = 4 << 20  # a longer document is encoded piece by piece: fastokens needs ~12 bytes/char whole
+HUGE_DOC_CHARS = 4 << 20  # a longer document is encoded piece by piece: fastokens needs several bytes a char whole
 # Unicode White_Space: what the tokenizers' regex engine calls \s (Python's \s also takes \x1c-\x1f)
 _SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B))))
 _SPACE_CLASS = "".join(re.escape(c) for c in sorted(_SPACE))

@@ -292,7 +292,7 @@ def _write_npy(path: Path, array: np.ndarray | Path) -> str:
 CHUNK_BYTES = 8 << 20
 
 
-SMALL_BENCHMARK_BYTES = 4 << 20  # benchmark files this small are built in the stage process (~1 s less)
+SMALL_BENCHMARK_BYTES = 4 << 20  # benchmark files this small are built in the stage process (a fresh one costs more)
 
 
 def small_benchmarks(recipe: Recipe, mirrors) -> bool:

@@ -130,7 +130,7 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
             if got >= budget:
                 batch = batch[: k + 1]
                 break
-        if decontaminate:  # only decontamination reads them (hashing: ~13% of this stage)
+        if decontaminate:  # only decontamination reads them (hashing is a share of this stage worth sparing)
             hashes.append(text_hashes(batch))
             chars += map(len, batch)
     return Read(docs, *_hashes_and_chars(hashes, chars), complete)
