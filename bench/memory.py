@@ -31,10 +31,11 @@ from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_
 os.environ.setdefault("TOKMIX_CACHE", "off")
 
 
-def peak_tree_rss(cmd: list[str]) -> tuple[int, float, int]:
-    """Run cmd; sample the summed RSS of it and all its descendants every 20 ms. (peak bytes, seconds, rc)"""
+def peak_tree_rss(cmd: list[str], log: Path | None = None) -> tuple[int, float, int]:
+    """Run cmd (its output into `log`); sample the summed RSS of it and all its descendants every 20 ms.
+    (peak bytes, seconds, rc)"""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=log.open("w") if log else subprocess.DEVNULL)
     root, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
         total = 0
@@ -75,7 +76,7 @@ def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
         recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
     out = work / "out"
     peak, secs, rc = peak_tree_rss([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out),
-                                    "--workers", "2", "--keep-streams", "--restart"])
+                                    "--workers", "2", "--keep-streams", "--restart"], work / "run.log")
     identical = None
     if rc == 0:
         from tokmix.backends import make_encoder
@@ -86,8 +87,9 @@ def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
         lengths = np.diff(np.append(starts, len(tokens)))
         at = np.flatnonzero(lengths == len(want) + 1)
         identical = bool(len(at) == 1 and np.array_equal(tokens[starts[at[0]] + 1:][: len(want)], want))
+    alone = "runs alone" in (work / "run.log").read_text()  # tokmix.stages.alone_share
     return {"case": f"one {doc_mb} MB document ({fmt})", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc,
-            "ids_identical_to_whole": identical}
+            "ids_identical_to_whole": identical, "alone": alone}
 
 
 def many_files_case(work: Path, n_files: int) -> dict:
@@ -149,10 +151,10 @@ def main() -> None:
     if "empty" in cases:
         rows.append(empty_files_case(args.work / "empty", args.empty_files))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'case':<36} {'peak RSS (tree)':>16} {'seconds':>8} {'exit':>5}  ids identical")
+    print(f"{'case':<36} {'peak RSS (tree)':>16} {'seconds':>8} {'exit':>5}  ids identical  ran alone")
     for r in rows:
         print(f"{r['case']:<36} {r['peak_mib']:>12,.0f} MiB {r['seconds']:>8.1f} {r['exit']:>5}  "
-              f"{r.get('ids_identical_to_whole', '')}")
+              f"{str(r.get('ids_identical_to_whole', '')):<13}  {r.get('alone', '')}")
 
 
 if __name__ == "__main__":

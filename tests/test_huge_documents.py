@@ -106,7 +106,7 @@ def test_a_unit_too_large_for_a_workers_share_of_the_budget_runs_alone(tmp_path,
     tokmix.run(tokmix.load_recipe(recipe), tmp_path / "two", workers=2, max_memory=640 << 20)
     log = capfd.readouterr().out
     assert log.count("runs alone") == 1
-    assert "edu: unit 000000 (110 MiB of source) runs alone: over a worker's share of --max-memory (192 MiB)" in log
+    assert "edu: unit 000000 (one read of 110 MiB) runs alone: over a worker's share of --max-memory (192 MiB)" in log
     tokmix.run(tokmix.load_recipe(recipe), tmp_path / "one", workers=1, max_memory=640 << 20)
     assert "runs alone" not in capfd.readouterr().out  # one worker: nothing to hold back
     for shard in sorted((tmp_path / "one").glob("train_*.bin")):

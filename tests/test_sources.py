@@ -4,6 +4,7 @@ document, fsspec URLs (memory://, file://) and the hf:// mirror remapping, and b
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -251,6 +252,46 @@ def test_a_huge_jsonl_text_is_read_as_utf8_pieces_equal_to_the_parsed_text(tmp_p
     assert [isinstance(t, HugeText) for t in read] == [True] * 5 + [False]
 
 
+def test_a_huge_line_streamed_from_its_file_reads_as_the_line_held_whole():
+    """A long line of a file that can seek is read through in chunks, never held (streamed_json_text); it gives
+    what the line held whole gives (huge_json_text), errors named alike, wherever a chunk cuts it: inside a literal,
+    an escape, a run of backslashes or a character, at every `huge`."""
+    import io
+    import random
+
+    from tokmix.sources import HugeText
+    from tokmix.sources.jsonl import huge_json_text, streamed_json_text
+
+    def read(function, *args):
+        try:
+            text = function(*args, "text", "s", "p", lambda: "line 1", huge)
+        except TokmixError as e:  # the same message, but json's detail of an unterminated literal longer than `huge`
+            return str(e).split(" (")[0]
+        text = text[0] if isinstance(text, tuple) else text
+        return bytes(text.utf8()) if isinstance(text, HugeText) else text
+
+    rng = random.Random(1)
+    alphabet = ["a", "\\", '"', "é", "😀", "\n", " ", "x" * 30, "\\\\", '\\"', "\ud83d"]
+    lines = []
+    for _ in range(60):
+        text, other = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, n))) for n in (80, 40))
+        record = rng.choice([{"text": text, "n": 1}, {"a": other, "text": text}, {"x": text, "text": other},
+                             {"text": text, "b": [other, {"c": other}]}])
+        lines.append(json.dumps(record, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass"))
+    lines += [json.dumps({"id": 3, "text": 'ab\\"c' * 300_000 + "é😀" * 1000, "z": "q" * 100}).encode(),
+              json.dumps({"text": "\\" * 1_048_570 + '"end'}).encode(), b'{"text": "abc' + b"x" * 100]
+    compared = 0
+    for line, huge in itertools.product(lines, (5, 9, 13, 31, 64)):
+        f = io.BufferedReader(io.BytesIO(line + b"\n"))
+        first = f.readline(huge + 1)
+        if len(first) <= huge:
+            continue
+        assert read(streamed_json_text, f, first) == read(huge_json_text, line + b"\n")
+        assert f.read() == b""  # left after the line
+        compared += 1
+    assert compared > 250
+
+
 def test_a_huge_jsonl_line_that_is_not_json_names_its_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"text": "ok"}) + "\n" + '{"text": "' + "x" * 500 + '", "n": tru}\n')
@@ -287,3 +328,19 @@ def test_a_null_after_a_huge_document_names_its_row(tmp_path):
     unit = next(plan_units("s", [str(path)], [], 1 << 30))
     with pytest.raises(TokmixError, match=r"stream s: file .*heavy.parquet: row 3: 'text' is null"):
         list(read_texts(unit, "text", "s", [], huge=1 << 20))
+
+
+def test_what_a_unit_holds_at_once_is_known_from_metadata(tmp_path):
+    """Unit.held, which schedules a unit alone (tokmix.stages.alone_share): a text file's size; a heavy parquet
+    row group's bytes (over 64 MiB in at most 1,024 rows, read whole), not an ordinary one's; 0 for JSONL, whose
+    pieces are byte ranges."""
+    heavy = _heavy_parquet(tmp_path / "heavy.parquet", ["a", "word " * (13 << 20), "b"])
+    light = tmp_path / "light.parquet"
+    pq.write_table(pa.table({"text": TEXTS}), light)
+    text = tmp_path / "doc.txt"
+    text.write_text("x" * 5000)
+    jsonl = write_jsonl(tmp_path / "a.jsonl", ["y" * 5000])
+    held = {Path(u.pieces[0].path).name: u.held for f in (heavy, light, text, jsonl)
+            for u in plan_units("s", [str(f)], [], 1 << 30)}
+    assert held["heavy.parquet"] > 13 * 5 << 20
+    assert held == {"heavy.parquet": held["heavy.parquet"], "light.parquet": 0, "doc.txt": 5000, "a.jsonl": 0}

@@ -113,6 +113,107 @@ def huge_json_text(line: bytes, field: str, stream: str, path: str, where, huge:
     return HugeText(data, path, stream)
 
 
+def streamed_json_text(f, first: bytes, field: str, stream: str, path: str, where,
+                       huge: int) -> tuple[str | HugeText | None, int]:
+    """huge_json_text for a line of a seekable file that starts with `first` (its first huge + 1 bytes) and goes on
+    in `f`, never held whole: the line is read through to its newline a MiB at a time, keeping the rest of the line
+    with every string literal longer than `huge` swapped for an empty one (_Literals), and the field's literal is
+    read again from the file a piece at a time, so memory holds its decoded UTF-8 and one piece, not also the line
+    (a 300 MB line peaked at ~840 MiB of the tree: docs/benchmarks.md). (The text or None for a blank line, the
+    line's bytes.) `f` is left after the line."""
+    scan, chunk = _Literals(f.tell() - len(first), huge), first
+    while chunk:
+        scan.feed(chunk)
+        if chunk.endswith(b"\n"):
+            break
+        chunk = f.readline(1 << 20)
+    short, after = scan.short(), f.tell()
+    if short.isspace():
+        return None, scan.size
+    text = json_text(short, field, stream, path, where)
+    if text or (span := scan.swapped.get(_value_offset(short, field))) is None:
+        return text, scan.size
+    start, stop = span
+    data = bytearray()
+    while start < stop:
+        f.seek(start)
+        window = f.read(min(huge, stop - start) + 1)  # with the byte after it, which _escape_free_cut looks at
+        cut = _escape_free_cut(window, 0, len(window) - 1, stop - start)
+        if cut > len(window) - 1:  # no place to cut (a text of nothing but escapes): the rest whole
+            f.seek(start)
+            window = f.read(cut)
+        try:
+            piece = json.loads(b'"' + window[:cut] + b'"')
+        except ValueError as e:
+            raise bad(stream, path, where(), f"invalid JSON ({e})") from None
+        data += clean_surrogates(piece).encode("utf-8")
+        start += cut
+    f.seek(after)
+    return HugeText(data, path, stream), scan.size
+
+
+class _Literals:
+    """A line fed in chunks: the line with every JSON string literal longer than `huge` bytes (quotes included)
+    swapped for "", and where each swapped one's content lies in the file (as _string_literals finds literals: a
+    quote closes one unless an odd run of backslashes precedes it, runs that may span chunks)."""
+
+    def __init__(self, start: int, huge: int):
+        self.at, self.huge, self.size = start, huge, 0  # the file offset of the next byte fed
+        self.parts: list[bytes] = []
+        self.kept = 0  # bytes in parts
+        self.swapped: dict[int, tuple[int, int]] = {}  # offset of its "" in the short line -> content's (start, end)
+        self.literal: list[bytes] | None = None  # the literal under way while it is short enough to keep
+        self.opened = -1  # the file offset of its opening quote; -1 outside a literal
+        self.length = self.backslashes = 0  # its bytes so far; the run of backslashes that ends them
+
+    def feed(self, chunk: bytes) -> None:
+        i, n = 0, len(chunk)
+        while i < n:
+            q = chunk.find(b'"', i)
+            end = n if q == -1 else q
+            if self.opened < 0:
+                self._keep(chunk[i:end])
+                if q != -1:
+                    self.opened, self.literal, self.length, self.backslashes = self.at + q, [b'"'], 1, 0
+                i = end + 1
+                continue
+            segment = chunk[i:end]
+            run = len(segment) - len(segment.rstrip(b"\\"))
+            run += self.backslashes if run == len(segment) else 0
+            self._grow(segment)
+            if q == -1:
+                self.backslashes = run
+                break
+            self._grow(b'"')
+            self.backslashes = 0
+            if run % 2 == 0:  # the closing quote
+                if self.literal is None:
+                    self.swapped[self.kept] = (self.opened + 1, self.at + q)
+                    self._keep(b'""')
+                else:
+                    self._keep(b"".join(self.literal))
+                self.opened = -1
+            i = end + 1
+        self.at += n
+        self.size += n
+
+    def _grow(self, data: bytes) -> None:
+        self.length += len(data)
+        if self.literal is not None:
+            self.literal.append(data)
+            if self.length > self.huge:
+                self.literal = None
+
+    def _keep(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.kept += len(data)
+
+    def short(self) -> bytes:
+        if self.opened >= 0:  # unterminated: what there is, for the parse to name
+            self._keep(b"".join(self.literal) if self.literal is not None else b'"')
+        return b"".join(self.parts)
+
+
 def _value_offset(line: bytes, field: str) -> int | None:
     """Byte offset in a JSON object's line (already parsed once, so valid) of the value of its top-level key
     `field`, the last one when the key repeats (as json and orjson keep it)."""
@@ -273,9 +374,12 @@ def _line_number(piece: Piece, mirrors, offset: int) -> int:
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
           skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The piece's documents, line by line; with `huge`, see tokmix.sources.units.read_texts."""
-    longest = huge + 1 if huge is not None and skip_huge else -1  # readline's limit: -1 is none
     ranged = piece.stop != -1
     with _open(piece, mirrors) as f:
+        # readline's limit (-1 is none): a longer line is skipped (skip_huge), or, in a file that can seek (not a
+        # compressed one), streamed (streamed_json_text)
+        streamed = huge is not None and not skip_huge and f.seekable()
+        longest = huge + 1 if huge is not None and (skip_huge or streamed) else -1
         offset, line_no = piece.start, 0
         if ranged and piece.start > 0:
             f.seek(piece.start - 1)
@@ -287,18 +391,24 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                     break
                 line_no += 1
                 size = len(line)
-                if len(line) == longest and not line.endswith(b"\n"):  # skip_huge: a longer line is skipped
+                long = len(line) == longest and not line.endswith(b"\n")
+                if long and skip_huge:  # a longer line is skipped
                     while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
                         size += len(rest)
                     offset += size + len(rest)
                     continue
-                if not line.isspace():  # (strip() would copy a 200 MB line)
+                if long or not line.isspace():  # (strip() would copy a 200 MB line)
                     where = (
                         (lambda o=offset: f"line {_line_number(piece, mirrors, o)}")
                         if ranged
                         else (lambda n=line_no: f"line {n}")
                     )
-                    if huge is not None and size > huge:
+                    if long:
+                        text, size = streamed_json_text(f, line, field, stream, piece.path, where, huge)
+                        if text is None:  # a blank line
+                            offset += size
+                            continue
+                    elif huge is not None and size > huge:
                         text = huge_json_text(line, field, stream, piece.path, where, huge)
                     else:
                         text = json_text(line, field, stream, piece.path, where)

@@ -31,14 +31,16 @@ def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
         meta = pq.ParquetFile(f).metadata
         f.seek(0, os.SEEK_END)
         file_bytes = f.tell()
-    start, size, row, first_row = 0, 0, 0, 0
+    start, size, row, first_row, held = 0, 0, 0, 0, 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
         size += rg.total_byte_size
         row += rg.num_rows
+        if rg.total_byte_size > HEAVY_ROW_GROUP_BYTES and rg.num_rows <= PARQUET_READ_ROWS:  # read whole (texts)
+            held = max(held, rg.total_byte_size)
         if size >= unit_bytes or g == meta.num_row_groups - 1:
-            yield Piece(path, "parquet", start, g + 1, first_row, size, file_bytes)
-            start, size, first_row = g + 1, 0, row
+            yield Piece(path, "parquet", start, g + 1, first_row, size, file_bytes, held)
+            start, size, first_row, held = g + 1, 0, row, 0
 
 
 def ids(path: str, field: str, stream: str, mirrors, rows: list[int]) -> list[str | int]:

@@ -27,6 +27,9 @@ class Piece:
     first_row: int = 0  # row (parquet) number of the piece's first document, for messages
     size: int = 0  # source bytes it holds (uncompressed, estimated for compressed files): for scheduling
     file_bytes: int = 0  # its whole file's size when planned: a resume refuses a file that has another now
+    # the most bytes of text its reader holds at once, as far as the file's metadata tells (a text file; a heavy
+    # parquet row group, read whole): for scheduling (tokmix.stages.alone_share); 0 for JSONL (lines do not show)
+    held: int = 0
 
 
 

@@ -16,7 +16,7 @@ def claims(path: str) -> bool:
 def pieces(path: str, mirrors, unit_bytes: int) -> Iterator[Piece]:
     """The whole file (tokmix.sources.units groups small ones into one unit)."""
     size = file_size(path, mirrors)
-    yield Piece(path, "text", size=size, file_bytes=size)
+    yield Piece(path, "text", size=size, file_bytes=size, held=size)
 
 
 def ids(path: str, field: str, stream: str, mirrors, places: list[int]) -> list[str | int]:

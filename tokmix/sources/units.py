@@ -37,6 +37,11 @@ class Unit:
     def size(self) -> int:
         return sum(p.size for p in self.pieces)
 
+    @property
+    def held(self) -> int:
+        """The most bytes of text its reader holds at once, as far as metadata tells (Piece.held)."""
+        return max((p.held for p in self.pieces), default=0)
+
     def describe(self) -> list[list]:
         return [[p.path, p.kind, p.start, p.stop] for p in self.pieces]
 

@@ -88,18 +88,19 @@ ENCODER_THREADS = 1
 # Units (shards, holdout reads) dispatched per worker and not yet committed: the window of the streams, assemble
 # and holdout stages, which bounds their memory and what a kill loses.
 UNITS_IN_FLIGHT_PER_WORKER = 2
-# A unit's peak memory per byte of its source, at most: a huge JSONL line is held with its decoded text (~2x), a
-# heavy parquet row group with its compressed page while it decompresses (~1.4x), a text file once (docs/benchmarks.md,
-# "Memory on hard inputs").
+# A unit's peak memory per byte of its source, at most: a heavy parquet row group holds its compressed page while it
+# decompresses (~1.4x), a text file is held once (docs/benchmarks.md, "Memory on hard inputs"). (A JSONL piece is a
+# byte range: a long line in it does not show; read from its file in chunks, it holds its decoded text once.)
 UNIT_PEAK_PER_BYTE = 2
 
 
 def alone_share(ctx: Context, unit: Unit) -> int | None:
-    """A worker's share of the memory budget when `unit` may peak above it (its source bytes, known before it is
-    read: a JSONL piece's byte range, a text file's size, a parquet piece's row groups from the footer, times
-    UNIT_PEAK_PER_BYTE), else None. Such a unit is tokenized with no other unit in flight (tokmix.stages.streams)."""
+    """A worker's share of the memory budget when `unit` may peak above it (the most text its reader holds at
+    once, known before it is read: a text file's size, a heavy parquet row group's from the footer; Unit.held),
+    times UNIT_PEAK_PER_BYTE, else None. Such a unit is tokenized with no other unit in flight
+    (tokmix.stages.streams)."""
     share = (ctx.max_memory - STAGE_PROCESS_BYTES) // ctx.workers
-    return share if ctx.workers > 1 and unit.size * UNIT_PEAK_PER_BYTE > share else None
+    return share if ctx.workers > 1 and unit.held * UNIT_PEAK_PER_BYTE > share else None
 
 
 class Window:

@@ -746,7 +746,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
                     break
                 if share:
                     alone = True
-                    ctx.log(f"{run.name}: unit {task.unit.name} ({task.unit.size / 2**20:,.0f} MiB of source) runs "
+                    ctx.log(f"{run.name}: unit {task.unit.name} (one read of {task.unit.held / 2**20:,.0f} MiB) runs "
                             f"alone: over a worker's share of --max-memory ({share / 2**20:,.0f} MiB)")
                 # a unit of pass 1 is tokenized from its files, one of a later pass copied from pass 1's (each
                 # function submitted by name: Ray titles its worker by it)
