@@ -289,6 +289,11 @@ def check_executor(kind: str, address: str | None = None) -> None:
         _check_reachable(address or os.environ.get("RAY_ADDRESS"))
 
 
+def worker_memory(workers: int, max_memory: int) -> int:
+    """A worker's share of the tree's budget `max_memory`: what the stage process itself leaves, split evenly."""
+    return (max_memory - STAGE_PROCESS_BYTES) // workers
+
+
 def local_workers(workers: int, max_memory: int) -> int:
     """How many worker processes the memory budget holds, at most `workers` and at least one."""
     return max(1, min(workers, (max_memory - STAGE_PROCESS_BYTES) // WORKER_PROCESS_BYTES))

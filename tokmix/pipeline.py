@@ -22,7 +22,7 @@ from tokmix.backends import (
 )
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import WORKER_PROCESS_BYTES, holdout_threads, local_workers, make_executor
+from tokmix.executors import WORKER_PROCESS_BYTES, holdout_threads, local_workers, make_executor, worker_memory
 from tokmix.faults import end_descendants, fault_point
 from tokmix.format.records import Index
 from tokmix.guards import start_memory_guard, watch_supervisor
@@ -124,7 +124,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                    tokenizer_sha256=checksum, token_bytes=token_bytes, delimiters=delimiters,
                    writer=RunWriter.of(layout), oracle=oracle, libraries=libraries["libraries"],
                    oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache,
-                   max_memory=options.max_memory)
+                   worker_memory=worker_memory(workers, options.max_memory))
 
 
 def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None:

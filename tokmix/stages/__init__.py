@@ -13,7 +13,6 @@ import numpy as np
 
 from tokmix.backends import ORACLE_LIBRARY, Encoder, make_encoder
 from tokmix.cache import KeyBase, tokenizer_oracle
-from tokmix.executors import STAGE_PROCESS_BYTES
 from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
 from tokmix.shards import UNIT_BYTES, Layout
@@ -76,8 +75,8 @@ class Context:
     oracle: str = "hf"  # the backend whose ids are the tokenizer's (tokmix.backends.ORACLE), recorded in index.json
     libraries: dict[str, str] = field(default_factory=dict)  # the oracle's and the backend's library versions
     oracle_ids_sha256: str = ""  # of the oracle's ids on ADVERSARIAL_TEXTS (tokmix.backends.oracle_digests)
-    max_memory: int = 1 << 30  # the process tree's budget (--max-memory): a unit too large for a worker's share runs
-    # alone (alone_share)
+    worker_memory: int = 384 << 20  # a worker's share of the tree's budget (tokmix.executors.worker_memory): a unit
+    # that may peak above it runs alone (alone_share)
 
 
 # Backend threads per encoder call. Parallelism comes from the workers: locally the stage process's worker
@@ -99,7 +98,7 @@ def alone_share(ctx: Context, unit: Unit) -> int | None:
     once, known before it is read: a text file's size, a heavy parquet row group's from the footer; Unit.held),
     times UNIT_PEAK_PER_BYTE, else None. Such a unit is tokenized with no other unit in flight
     (tokmix.stages.streams)."""
-    share = (ctx.max_memory - STAGE_PROCESS_BYTES) // ctx.workers
+    share = ctx.worker_memory
     return share if ctx.workers > 1 and unit.held * UNIT_PEAK_PER_BYTE > share else None
 
 
