@@ -4,6 +4,7 @@ every module (imports inside functions included) per wall, and fresh interpreter
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +58,16 @@ ONLY = {
     "tokmix.format.records": set(),
     "tokmix.format.commit": {"tokmix.errors", "tokmix.faults"},
     "tokmix.shards": {"tokmix.errors", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
-    "tokmix.ownership": {"tokmix.shards", "tokmix.format.commit"},
+    "tokmix.ownership": {"tokmix.shards", "tokmix.format.commit", "tokmix.unit_files"},
+    "tokmix.unit_files": {"tokmix.shards", "tokmix.store", "tokmix.tokens"},
     "tokmix.tokens": {"tokmix.shards", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
     "tokmix.provenance": {"tokmix.errors", "tokmix.shards", "tokmix.tokens", "tokmix.format.records"},
     "tokmix.interleave": {"tokmix.shards", "tokmix.tokens"},
     "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.tokens", "tokmix.provenance",
                     "tokmix.store", "tokmix.format.records"},
     "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
-    "tokmix.cache": {"tokmix.errors", "tokmix.faults", "tokmix.shards", "tokmix.store", "tokmix.text"},
+    "tokmix.cache": {"tokmix.errors", "tokmix.faults", "tokmix.shards", "tokmix.store", "tokmix.text",
+                     "tokmix.unit_files"},
     "tokmix.backends": {"tokmix.errors", "tokmix.text"},
     "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.tokens"},
     "tokmix.mirrors": {"tokmix.errors"},
@@ -170,6 +173,53 @@ def test_storage_is_chosen_in_the_store_module_alone():
     writes, reads and commits through the storage it returns."""
     found = {m: storage_checks(m) for m in MODULES if m != STORE}
     assert {m: checks for m, checks in found.items() if checks} == {}
+
+
+# ---------------------------------------------------------------------------- unit files have one owner
+UNIT_FILES = "tokmix.unit_files"
+# a unit file's kind ("tok"), its suffix ("000001.len", "*.src") or a glob into a units folder ("*/units/*.json")
+UNIT_SPELLING = re.compile(r"(?:tok|len|src)|.*\.(?:tok|len|src)(?!\w).*|.*\bunits/\*.*", re.DOTALL)
+WRITES = {"write_record", "write_bytes", "write_json", "write_tokens", "write_npy", "TokenFileWriter", "unlink",
+          "rename", "replace"}
+
+
+def unit_spellings(module: str) -> list[str]:
+    """String literals (f-strings' pieces included, docstrings aside) that name a unit's files."""
+    tree = ast.parse(MODULES[module].read_text())
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+            and UNIT_SPELLING.fullmatch(node.value)]
+
+
+def unit_writes(module: str) -> list[str]:
+    """Writes and removals of a path built from a unit (`write_record(unit_file(...), ...)`,
+    `(unit_dir / name).unlink()`): what only tokmix.unit_files may do."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        target = node.args[0] if isinstance(func, ast.Name) and node.args else \
+            func.value if isinstance(func, ast.Attribute) else None
+        if name in WRITES and target is not None and "unit" in ast.unparse(target).lower():
+            found.append(f"line {node.lineno}: {ast.unparse(node)[:100]}")
+    return found
+
+
+def test_unit_files_are_named_in_one_module():
+    """Only tokmix.unit_files spells a unit's files (NNNNNN.tok, .len, .src, .json): every other module asks it
+    for their paths, so a new part of a unit is one edit there."""
+    found = {m: unit_spellings(m) for m in MODULES if m != UNIT_FILES}
+    assert {m: spelled for m, spelled in found.items() if spelled} == {}
+
+
+def test_unit_files_are_written_and_removed_in_one_module():
+    """Writing a unit's files, committing it (its record, last), and removing a damaged one happen in
+    tokmix.unit_files (UnitFiles) alone."""
+    found = {m: unit_writes(m) for m in MODULES if m != UNIT_FILES}
+    assert {m: writes for m, writes in found.items() if writes} == {}
 
 
 def test_no_module_imports_another_modules_private_names():

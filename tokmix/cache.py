@@ -34,12 +34,12 @@ from tokmix.faults import fault_point
 from tokmix.shards import CHECKSUM, DamagedFile, file_checksum, open_read, read_json, write_bytes, write_record
 from tokmix.store import ObjectPath, abort_upload, as_path, is_url, storage
 from tokmix.text import size_bytes
+from tokmix.unit_files import CONTENT, LENGTHS, TOKENS, UnitFiles
 
 CACHE_FORMAT = 1  # the unit-format version: what a unit's files hold; a new one makes every older entry a miss
 ENV = "TOKMIX_CACHE"  # a folder or URL; "off" turns the cache off
 SIZE_ENV = "TOKMIX_CACHE_SIZE"
 DEFAULT_CAP = 50 << 30  # or a quarter of the cache's filesystem, whichever is smaller (default_cap)
-PARTS = ("tok", "len", "src")  # a unit's files, as shards.UNIT_KINDS names them (the record is entry.json)
 ENTRY = "entry.json"
 COPY_BYTES = 8 << 20
 HOLDOUT = "holdout"  # an entry's kind (record["kind"]): a stream's holdout documents; absent: a work unit
@@ -240,7 +240,7 @@ class UnitCache:
         with self._locked():
             try:
                 for part, file in record["files"].items():
-                    dst = unit_dir / f"{name}.{part}"
+                    dst = UnitFiles(unit_dir, name).path(part)
                     placed.append(dst)
                     if _place(self.entry_dir(key) / file, dst) != unit[f"{part}_sha256"]:
                         damaged, self.problem = True, f"sha256 of {file} differs from its record"
@@ -282,8 +282,8 @@ class UnitCache:
             if accept is not None and not accept(record, lambda part: self._read_extra(key, record, part)):
                 return None
             with self._locked():  # as a take: no eviction or replacement while its files are read
-                tokens = self._read_checked(key, record["files"]["tok"], unit["tok_sha256"])
-                lengths = self._read_checked(key, record["files"]["len"], unit["len_sha256"])
+                tokens = self._read_checked(key, record["files"][TOKENS], unit[f"{TOKENS}_sha256"])
+                lengths = self._read_checked(key, record["files"][LENGTHS], unit[f"{LENGTHS}_sha256"])
         except (DamagedFile, FileNotFoundError) as e:
             self.problem = getattr(e, "why", "a file of it is missing")
             self._discard(key, record)
@@ -345,7 +345,7 @@ class UnitCache:
         if existing is not None and not replace and (existing["complete"]
                                                      or existing["unit"]["tokens"] >= unit["tokens"]):
             return False
-        files = {part: f"{unit[f'{part}_sha256'][:16]}.{part}" for part in PARTS if f"{part}_sha256" in unit}
+        files = {part: f"{unit[f'{part}_sha256'][:16]}.{part}" for part in CONTENT if f"{part}_sha256" in unit}
         extras = {part: (data, hashlib.new(CHECKSUM, data).hexdigest()) for part, data in (extra or {}).items()}
         entry = {"key": key, "format": CACHE_FORMAT, **({"kind": kind} if kind else {}), "complete": complete,
                  "unit": unit, "files": files,
@@ -358,7 +358,7 @@ class UnitCache:
         tmp.mkdir(parents=True)
         try:
             for part, file in files.items():
-                got = _place(unit_dir / f"{name}.{part}", tmp / file, check=False)
+                got = _place(UnitFiles(unit_dir, name).path(part), tmp / file, check=False)
                 if got not in (None, unit[f"{part}_sha256"]):
                     return False  # the run's own unit changed under it: not a unit to share
                 entry["bytes"] += (tmp / file).stat().st_size
@@ -387,7 +387,7 @@ class UnitCache:
     def _fill_store(self, key: str, unit_dir, name: str, entry: dict, extras: dict) -> bool:
         target = self.entry_dir(key)
         for part, file in entry["files"].items():
-            got = _place(unit_dir / f"{name}.{part}", target / file)
+            got = _place(UnitFiles(unit_dir, name).path(part), target / file)
             if got != entry["unit"][f"{part}_sha256"]:
                 return False
             entry["bytes"] += (target / file).stat().st_size

@@ -15,6 +15,7 @@ from tokmix.mirrors import mirror_pairs, remap
 from tokmix.recipe import Recipe
 from tokmix.shards import LOCK_NAME, STATE_DIR, STORE_RUN_NAME, WRITERS_NAME, Layout
 from tokmix.store import store_problem
+from tokmix.unit_files import sample_files
 
 MAGIC = "*?["
 
@@ -63,7 +64,7 @@ def _check_input(out: str, layout: Layout, what: str, pattern: str) -> None:
         from fsspec.utils import glob_translate  # fsspec's import is not free: only for this rare case
 
         translated = re.compile(glob_translate(pattern))
-        for sample in layout.sample_paths():
+        for sample in layout.sample_paths(sample_files(layout.units("s"))):
             rel = os.path.relpath(str(sample), str(layout.root))
             as_named = os.path.join(static, os.path.relpath(os.path.join(real_out, rel), real_static))
             if translated.fullmatch(as_named):

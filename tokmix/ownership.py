@@ -34,12 +34,12 @@ from tokmix.shards import (
     RECORDABLE_PATH,
     STREAM_META,
     STREAMS_DIR,
-    UNIT_FILE_NAME,
     UNITS_DIR,
     DamagedFile,
     Layout,
     write_bytes,
 )
+from tokmix.unit_files import FILE_NAME as UNIT_FILE_NAME
 
 RECORD_HEADER = "# tokmix: paths this run created in its output directory, recorded before creating them"
 RECORD_SEAL_LINE = "# sha256 "  # the record's last line: the sha256 of every line before it (Ownership.recorded)

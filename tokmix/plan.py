@@ -34,7 +34,7 @@ from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.process import default_unit_bytes
 from tokmix.recipe import Recipe
-from tokmix.shards import UNITS_DIR, DamagedFile, Layout, tokens_in_shard
+from tokmix.shards import DamagedFile, Layout, tokens_in_shard
 from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create_split, parse_mirrors, stream_files
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
@@ -46,6 +46,7 @@ from tokmix.store import is_url
 from tokmix.text import clean_surrogates
 from tokmix.tokenizer import document_delimiters, load_vocabulary, tokenizer_checksum, tokenizer_file
 from tokmix.tokens import Delimiters, dtype_for_vocab
+from tokmix.unit_files import token_and_length_files
 
 SAMPLE_BYTES = 1 << 20  # text tokenized per stream and part (train, holdout); its cost: docs/benchmarks.md
 SAMPLE_FILES = 8  # a sample is spread over this many files at least, so one odd first file does not decide it
@@ -380,8 +381,7 @@ def _free_space(out: Path) -> tuple[Path, int]:
 
 
 def _already_written(layout: Layout) -> int:
-    units = [p for kind in ("tok", "len") for p in layout.streams.glob(f"*/{UNITS_DIR}/*.{kind}")]
-    files = [*layout.root.glob("*.bin"), *units]
+    files = [*layout.root.glob("*.bin"), *token_and_length_files(layout.streams)]
     return sum(p.stat().st_size for p in files if p.is_file())
 
 

@@ -37,11 +37,11 @@ from tokmix.shards import (
     read_json,
     read_regular,
     reader_layout,
-    unit_file,
 )
 from tokmix.store import storage
 from tokmix.summary import passes
 from tokmix.tokens import LENGTH_DTYPE, Delimiters, iter_token_chunks
+from tokmix.unit_files import LENGTHS, UnitFiles
 
 REPORT_MARK = '<meta name="generator" content="tokmix report">'  # in its first bytes: a report tokmix wrote
 SCAN_CHUNK_BYTES = 8 << 20  # shard bytes per step of the scan: bounds its temporaries to ~100 MB
@@ -253,16 +253,16 @@ def _unit_records(layout: Layout, name: str) -> tuple[list[dict], np.ndarray] | 
     meta = read_json(meta_path, sealed=True)  # the run's records are checked like any state a command reads
     if meta is None:
         return None
-    folder = layout.stream(name) / "units"
+    folder = layout.units(name)
     records = []
     for unit in meta["units"]:
-        path = unit_file(folder, unit["name"], "json")
+        path = UnitFiles(folder, unit["name"]).record
         record = read_json(path, sealed=True)
         if record is None:
             raise TokmixError(f"{path}: missing, but {meta_path} lists it; run the same command again to remake it")
         record["committed_at"] = path.stat().st_mtime
         records.append(record)
-    per_unit = [np.fromfile(unit_file(folder, u["name"], "len"), dtype=LENGTH_DTYPE) for u in meta["units"]]
+    per_unit = [UnitFiles(folder, u["name"]).read_lengths() for u in meta["units"]]
     lengths = np.concatenate(per_unit or [np.empty(0, LENGTH_DTYPE)])
     return records, lengths[: meta["docs"]].astype(np.int64)
 
@@ -656,7 +656,7 @@ def render_html(out_dir: Path, index: Index, facts: dict[str, StreamFacts], plt)
     bpt = bytes_per_token(index, facts)
     sources = {f.lengths_from for f in facts.values()}
     lengths_note = (
-        "from the units' .len files (intermediates kept)"
+        f"from the units' .{LENGTHS} files (intermediates kept)"
         if sources == {"units"}
         else "from the shards (delimiter positions; streams by replaying the seeded interleave); the run's last, cut "
         "document is left out"

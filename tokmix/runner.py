@@ -30,6 +30,7 @@ from tokmix.process import RunOptions, interrupt, log
 from tokmix.recipe import Recipe
 from tokmix.shards import STATE_DIR, Layout, read_json, write_bytes, write_json
 from tokmix.store import check_store_url, claim_object, is_url, local_path, work_dir
+from tokmix.unit_files import count_recorded
 
 WORK_OUTPUT_NAME = "output.json"  # in a working folder's tokmix-state/: the one store output it works for
 
@@ -117,7 +118,7 @@ def _claim(layout: Layout, recipe: Recipe, restart: bool) -> None:
 # ---------------------------------------------------------------------------- supervisor
 def _progress_marker(layout: Layout) -> int:
     """Files committed so far: a restart that commits nothing more made no progress."""
-    return sum(1 for _ in layout.streams.glob("*/units/*.json")) + sum(1 for _ in layout.root.glob("*.bin"))
+    return count_recorded(layout.streams) + sum(1 for _ in layout.root.glob("*.bin"))
 
 
 def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: str | None = None,

@@ -98,20 +98,11 @@ def shard_blocks(total_blocks: int, blocks_per_shard: int) -> list[int]:
     return [blocks_per_shard] * full + ([rest] if rest else [])
 
 
-UNIT_KINDS = ("tok", "len", "src", "json")  # a unit's tokens, tokens per document, documents' places, record
-
-
 def unit_name(index: int) -> str:
-    """A work unit's name: its index in the stream, six digits (units list in order)."""
+    """A work unit's name: its index in the stream, six digits (units list in order; its files: tokmix.unit_files)."""
     return f"{index:06d}"
 
 
-def unit_file(units_dir: str | os.PathLike | ObjectPath, unit: int | str, kind: str) -> Path | ObjectPath:
-    """A unit's file of `kind` (UNIT_KINDS) in its stream's units folder (Layout.units), by index or name."""
-    return as_path(units_dir) / f"{unit_name(unit) if isinstance(unit, int) else unit}.{kind}"
-
-
-UNIT_FILE_NAME = re.compile(rf"\d{{6}}\.({'|'.join(UNIT_KINDS)})")  # what a units folder holds
 # every path the record of what tokmix created may name (Layout.run_paths): anything else is an edit
 RECORDABLE_PATH = re.compile(rf"{re.escape(INDEX_NAME)}|{'|'.join(map(re.escape, OWN_TOKENIZER_NAMES.values()))}|"
                               rf"{re.escape(CONTAMINATION_NAME)}|"
@@ -245,12 +236,12 @@ class Layout:
         paths += [self.streams, *map(self.stream, streams), *map(self.units, streams)]
         return paths
 
-    def sample_paths(self) -> list[Path]:
-        """One path of every kind tokmix may write, for asking whether a source pattern would match them."""
+    def sample_paths(self, unit: list[Path]) -> list[Path]:
+        """One path of every kind tokmix may write, for asking whether a source pattern would match them; `unit`:
+        a unit's files in stream "s" (tokmix.unit_files.sample_files)."""
         stream = self.stream("s")
         return [self.root, self.index, self.val("d"), self.train(0), self.tokenizer, self.recorded_recipe,
-                self.lock, self.record, stream, self.stream_meta("s"), *(self.units("s") / f"000000.{ext}"
-                for ext in ("tok", "len", "src", "json")), self.docs(self.train(0)),
+                self.lock, self.record, stream, self.stream_meta("s"), *unit, self.docs(self.train(0)),
                 self.train(0).with_name(f"{self.train(0).name}.tmp-{os.getpid()}")]
 
     def is_run(self) -> bool:

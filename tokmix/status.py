@@ -30,9 +30,9 @@ from tokmix.shards import (
     read_regular,
     reader_layout,
     tokenizer_change,
-    unit_file,
 )
 from tokmix.store import storage
+from tokmix.unit_files import recorded
 
 
 @dataclass
@@ -165,10 +165,9 @@ def _stream_status(layout: Layout, recipe: Recipe, name: str, index: Index | Non
         tokens, docs = (meta.tokens, meta.docs) if meta is not None else (budget, 0)
         return StreamStatus(name, spec.domain, budget, tokens, docs, 0, True)
     tokens = docs = units = 0
-    units_dir = layout.units(name)
-    for path in units_dir.glob("*.json"):
-        record = _json(path, sealed=True)
-        if record and all(unit_file(units_dir, path.stem, kind).exists() for kind in ("tok", "len")):
+    for files in recorded(layout.units(name)):
+        record = _json(files.record, sealed=True)
+        if record and files.has_content():
             tokens, docs, units = tokens + record["tokens"], docs + record["docs"], units + 1
     return StreamStatus(name, spec.domain, budget, tokens, docs, units, False)
 

@@ -32,7 +32,6 @@ from tokmix.shards import (
     open_read,
     read_json,
     tokens_in_shard,
-    unit_file,
     write_bytes,
     write_json,
     write_record,
@@ -40,6 +39,7 @@ from tokmix.shards import (
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, drop_cached
 from tokmix.store import ObjectPath, as_path
 from tokmix.tokens import LENGTH_DTYPE, BlockFingerprinter, TokenFileWriter, write_tokens
+from tokmix.unit_files import LENGTHS, PLACES, TOKENS, UnitFiles, unit_path
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write: bounds a shard writer's memory
 READ_BUFFER = 1 << 20  # bytes buffered per open unit file: a stream's documents are read in order, a few at a time
@@ -74,17 +74,17 @@ class StreamUnits:
         return Cursor(u, docs - before_docs, tokens - before_tokens)
 
     def paths(self, first: int, last: int) -> tuple[str, ...]:
-        """Units first..last (inclusive), as paths without their suffix."""
-        return tuple(str(self.directory / name) for name in self.names[first : last + 1])
+        """Units first..last (inclusive), as paths without their suffix (UnitFiles.stem)."""
+        return tuple(UnitFiles(self.directory, name).stem for name in self.names[first : last + 1])
 
 
 class RecordReader:
-    """A stream's per-document records from a cursor on, across its units' files of one kind (.len: lengths,
-    .src: places), a bounded piece at a time."""
+    """A stream's per-document records from a cursor on, across its units' files of one kind (LENGTHS: lengths,
+    PLACES: places), a bounded piece at a time."""
 
-    def __init__(self, units: tuple[str, ...], doc: int, suffix: str = ".len", dtype: np.dtype = LENGTH_DTYPE):
+    def __init__(self, units: tuple[str, ...], doc: int, kind: str = LENGTHS, dtype: np.dtype = LENGTH_DTYPE):
         self.units, self.unit, self.file = units, 0, None
-        self.doc, self.suffix, self.dtype = doc, suffix, dtype
+        self.doc, self.kind, self.dtype = doc, kind, dtype
 
     def take(self, n: int) -> np.ndarray:
         pieces = []
@@ -92,7 +92,7 @@ class RecordReader:
             if self.file is None:
                 if self.unit >= len(self.units):
                     raise TokmixError(f"{as_path(self.units[-1]).parent}: the units end {n:,} documents early")
-                self.file = open_read(f"{self.units[self.unit]}{self.suffix}", fetch=READ_BUFFER)
+                self.file = open_read(unit_path(self.units[self.unit], self.kind), fetch=READ_BUFFER)
                 self.file.seek(self.doc * self.dtype.itemsize)
             got = np.frombuffer(self.file.read(n * self.dtype.itemsize), dtype=self.dtype)
             pieces.append(got)
@@ -108,14 +108,14 @@ class RecordReader:
 
 
 class LengthReader(RecordReader):
-    """A stream's document lengths (int64) from a cursor on, across its units' .len files."""
+    """A stream's document lengths (int64) from a cursor on, across its units' lengths files."""
 
     def take(self, n: int) -> np.ndarray:
         return super().take(n).astype(np.int64)
 
 
 class TokenReader:
-    """A stream's tokens from a cursor on, across its units' .tok files, read into the caller's buffer (never
+    """A stream's tokens from a cursor on, across its units' token files, read into the caller's buffer (never
     memory-mapped: mapped pages count in the RSS that top and the memory guard see)."""
 
     def __init__(self, units: tuple[str, ...], token: int, itemsize: int):
@@ -128,7 +128,7 @@ class TokenReader:
             if self.file is None:
                 if self.unit >= len(self.units):
                     raise TokmixError(f"{as_path(self.units[-1]).parent}: the units end before the shard's tokens")
-                self.file = open_read(f"{self.units[self.unit]}.tok", READ_BUFFER, READ_BUFFER)
+                self.file = open_read(unit_path(self.units[self.unit], TOKENS), READ_BUFFER, READ_BUFFER)
                 self.file.seek(self.token * self.itemsize)
             n = self.file.readinto(view[got:])
             got += n
@@ -236,7 +236,7 @@ def stream_origins(directory: Path, units: list[dict], first_source: int) -> Str
     lines: dict[str, int] = {}  # a JSONL file's lines in the pieces before
     passes = 1
     for unit in units:
-        record = read_json(unit_file(directory, unit["name"], "json"), sealed=True)
+        record = UnitFiles(directory, unit["name"]).read_record()
         passes = max(passes, record.get("pass", 1))
         if record.get("pass", 1) > 1:
             continue
@@ -268,7 +268,7 @@ class ShardDocuments:
 
     def __init__(self, task: ShardTask):
         self.task = task
-        self.readers = [RecordReader(units, c.doc, ".src", UNIT_DOC_DTYPE)
+        self.readers = [RecordReader(units, c.doc, PLACES, UNIT_DOC_DTYPE)
                         for units, c in zip(task.units, task.cursors)]
         self.writer = TokenFileWriter(as_path(task.docs_path), DOC_DTYPE, fault="assemble:mid-write")
 

@@ -17,9 +17,10 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.interleave import Mix, balanced_chunks, chunked_order, interleave_order
-from tokmix.shards import CHECKSUM, read_json, train_name, unit_file, write_record
+from tokmix.shards import CHECKSUM, train_name, write_record
 from tokmix.stages import Context
 from tokmix.stages.assemble import INTERLEAVE_CHUNK, LengthReader, TokenReader
+from tokmix.unit_files import UnitFiles
 
 GATHER_TOKENS = 8 << 20  # tokens read before they are hashed
 
@@ -123,7 +124,7 @@ def record_expected(ctx: Context, metas: dict[str, dict]) -> dict[str, str]:
     for n in names:  # what the digests were derived from (the units were checked as the stage process started)
         h = hashlib.new(CHECKSUM)
         for u in metas[n]["units"]:
-            h.update(read_json(unit_file(ctx.layout.units(n), u["name"], "json"), sealed=True)["tok_sha256"].encode())
+            h.update(UnitFiles(ctx.layout.units(n), u["name"]).read_record()["tok_sha256"].encode())
         from_units[n] = h.hexdigest()
     shards = {train_name(k): d for k, d in enumerate(digests)}
     write_record(ctx.layout.expected, {

@@ -25,6 +25,7 @@ from tokmix.shards import CHECKSUM, DamagedFile, Part, damage, read_json, write_
 from tokmix.sources import Places, file_kind, file_size, iter_file_texts, stream_files, text_hashes
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key_base, shared_encoder
 from tokmix.tokens import Delimiters, write_npy, write_tokens
+from tokmix.unit_files import LENGTHS, TOKENS
 
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
 
@@ -218,10 +219,10 @@ def _tokens(read: Read) -> int:
 
 
 def _entry_files(read: Read, dtype: np.dtype) -> dict[str, bytes]:
-    """A stream's holdout documents as the files of its cache entry: their tokens, lengths and, as the read has
-    them, their texts' hashes and lengths (decontamination) and origins (provenance)."""
-    files = {"tok": np.concatenate([ids for _, ids, _ in read.docs]).astype(dtype, copy=False).tobytes(),
-             "len": np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes()}
+    """A stream's holdout documents as the files of its cache entry: their tokens and lengths (named as a unit's
+    are) and, as the read has them, their texts' hashes and lengths (decontamination) and origins (provenance)."""
+    files = {TOKENS: np.concatenate([ids for _, ids, _ in read.docs]).astype(dtype, copy=False).tobytes(),
+             LENGTHS: np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes()}
     if len(read.hashes) == len(read.docs):
         files["hash"], files["chars"] = read.hashes.astype(np.uint64).tobytes(), read.chars.tobytes()
     if read.docs[0][2] is not None:
@@ -236,11 +237,11 @@ def _held(found: tuple[dict, dict[str, bytes]] | None, stream: str, dtype: np.dt
     if found is None:
         return None
     record, files = found
-    if "tok" not in files or "len" not in files or ("hash" in files) != decontaminate \
+    if TOKENS not in files or LENGTHS not in files or ("hash" in files) != decontaminate \
             or ("origin" in files) != provenance:
         return None
     try:
-        ids, lengths = np.frombuffer(files["tok"], dtype), np.frombuffer(files["len"], np.int64)
+        ids, lengths = np.frombuffer(files[TOKENS], dtype), np.frombuffer(files[LENGTHS], np.int64)
         hashes = np.frombuffer(files.get("hash", b""), np.uint64)
         chars = np.frombuffer(files.get("chars", b""), np.int64)
         origins = np.frombuffer(files["origin"], np.int64).reshape(-1, 3).tolist() if provenance else None

@@ -7,7 +7,6 @@ passes. Decontamination happened in pass 1: a dropped holdout copy is in no pass
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,11 @@ import numpy as np
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE
-from tokmix.shards import DamagedFile, Part, damage, sealed_record, unit_file, unit_name, write_bytes, write_record
+from tokmix.shards import DamagedFile, unit_name
 from tokmix.stages import cached
 from tokmix.store import ObjectPath, as_path, storage
-from tokmix.tokens import LENGTH_DTYPE, TokenFileWriter, read_array, read_tokens
+from tokmix.tokens import LENGTH_DTYPE
+from tokmix.unit_files import UnitFiles
 
 GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 
@@ -32,35 +32,14 @@ GATHER_TOKENS = 8 << 20  # tokens gathered in memory before each write
 REMAKE_UNIT = "run the same command again: a damaged unit is remade from its source as the streams stage starts"
 
 
-def _stamp(path: Path) -> tuple:
-    """What changes when a file is replaced or written in place: a changed stamp means a new check."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return ()
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def unit_damage(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
-    """A committed unit's record, or why the unit cannot be used: its record is not the one written, or its
-    token, lengths or places file is missing or not the bytes the record's checksums were taken of. One read of
-    each local file per process while they are unchanged (a repeat unit's check after the coordinator's costs
-    nothing); a unit on an object store is read each time."""
+    """A committed unit's record, or why the unit cannot be used (UnitFiles.damage). One read of each local file
+    per process while they are unchanged (a repeat unit's check after the coordinator's costs nothing); a unit on
+    an object store is read each time."""
+    files = UnitFiles(directory, name)
     if storage(directory).remote:  # no stamps to trust: another host may have written it since
-        return _check(directory, name)
-    stamps = tuple(_stamp(unit_file(directory, name, part)) for part in ("json", "tok", "len", "src"))
-    return cached(("unit check", str(directory), name, stamps), lambda: _check(directory, name))
-
-
-def _check(directory: Path | ObjectPath, name: str) -> tuple[dict | None, str | None]:
-    record, why = sealed_record(unit_file(directory, name, "json"))
-    if record is None:
-        return None, why
-    # the places file only for a unit of a run with provenance
-    parts = [Part(unit_file(directory, name, part), record.get(f"{part}_sha256")) for part in ("tok", "len", "src")
-             if part != "src" or "src_sha256" in record]
-    why = damage(parts)
-    return (record, None) if why is None else (None, why)
+        return files.damage()
+    return cached(("unit check", str(directory), name, files.stamps()), files.damage)
 
 
 def checked_unit(directory: Path | ObjectPath, name: str) -> dict:
@@ -129,7 +108,7 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
     def build():
         for i in range(pass_units):
             checked_unit(as_path(unit_dir), unit_name(i))
-        per_unit = [read_array(unit_file(unit_dir, i, "len"), LENGTH_DTYPE) for i in range(pass_units)]
+        per_unit = [UnitFiles.of(unit_dir, i).read_lengths() for i in range(pass_units)]
         lengths = np.concatenate(per_unit).astype(np.int64)
         unit = np.repeat(np.arange(pass_units, dtype=np.int32), [len(x) for x in per_unit])
         offset = np.concatenate([np.cumsum(x, dtype=np.int64) - x for x in per_unit])
@@ -142,7 +121,7 @@ def _pass_one(unit_dir: str, pass_units: int) -> tuple[np.ndarray, np.ndarray, n
 def _pass_one_places(unit_dir: str, pass_units: int) -> np.ndarray:
     """Pass 1's documents' places and checksums (UNIT_DOC_DTYPE), in pass-1 order; built once per process."""
     return cached(("pass one places", unit_dir, pass_units), lambda: np.concatenate(
-        [read_array(unit_file(unit_dir, i, "src"), UNIT_DOC_DTYPE) for i in range(pass_units)]))
+        [UnitFiles.of(unit_dir, i).read_places(UNIT_DOC_DTYPE) for i in range(pass_units)]))
 
 
 def repeat_unit(task: RepeatTask) -> dict:
@@ -153,7 +132,7 @@ def repeat_unit(task: RepeatTask) -> dict:
 
 
 def _repeat_unit(task: RepeatTask) -> dict:
-    unit, unit_dir = task.unit, as_path(task.unit_dir)
+    unit, files = task.unit, UnitFiles.of(task.unit_dir, task.unit.name)
     lengths, doc_unit, offset, first = _pass_one(task.unit_dir, task.pass_units)
     docs = pass_order(task.seed, unit.stream, unit.pass_no, len(lengths))[first[unit.source] : first[unit.source + 1]]
     take = lengths[docs]
@@ -161,15 +140,15 @@ def _repeat_unit(task: RepeatTask) -> dict:
         reached = np.flatnonzero(np.cumsum(take) >= task.limit)
         if len(reached):
             docs, take = docs[: reached[0] + 1], take[: reached[0] + 1]
-    writer = TokenFileWriter(unit_file(unit_dir, unit.name, "tok"), np.dtype(task.dtype),  # sha256 for its record
-                             fault="streams:unit-mid-write")  # a repeat unit is a unit to the crash tests
+    # sha256 for its record; a repeat unit is a unit to the crash tests
+    writer = files.token_writer(np.dtype(task.dtype), fault="streams:unit-mid-write")
     sources: dict[int, np.ndarray] = {}
     chunk, pending = [], 0
     try:
         for d in docs.tolist():
             u = int(doc_unit[d])
             if u not in sources:
-                sources[u] = read_tokens(unit_file(unit_dir, u, "tok"), task.dtype)
+                sources[u] = UnitFiles.of(task.unit_dir, u).read_tokens(task.dtype)
             chunk.append(sources[u][offset[d] : offset[d] + lengths[d]])
             pending += int(lengths[d])
             if pending >= GATHER_TOKENS:
@@ -181,12 +160,12 @@ def _repeat_unit(task: RepeatTask) -> dict:
         writer.abort()
         raise
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
-    lengths_sha256 = write_bytes(unit_file(unit_dir, unit.name, "len"), take.astype(LENGTH_DTYPE).tobytes())
+    lengths_sha256 = files.write_lengths(take.astype(LENGTH_DTYPE).tobytes())
     src = {}
     if task.provenance:
         places = _pass_one_places(task.unit_dir, task.pass_units)[docs]  # a copy: marking the pass keeps pass 1's
         places["pass"] = unit.pass_no
-        src = {"src_sha256": write_bytes(unit_file(unit_dir, unit.name, "src"), places.tobytes())}
+        src = {"src_sha256": files.write_places(places.tobytes())}
     fault_point("streams:unit-before-record")
     record = {
         "index": unit.index,
@@ -204,5 +183,5 @@ def _repeat_unit(task: RepeatTask) -> dict:
         "len_sha256": lengths_sha256,
         **src,
     }
-    write_record(unit_file(unit_dir, unit.name, "json"), record)  # checked as a tokenized unit's is
+    files.commit(record)  # checked as a tokenized unit's is
     return record

@@ -26,7 +26,7 @@ from tokmix.errors import TokmixError
 from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
-from tokmix.shards import DamagedFile, read_json, unit_file, write_bytes, write_record
+from tokmix.shards import DamagedFile, read_json, write_record
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
 from tokmix.stages import (
     UNITS_IN_FLIGHT_PER_WORKER,
@@ -41,7 +41,8 @@ from tokmix.stages.decontam import benchmark_set, stream_contamination
 from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
-from tokmix.tokens import LENGTH_DTYPE, REFERENCE_DELIMITERS, Delimiters, TokenFileWriter, read_array
+from tokmix.tokens import LENGTH_DTYPE, REFERENCE_DELIMITERS, Delimiters, TokenFileWriter
+from tokmix.unit_files import UnitFiles, recorded
 
 TAIL_BATCH_CHARS = 256 << 10  # a limited unit's smallest batch: ~60k tokens
 
@@ -240,7 +241,7 @@ def _from_cache(task: UnitTask, cache: UnitCache) -> tuple[dict | None, bool]:
               "file_bytes": unit.file_bytes(), "limit": None if complete else cached_unit["tokens"],
               **cached_unit, "from_cache": True}
     fault_point("streams:unit-before-record")
-    write_record(unit_file(unit_dir, unit.name, "json"), record)
+    UnitFiles(unit_dir, unit.name).commit(record)
     return record, False
 
 
@@ -269,12 +270,11 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     provenance as without it) but not encoded. `before_record(record, complete, copies)` runs once the unit's
     files are in place, before its record commits it: `complete`, whether it holds every document of its pieces
     (not cut at its limit); `copies`, its documents' hashes for the cache (_same_copies)."""
-    unit, unit_dir = task.unit, as_path(task.unit_dir)  # a local folder, or a prefix on a store
+    unit, files = task.unit, UnitFiles.of(task.unit_dir, task.unit.name)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
     hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
     # sha256 as the tokens are written, checked when a later stage process reads the unit
-    writer = TokenFileWriter(unit_file(unit_dir, unit.name, "tok"), np.dtype(task.dtype),
-                             fault="streams:unit-mid-write")
+    writer = files.token_writer(np.dtype(task.dtype), fault="streams:unit-mid-write")
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
     chars = [0]
     huge, delimiters = task.huge, task.delimiters
@@ -346,12 +346,12 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         texts.close()  # the source file, also when the unit stops at its limit
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
-    lengths_sha256 = write_bytes(unit_file(unit_dir, unit.name, "len"), lengths.tobytes())
+    lengths_sha256 = files.write_lengths(lengths.tobytes())
     src = {}
     if places is not None:  # `lines`: where a JSONL file's next piece starts
         src["lines"] = [places.lines.get(i, 0) for i in range(len(unit.pieces))]
     if task.provenance:  # sha256 as every intermediate's
-        src["src_sha256"] = write_bytes(unit_file(unit_dir, unit.name, "src"), documents.result().tobytes())
+        src["src_sha256"] = files.write_places(documents.result().tobytes())
     if bench is not None:
         for entry in contaminated:  # a kept document's tokens, now that it is encoded
             if entry[3] < 0:
@@ -381,7 +381,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
             copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
                       "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
         before_record(record, complete, copies)
-    write_record(unit_file(unit_dir, unit.name, "json"), record)
+    files.commit(record)
     return record
 
 
@@ -427,7 +427,7 @@ def meta_path(ctx: Context, stream: str) -> Path:
 
 
 def unit_lengths(ctx: Context, stream: str, name: str) -> np.ndarray:
-    return read_array(unit_file(ctx.layout.units(stream), name, "len"), LENGTH_DTYPE)
+    return UnitFiles(ctx.layout.units(stream), name).read_lengths()
 
 
 def load_meta(ctx: Context, stream: str) -> dict | None:
@@ -440,20 +440,13 @@ def load_meta(ctx: Context, stream: str) -> dict | None:
         return None
 
 
-def discard_unit(directory: Path | ObjectPath, name: str, why: str, log: Callable[[str], None]) -> None:
-    """Remove a damaged unit, its record first (the record is the commit): its stream tokenizes it again."""
-    log(f"unit {directory / name}: damaged ({why}); remade from its source")
-    for part in ("json", "tok", "len", "src"):
-        (directory / f"{name}.{part}").unlink(missing_ok=True)
-
-
 def _committed(directory: Path | ObjectPath, log: Callable[[str], None]) -> dict[int, dict]:
     """The directory's committed units by index, each checked against its record; a damaged one is discarded."""
     records = {}
-    for path in sorted(directory.glob("*.json")):
-        record, why = unit_damage(directory, path.stem)
+    for files in recorded(directory):
+        record, why = unit_damage(directory, files.name)
         if why is not None:
-            discard_unit(directory, path.stem, why, log)
+            files.discard(why, log)
         else:
             records[record["index"]] = record
     return records
@@ -773,7 +766,7 @@ def _finished(ctx: Context, stream: str) -> dict | None:
     directory, whole = ctx.layout.units(stream), True
     for unit in meta["units"]:
         if (why := unit_damage(directory, unit["name"])[1]) is not None:
-            discard_unit(directory, unit["name"], why, ctx.log)
+            UnitFiles(directory, unit["name"]).discard(why, ctx.log)
             whole = False
     if not whole:
         meta_path(ctx, stream).unlink()
