@@ -52,6 +52,7 @@ ONLY = {
     "tokmix.errors": set(),
     "tokmix.text": set(),
     "tokmix.ngrams": set(),
+    "tokmix.wire": set(),
     "tokmix.store": {"tokmix.errors", "tokmix.format.commit"},
     "tokmix.faults": set(),
     "tokmix.format": set(),
@@ -68,10 +69,10 @@ ONLY = {
     "tokmix.recipe": {"tokmix.errors", "tokmix.shards"},
     "tokmix.cache": {"tokmix.errors", "tokmix.faults", "tokmix.shards", "tokmix.store", "tokmix.text",
                      "tokmix.unit_files"},
-    "tokmix.backends": {"tokmix.errors", "tokmix.text"},
+    "tokmix.backends": {"tokmix.errors", "tokmix.text", "tokmix.wire"},
     "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.tokens"},
     "tokmix.mirrors": {"tokmix.errors"},
-    **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", "tokmix.mirrors",
+    **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", "tokmix.mirrors", "tokmix.wire",
            *members("tokmix.sources")}
        for m in members("tokmix.sources")},
 }

@@ -29,6 +29,7 @@ import numpy as np
 
 from tokmix.errors import TokmixError
 from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
+from tokmix.wire import read_varint
 
 BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "sentencepiece", "hf")  # fastest first
 _MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers"}
@@ -214,27 +215,16 @@ class FastokensEncoder:
         return np.frombuffer(ids, dtype=np.uint32), counts
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return n, i
-
-
 def proto_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
     """(field number, value) of a protobuf message, by its wire format alone: ints for varints, bytes for the rest."""
     i = 0
     while i < len(buf):
-        key, i = _varint(buf, i)
+        key, i = read_varint(buf, i)
         wire = key & 7
         if wire == 0:
-            value, i = _varint(buf, i)
+            value, i = read_varint(buf, i)
         elif wire == 2:
-            n, i = _varint(buf, i)
+            n, i = read_varint(buf, i)
             value, i = buf[i : i + n], i + n
         elif wire in (1, 5):  # fixed 64 or 32 bits
             size = 8 if wire == 1 else 4

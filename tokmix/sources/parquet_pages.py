@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokmix.wire import read_varint
+
 CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd",
           "LZ4_RAW": "lz4_raw"}  # Parquet's LZ4 (Hadoop's framing) is not Arrow's lz4: left to pyarrow
 PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY = 0, 2, 3, 8  # parquet.thrift's Encoding
@@ -125,7 +127,7 @@ def _hybrid(data: memoryview, pos: int, end: int, width: int, count: int) -> lis
     """`count` values of Parquet's RLE / bit-packed hybrid encoding at data[pos:end], `width` bits each."""
     out: list[int] = []
     while len(out) < count and pos < end:
-        run, pos = _varint(data, pos)
+        run, pos = read_varint(data, pos)
         if run & 1:  # groups of 8 bit-packed values, least significant bit first
             size = (run >> 1) * width
             bits = np.unpackbits(np.frombuffer(data[pos:pos + size], np.uint8), bitorder="little")
@@ -160,19 +162,9 @@ def _page_header(f, pos: int, end: int) -> tuple[dict, int]:
             window *= 2
 
 
-def _varint(data: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
 
 def _int(data: memoryview, pos: int) -> tuple[int, int]:
-    z, pos = _varint(data, pos)
+    z, pos = read_varint(data, pos)
     return (z >> 1) ^ -(z & 1), pos
 
 
@@ -201,7 +193,7 @@ def _value(data: memoryview, pos: int, kind: int):
     if kind == 7:
         return None, pos + 8
     if kind == 8:
-        n, pos = _varint(data, pos)
+        n, pos = read_varint(data, pos)
         if pos + n > len(data):
             raise _Short
         return None, pos + n
@@ -209,14 +201,14 @@ def _value(data: memoryview, pos: int, kind: int):
         head = data[pos]
         n, elem, pos = head >> 4, head & 0x0F, pos + 1
         if n == 15:
-            n, pos = _varint(data, pos)
+            n, pos = read_varint(data, pos)
         items = []
         for _ in range(n):
             item, pos = (data[pos] == 1, pos + 1) if elem in (1, 2) else _value(data, pos, elem)
             items.append(item)
         return items, pos
     if kind == 11:
-        n, pos = _varint(data, pos)
+        n, pos = read_varint(data, pos)
         if not n:
             return {}, pos
         types, pos = data[pos], pos + 1
