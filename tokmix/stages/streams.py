@@ -631,7 +631,7 @@ class StreamRun:
             return False
         return self.prefix_tokens + self.in_flight_bytes * self._tokens_per_byte() < self.budget
 
-    def _next_unit(self) -> Unit | None:
+    def next_unit(self) -> Unit | None:
         """The first planned unit not committed yet (kept until it is submitted): of the files, then of the later
         passes when the stream repeats; or None when there is none (for now, while pass 1 is in flight)."""
         while self.upcoming is None:
@@ -658,7 +658,7 @@ class StreamRun:
         """The next unit to tokenize, or None for now. A unit expected to reach the budget waits until every
         unit before it is committed: it then carries the exact tokens left (UnitTask.limit) and stops there,
         instead of tokenizing the rest of its text for nothing. Meanwhile the workers take other streams' units."""
-        if self.advance() or (unit := self._next_unit()) is None:
+        if self.advance() or (unit := self.next_unit()) is None:
             return None
         ready = self.prefix == unit.index
         expected = self.prefix_tokens + (self.in_flight_bytes + unit.size) * self._tokens_per_byte()
@@ -730,7 +730,7 @@ def tokenize_streams(ctx: Context, executor, names: list[str]) -> dict[str, dict
             return metas
         for run in active:
             while not alone and window.room > 0 and run.wants_more():
-                upcoming = run.upcoming if run.upcoming is not None else run._next_unit()
+                upcoming = run.next_unit()  # kept until next_task submits it
                 share = alone_share(ctx, upcoming) if isinstance(upcoming, Unit) else None
                 if share and len(window):
                     alone = True  # the units in flight finish first; nothing else is sent until this one is done
