@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from collections import defaultdict, deque
 from pathlib import Path
 
@@ -368,6 +369,7 @@ class BenchmarkSet:
         self._verified: dict[tuple[int, bytes], tuple[object, np.ndarray] | None] = {}
         self._first_pass: deque[tuple[int, int]] = deque(maxlen=FIRST_PASS_GROUPS)  # (characters read, kept)
         self._groups = 0
+        self._pass_lock = threading.Lock()  # the set is shared by the stage process's worker threads
 
     def item_words(self, item: int) -> list[bytes]:
         """An item's words, as normalized (its mapped bytes: words separated by zeros)."""
@@ -454,7 +456,9 @@ class BenchmarkSet:
                 size = sum(len(texts[i]) for i in group)
                 group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
                                                           self.lengths[0])]
-                self._first_pass.append((size, sum(len(texts[i]) for i in group)))
+                kept = sum(len(texts[i]) for i in group)
+                with self._pass_lock:
+                    self._first_pass.append((size, kept))
             if group:
                 self._matches(split_words([texts[i] for i in group]), found.renumbered(group))
 
@@ -476,9 +480,11 @@ class BenchmarkSet:
         text of its last groups in this process, and on every FIRST_PASS_PROBE-th group (a set whose items
         share pairs of common words with the corpus lets nearly all through: then the pass only costs). Either
         way the verdicts are the same: the pass keeps every text that may hold an item's n-gram."""
-        self._groups += 1
-        read, kept = sum(r for r, _ in self._first_pass), sum(k for _, k in self._first_pass)
-        return 2 * kept <= read or self._groups % FIRST_PASS_PROBE == 0
+        with self._pass_lock:  # another thread's append while this one sums the deque would raise
+            self._groups += 1
+            groups, last = self._groups, list(self._first_pass)
+        read, kept = sum(r for r, _ in last), sum(k for _, k in last)
+        return 2 * kept <= read or groups % FIRST_PASS_PROBE == 0
 
     def _huge(self, text: HugeText, found: Found) -> None:
         """A huge document piece by piece, each piece checked after the last words of the one before (so no
