@@ -7,6 +7,8 @@ Layout of a cache (a local folder or a prefix on an object store):
 
     entries/<k[:2]>/<key>/entry.json       sealed record: the unit's record, its files, the key's parts
     entries/<k[:2]>/<key>/<sha[:16]>.tok   tokens, lengths, places: named by their content (never overwritten)
+                                           (other kinds: a stream's holdout documents, a built benchmark set's
+                                           arrays, tokmix.stages.decontam: the entry's "extra" files)
     tmp/                                   entries being filled (a local folder renamed into entries/ whole)
     used/<key>                             on a store: the time an entry was last used (LRU), as the object's
     lock                                   local: shared while an entry is linked or filled, exclusive to evict
@@ -234,28 +236,53 @@ class UnitCache:
                 self.problem = getattr(e, "why", "a file of it is missing")
                 self._discard(key, record)
                 return None
+        placing = [(file, UnitFiles(unit_dir, name).path(part), unit[f"{part}_sha256"])
+                   for part, file in record["files"].items()]
+        if not self._place_checked(key, record, placing, "cache:after-take-file"):
+            return None
+        return {**unit, "complete": record["complete"]}
+
+    def place(self, key: str, paths: dict[str, Path]) -> dict | None:
+        """Put an entry's extra files at `paths` (part: where), as `take` does a unit's (a hard link where it
+        can, a copy otherwise, each checked against its sha256); returns the entry's record, None when there is
+        none or it is damaged (removed, and what was placed of it too: `problem` says why)."""
+        record = self._read_entry(key)
+        if record is None:
+            return None
+        if set(record["extra"]) != set(paths):
+            self.problem = f"it holds {', '.join(sorted(record['extra']))}, not {', '.join(sorted(paths))}"
+            self._discard(key, record)
+            return None
+        placing = [(record["extra"][part]["file"], path, record["extra"][part]["sha256"])
+                   for part, path in paths.items()]
+        return record if self._place_checked(key, record, placing) else None
+
+    def _place_checked(self, key: str, record: dict, placing: list[tuple[str, Path | ObjectPath, str]],
+                       fault: str | None = None) -> bool:
+        """Place each (entry's file, destination, its sha256), checked, while no eviction can remove the entry;
+        a damaged one (or one removed meanwhile) is discarded with what was placed of it: False."""
         if self.remote:
             self._touch(key)  # first: an entry used within STORE_HOLD_SECONDS is not evicted while it is copied
         placed, damaged = [], False
         with self._locked():
             try:
-                for part, file in record["files"].items():
-                    dst = UnitFiles(unit_dir, name).path(part)
+                for file, dst, sha256 in placing:
                     placed.append(dst)
-                    if _place(self.entry_dir(key) / file, dst) != unit[f"{part}_sha256"]:
+                    if _place(self.entry_dir(key) / file, dst) != sha256:
                         damaged, self.problem = True, f"sha256 of {file} differs from its record"
                         break
-                    fault_point("cache:after-take-file")
+                    if fault is not None:
+                        fault_point(fault)
             except FileNotFoundError:  # removed (as damaged, by another run) since its record was read
                 damaged, self.problem = True, "a file of it is missing"
         if damaged:
             for path in placed:
                 path.unlink(missing_ok=True)
             self._discard(key, record)
-            return None
+            return False
         if not self.remote:
             self._touch(key)
-        return {**unit, "complete": record["complete"]}
+        return True
 
     def _read_extra(self, key: str, record: dict, part: str) -> bytes:
         """One of the entry's extra files (not a unit file: what `accept` judges it by), checked."""
@@ -334,23 +361,25 @@ class UnitCache:
 
     # ------------------------------------------------------------------ fill
     def fill(self, key: str, unit_dir: Path | ObjectPath | None, name: str, unit: dict, complete: bool,
-             parts: dict, extra: dict[str, bytes] | None = None, replace: bool = False, kind: str | None = None
-             ) -> bool:
+             parts: dict, extra: dict[str, bytes | tuple[Path, str]] | None = None, replace: bool = False,
+             kind: str | None = None) -> bool:
         """Add a committed unit (its record `unit`, its files in `unit_dir`) as the entry `key`, unless a
         complete one is there (or a partial one holds as much). Nothing half-made is ever visible: locally the
         entry is made in tmp/ and renamed into place whole; on a store its files come first under names of
         their content, its record last. Two runs filling one entry at once write the same bytes; one wins.
-        An entry of another `kind` (HOLDOUT) has only `extra` files, and `unit` says its tokens."""
+        An entry of another `kind` (HOLDOUT, a benchmark set) has only `extra` files (each its bytes, or a file
+        and its sha256: linked where it can be, copied otherwise), and `unit` is the record of what it holds."""
         existing = self._read_entry(key)
         if existing is not None and not replace and (existing["complete"]
                                                      or existing["unit"]["tokens"] >= unit["tokens"]):
             return False
         files = {part: f"{unit[f'{part}_sha256'][:16]}.{part}" for part in CONTENT if f"{part}_sha256" in unit}
-        extras = {part: (data, hashlib.new(CHECKSUM, data).hexdigest()) for part, data in (extra or {}).items()}
+        extras = {part: data if isinstance(data, tuple) else (data, hashlib.new(CHECKSUM, data).hexdigest())
+                  for part, data in (extra or {}).items()}
         entry = {"key": key, "format": CACHE_FORMAT, **({"kind": kind} if kind else {}), "complete": complete,
                  "unit": unit, "files": files,
                  "extra": {part: {"file": f"{sha[:16]}.{part}", "sha256": sha} for part, (_, sha) in extras.items()},
-                 "parts": parts, "bytes": sum(len(data) for data, _ in extras.values()), "created": time.time()}
+                 "parts": parts, "bytes": 0, "created": time.time()}
         if self.remote:
             return self._fill_store(key, unit_dir, name, entry, extras)
         tmp = self.root / "tmp" / f"{key}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}"
@@ -362,8 +391,9 @@ class UnitCache:
                 if got not in (None, unit[f"{part}_sha256"]):
                     return False  # the run's own unit changed under it: not a unit to share
                 entry["bytes"] += (tmp / file).stat().st_size
-            for part, (data, _) in extras.items():
-                write_bytes(tmp / entry["extra"][part]["file"], data)
+            for part, (data, sha256) in extras.items():
+                if not _put(data, sha256, tmp / entry["extra"][part]["file"], entry):
+                    return False  # the run's own file changed under it
             write_record(tmp / ENTRY, entry)
             _fsync_dir(tmp)
             fault_point(_fill_fault(entry), parts.get("stream"))
@@ -391,8 +421,9 @@ class UnitCache:
             if got != entry["unit"][f"{part}_sha256"]:
                 return False
             entry["bytes"] += (target / file).stat().st_size
-        for part, (data, _) in extras.items():
-            write_bytes(target / entry["extra"][part]["file"], data)
+        for part, (data, sha256) in extras.items():
+            if not _put(data, sha256, target / entry["extra"][part]["file"], entry):
+                return False
         fault_point(_fill_fault(entry), entry["parts"].get("stream"))
         write_record(target / ENTRY, entry)  # the commit: an entry without its record is invisible
         self._touch(key)
@@ -505,7 +536,8 @@ class UnitCache:
             now = time.time()
             for entry in entries:
                 doomed = ((older_than is not None and now - entry.used > older_than)
-                          or (tokenizer is not None and entry.record["parts"]["tokenizer"].startswith(tokenizer))
+                          or (tokenizer is not None
+                              and entry.record["parts"].get("tokenizer", "").startswith(tokenizer))
                           or total - freed > cap)
                 if not doomed or entry.held:
                     continue
@@ -601,6 +633,19 @@ def _place(src: Path | ObjectPath, dst: Path | ObjectPath, check: bool = True) -
     return h.hexdigest()
 
 
+def _put(data: bytes | Path, sha256: str, dst: Path | ObjectPath, entry: dict) -> bool:
+    """An extra file of an entry being filled: its bytes written, or a file placed (linked or copied; False
+    when what it holds is not `sha256`); its size added to the entry's."""
+    if isinstance(data, bytes):
+        write_bytes(dst, data)
+        entry["bytes"] += len(data)
+        return True
+    if _place(data, dst, check=False) not in (None, sha256):
+        return False
+    entry["bytes"] += dst.stat().st_size
+    return True
+
+
 def _fill_fault(entry: dict) -> str:
     """The fault point inside a fill, before it becomes visible: a unit's, or cache:holdout-fill-before-rename."""
     return f"cache:{entry['kind']}-fill-before-rename" if "kind" in entry else "cache:fill-before-rename"
@@ -625,14 +670,15 @@ def summary(entries: list[Entry]) -> dict:
         row = by_kind.setdefault(f"{entry.record.get('kind', 'unit')}s", [0, 0])
         row[0], row[1] = row[0] + 1, row[1] + entry.size
         parts = entry.record.get("parts", {})
-        tok = f"{parts.get('tokenizer', '?')[:12]} {parts.get('tokenizer_path', '')}".strip()
-        row = by_tokenizer.setdefault(tok, [0, 0])
-        row[0], row[1] = row[0] + 1, row[1] + entry.size
+        if "tokenizer" in parts:  # (a benchmark set has none)
+            tok = f"{parts['tokenizer'][:12]} {parts.get('tokenizer_path', '')}".strip()
+            row = by_tokenizer.setdefault(tok, [0, 0])
+            row[0], row[1] = row[0] + 1, row[1] + entry.size
         sources = parts.get("sources") or ["?"]
         for source in sources:
             row = by_source.setdefault(source, [0, 0])
             row[0], row[1] = row[0] + 1, row[1] + entry.size // len(sources)
     return {"entries": len(entries), "bytes": sum(e.size for e in entries),
-            "tokens": sum(e.record["unit"]["tokens"] for e in entries),
+            "tokens": sum(e.record["unit"].get("tokens", 0) for e in entries),
             "held": sum(1 for e in entries if e.held), "by_kind": by_kind, "by_tokenizer": by_tokenizer,
             "by_source": by_source}

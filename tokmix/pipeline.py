@@ -145,11 +145,13 @@ def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None
     log(f"token cache: {gib(size)} in {entries:,} entries{evicted}")
 
 
-def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors) -> dict:
-    """The run's benchmark n-grams (tokmix.stages.decontam.prepare_set): small local files built in this
-    process, others in a fresh one, whose arrays leave with it."""
+def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | None = None,
+                       checksums: dict[str, dict[str, str]] | None = None) -> dict:
+    """The run's benchmark n-grams (tokmix.stages.decontam.prepare_set): taken from the token cache `cache` when
+    it holds them, else built (small local files in this process, others in a fresh one, whose arrays leave with
+    it) and kept there."""
     build = build_set if small_benchmarks(recipe, mirrors) else lambda *args: in_fresh_process(build_set, *args)
-    return prepare_set(recipe, directory, mirrors, log, build=build)
+    return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums)
 
 
 def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
@@ -167,8 +169,9 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
     if ctx.recipe.decontaminate is not None:  # a large set built in a process of its own: its arrays leave with it
-        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, benchmark_checksums(ctx.recipe, ctx.mirrors)))
-        ctx.benchmarks = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors)
+        checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
+        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
+        ctx.benchmarks = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache, checksums)
     metas = run_streams(ctx)
     drop_cached()
     if ctx.cache is not None:

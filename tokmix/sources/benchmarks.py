@@ -60,9 +60,20 @@ def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
     return "\n".join(parts)
 
 
+def file_format(path: str) -> str:
+    """How a benchmark file's bytes are read, from its name: "parquet", "jsonl" (with its codec: "jsonl gzip")
+    or "text". With the bytes' sha256, what its items are (the benchmark set cache's key)."""
+    if parquet.claims(path):
+        return "parquet"
+    if jsonl.claims(path):
+        return " ".join(filter(None, ("jsonl", jsonl.codec(path))))
+    return "text"
+
+
 def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tuple[str, dict | str]]:
     """(where, row) of every item of one file, one at a time: a dict of its columns, or a plain-text line."""
-    if parquet.claims(path):
+    kind = file_format(path)
+    if kind == "parquet":
         try:
             table = pq.read_table(io.BytesIO(data))
         except pa.ArrowException as e:
@@ -72,7 +83,7 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             for row in batch.to_pylist():
                 yield f"file {path}: row {i}", row
                 i += 1
-    elif jsonl.claims(path):
+    elif kind.startswith("jsonl"):
         decompress = jsonl.Decompressor(jsonl.codec(path))
         try:
             text = decompress(data)

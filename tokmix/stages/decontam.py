@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tokmix import ngrams as ngrams_module
+from tokmix.cache import UnitCache
+from tokmix.errors import os_error_message
 from tokmix.format.commit import commit, tmp_name
 from tokmix.ngrams import (
     NORMALIZATION,
@@ -31,9 +34,10 @@ from tokmix.ngrams import (
     word_ends,
 )
 from tokmix.recipe import Recipe
-from tokmix.shards import CONTAMINATION_NAME, DamagedFile, read_json, write_record
+from tokmix.shards import CONTAMINATION_NAME, DamagedFile, file_checksum, read_json, write_record
 from tokmix.sources import HugeText
-from tokmix.sources.benchmarks import benchmark_files, file_sha256, iter_items
+from tokmix.sources import benchmarks as benchmarks_module
+from tokmix.sources.benchmarks import benchmark_files, file_format, file_sha256, iter_items
 from tokmix.stages import cached
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
@@ -214,17 +218,22 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     checksums = {kind: _write_npy(files[kind], array) for kind, array in arrays.items()}
     for path in parts.values():
         path.unlink()
-    # what decides which documents go: the rules and every array (the items' words check the candidates)
-    decisive = {kind: value for kind, value in checksums.items() if kind not in PREFILTER}
-    fingerprint = hashlib.sha256(json.dumps([NORMALIZATION, n, spec.min_matches, spec.action, decisive],
-                                            sort_keys=True).encode()).hexdigest()
     record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
               "filter_shift": shift, "word_filter_shift": word_shift, "pair_filter_shift": pair_shift,
               "short_lengths": sorted(short_lengths),
               "benchmarks": benchmarks, "ids": ids,
-              "arrays": checksums, "fingerprint": fingerprint}
+              "arrays": checksums}
+    record["fingerprint"] = set_fingerprint(record)
     write_record(directory / "set.json", record)
     return record
+
+
+def set_fingerprint(record: dict) -> str:
+    """What decides which documents go: the rules and every array (the items' words check the candidates), not
+    the arrays that only spare work (PREFILTER)."""
+    decisive = {kind: value for kind, value in record["arrays"].items() if kind not in PREFILTER}
+    return hashlib.sha256(json.dumps([record["normalization"], record["ngram"], record["min_matches"],
+                                      record["action"], decisive], sort_keys=True).encode()).hexdigest()
 
 
 def _stable_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -319,14 +328,17 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
     for kind, path in set_files(directory).items():
         if not path.is_file() or kind not in record["arrays"]:  # (a set built before the kind existed)
             return f"{path} is missing"
-        if hashlib.sha256(path.read_bytes()).hexdigest() != record["arrays"][kind]:
+        if file_checksum(path) != record["arrays"][kind]:
             return f"{path}: sha256 differs from its record"
     return None
 
 
-def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set) -> dict:
-    """The run's benchmark set, built the first time (by `build`, which the pipeline runs in a fresh process)
-    from the files the run's identity pinned (tokmix.identity, "benchmarks"); damaged arrays are built again."""
+def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
+                checksums: dict[str, dict[str, str]] | None = None) -> dict:
+    """The run's benchmark set: its own when whole (damaged arrays: made again), else the token cache's set of
+    the same key (`cache`: its root; checked as it is taken), else built (by `build`, which the pipeline runs in a
+    fresh process) from the files the run's identity pinned (tokmix.identity, "benchmarks": `checksums`) and kept
+    in the cache for the next run."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
     if record is not None:
@@ -335,10 +347,108 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set) 
             return record
         log(f"benchmark n-grams: {damage}; built again")
         path.unlink()
-    record = build(recipe, directory, mirrors)
+    if cache is not None:
+        checksums = checksums if checksums is not None else benchmark_checksums(recipe, mirrors)
+        key, parts = set_key(recipe, checksums)
+        record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
+    if record is None:
+        record = build(recipe, directory, mirrors)
+        if cache is not None:
+            _keep_cached(cache, key, parts, record, checksums, directory, log)
     for name, bench in record["benchmarks"].items():
         log(f"benchmark {name}: {bench['items']:,} items, {bench['ngrams']:,} {record['ngram']}-grams")
     return record
+
+
+# ---------------------------------------------------------------------------- built sets kept across runs
+SET_FORMAT = 1  # what a built set's files hold: another one (or other build code, BUILD_CODE) misses every entry
+CACHE_KIND = "benchmark-set"  # the token cache's entries of built sets (tokmix.cache, an entry's "kind")
+BUILD_CODE = (ngrams_module.__file__, __file__, benchmarks_module.__file__)  # what builds a set: their bytes
+
+
+def set_key(recipe: Recipe, checksums: dict[str, dict[str, str]]) -> tuple[str, dict]:
+    """The token cache's key of the run's benchmark set and what it is made of: what the set's fingerprint
+    covers, and only that: the rules (normalization, ngram, min_matches, action), each benchmark's files by
+    content (sha256, in order, with the format their bytes are read in), its fields and id field, and the set's
+    format (SET_FORMAT and the bytes of the code that builds it). Not the benchmarks' names nor their files'
+    paths: a run's record takes those from its recipe (_for_run)."""
+    spec = recipe.decontaminate
+    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in BUILD_CODE)).hexdigest()
+    parts = {"kind": CACHE_KIND, "format": SET_FORMAT, "code": code, "normalization": NORMALIZATION,
+             "ngram": spec.ngram, "min_matches": spec.min_matches, "action": spec.action,
+             "benchmarks": [{"files": [[file_format(path), sha] for path, sha in checksums[name].items()],
+                             "fields": bench.fields, "id_field": bench.id_field}
+                            for name, bench in spec.benchmarks.items()]}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(), parts
+
+
+def _for_run(cached: dict, recipe: Recipe, checksums: dict[str, dict[str, str]]) -> dict:
+    """A cached set's record as this run's build would write it: its benchmarks under the run's names, each
+    with the run's files (the same contents, in the same order: the key)."""
+    benchmarks = {name: {**bench, "files": dict(checksums[name])}
+                  for name, bench in zip(recipe.decontaminate.benchmarks, cached["benchmarks"].values())}
+    return {**cached, "benchmarks": benchmarks}
+
+
+def _entry_damage(entry: dict, parts: dict) -> str | None:
+    """Why a cache entry (its files checked already) is not the set of `parts`' key: None when it is."""
+    record = entry["unit"]
+    if entry.get("kind") != CACHE_KIND or {k: v for k, v in entry["parts"].items() if k != "sources"} != parts:
+        return "its record is another set's"
+    if record["arrays"] != {kind: extra["sha256"] for kind, extra in entry["extra"].items()}:
+        return "its set record names other arrays than its files"
+    if record["fingerprint"] != set_fingerprint(record) or len(record["benchmarks"]) != len(parts["benchmarks"]):
+        return "its set record does not fit together"
+    return None
+
+
+def _take_cached(root: str, key: str, parts: dict, recipe: Recipe, checksums: dict, directory: Path,
+                 log) -> dict | None:
+    """The set of `key` from the token cache: its arrays linked (or copied) into `directory`, each checked
+    against its sha256, and the run's record written (the commit); None, said in one line, when the entry is
+    damaged (removed) or the cache cannot be read."""
+    cache = UnitCache(root)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = set_files(directory)
+    try:
+        entry = cache.place(key, files)
+        if entry is not None and (why := _entry_damage(entry, parts)) is not None:
+            cache.problem = why
+            cache.remove(key)
+            entry = None
+    except OSError as e:
+        log(f"benchmark n-grams: token cache {root}: {os_error_message(e)}; built")
+        entry = None
+    if entry is None:
+        if cache.problem is not None:
+            log(f"benchmark n-grams: token cache {cache.entry_dir(key)}: damaged ({cache.problem}); removed, "
+                "built again")
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        return None
+    record = _for_run(entry["unit"], recipe, checksums)
+    write_record(directory / "set.json", record)
+    log(f"benchmark n-grams: taken from the token cache ({cache.entry_dir(key)})")
+    return record
+
+
+def _keep_cached(root: str, key: str, parts: dict, record: dict, checksums: dict, directory: Path, log) -> None:
+    """The built set added to the token cache (its arrays linked where they can be: no second copy), unless a
+    benchmark file changed while it was read (the set is not the key's) or the cache cannot take it (said)."""
+    if [list(b["files"].items()) for b in record["benchmarks"].values()] != [list(c.items())
+                                                                            for c in checksums.values()]:
+        return
+    files = set_files(directory)
+    cache = UnitCache(root)
+    sources = [path for files_of in checksums.values() for path in files_of]
+    try:
+        kept = cache.fill(key, None, CACHE_KIND, record, True, {**parts, "sources": sources},
+                          {kind: (files[kind], record["arrays"][kind]) for kind in ARRAYS}, kind=CACHE_KIND)
+    except (OSError, DamagedFile) as e:
+        log(f"benchmark n-grams: not kept in the token cache {root} ({getattr(e, 'why', None) or os_error_message(e)})")
+        return
+    if kept:
+        log(f"benchmark n-grams: kept in the token cache ({cache.entry_dir(key)})")
 
 
 # ---------------------------------------------------------------------------- worker side
