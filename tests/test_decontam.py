@@ -387,6 +387,64 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
     assert sum(map(bool, expected)) > 150 and sum(not e for e in expected) > 150
 
 
+def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path):
+    """The first pass gives the exact check a kept document's chains only (tokmix.ngrams.run_candidates): long
+    documents of HumanEval's words, changed and glued as above, with windows of its problems at their start, in
+    their middle and at their end and many chains that hold none; the same items as the oracle's, whole texts."""
+    import random
+
+    from tokmix.ngrams import run_candidates
+
+    bench = humaneval_set(tmp_path)
+    words = [oracle_words(p["prompt"] + "\n" + p["canonical_solution"]) for p in humaneval()]
+    items = [oracle_grams(w, NGRAM) for w in words]
+    rng = random.Random(13)
+    vocabulary = sorted({w for ws in words for w in ws})
+
+    def glued(chosen: list[str]) -> str:
+        return "".join((rng.choice(KEEPING)(w) if rng.random() < 0.05 else w)
+                       + (rng.choice(CHANGING)(w) if rng.random() < 0.01 else "")[len(w):]
+                       + rng.choice(SEPARATING if rng.random() < 0.1 else SEPARATING[:4]) for w in chosen)
+
+    def window(size: int) -> list[str]:
+        w = words[rng.randrange(len(words))]
+        at = rng.randrange(max(1, len(w) - size))
+        return w[at:at + size]
+
+    texts = []
+    for _ in range(120):
+        parts = [window(rng.choice((5, 9, 12, 13, 20))) if rng.random() < 0.5 else
+                 [rng.choice(vocabulary) for _ in range(rng.randrange(1, 30))] for _ in range(rng.randrange(1, 40))]
+        texts.append(" | ".join(glued(p) for p in parts))
+    got = bench.contaminating(texts)
+    assert got == [oracle_contaminated(t, items, {NGRAM}) for t in texts]
+    kept = run_candidates(texts, bench.pair, bench.member, NGRAM)
+    pieces = sum(len(p) for _, spans in kept if spans for p in spans)
+    assert sum(map(bool, got)) > 30 and pieces < sum(len(texts[t]) for t, _ in kept) / 2  # pieces, not all
+
+
+def test_a_final_sigma_whose_context_is_outside_its_piece(tmp_path):
+    """A capital sigma is lowercased as final or not by what follows it across case-ignorable characters
+    ("'", "."): here past the end of the only chain that may hold an item (the next run, "Жж", holds no item's
+    word), so the piece alone would say "ς" where the whole text says "σ". Such a text is checked whole: the
+    items the oracle finds, no more."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    base = "one two three four five six seven eight nine ten eleven twelve"
+    other = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+    items = [f"{base} οδοσ", f"{other} οδος"]
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in items))
+    build_set(set_recipe(tmp_path, [path], ["text"], None), tmp_path / "set", [])
+    bench = BenchmarkSet(str(tmp_path / "set"))
+    docs = [f"{base} ΟΔΟΣ'.Жж", f"{other} ΟΔΟΣ'.Жж", f"{other} ΟΔΟΣ.", f"x {base.upper()} ΟΔΟΣ' Жж",
+            f"Жж {other}: ΟΔΟΣ'.5 and more words here"]
+    grams = [oracle_grams(oracle_words(t), NGRAM) for t in items]
+    expected = [oracle_contaminated(t, grams, {NGRAM}) for t in docs]
+    assert expected == [[0], [], [1], [], [1]]
+    assert bench.contaminating(docs) == expected
+
+
 def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     """`tokmix report` has the contamination table, `tokmix inspect --contamination` names each item and the
     document it took, `tokmix trace --source` says of each such document that decontamination dropped it and for

@@ -145,11 +145,12 @@ def _word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
-                   member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[int]:
+                   member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
     """The texts that may hold `shortest` consecutive words (after normalization) each two of which are a `pair`
-    (of their prefix_hashes, pair_hashes) and each a `member` (of their word hashes); no other text holds an
-    n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits an ASCII text, and
-    only the runs with non-ASCII characters are normalized.
+    (of their prefix_hashes, pair_hashes) and each a `member` (of their word hashes), each with the pieces of it
+    that hold every such run of words (its chains, below; None: the whole text); no other text, and no other
+    part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits
+    an ASCII text, and only the runs with non-ASCII characters are normalized.
 
     Why that is exact: NFKC never changes an ASCII character that no non-ASCII one follows (an ASCII character
     composes with nothing before it, only with combining marks after it), and lowercasing one is ASCII's. So a
@@ -159,7 +160,13 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     ASCII characters, where NFKC may cut a text, and where lowercasing's one context, a final sigma, ends but
     across case-ignorable ASCII (a wild run with a sigma counts as a member). A wild run gives its words: none
     (it links its neighbours), some with a member (taken as all members, linked to both neighbours) or no member
-    (it breaks the chain). A chain of linked runs must hold `shortest` words."""
+    (it breaks the chain). A chain of linked runs must hold `shortest` words.
+
+    Why a chain's piece alone has the text's words there: it starts and ends at run bounds, so the characters
+    on both sides of it are ASCII separators and it is cut before ASCII characters (NFKC's form of the text is
+    the pieces' forms end to end, and no word crosses a cut). Lowercasing is the same alone but for a final
+    sigma, whose context may reach across case-ignorable ASCII ("'", ".", ":"): a text with a piece whose NFKC
+    form holds a capital sigma is checked whole."""
     forced, parts = [], []
     for i, text in enumerate(texts):
         try:
@@ -175,7 +182,7 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
         letter[offsets - 1] = False  # never across two texts
     starts, ends = _word_bounds(letter)
     if not len(starts):
-        return forced
+        return [(t, None) for t in forced]
     first = np.searchsorted(starts, offsets)
     prefix = prefix_hashes(data, starts, ends)
     link = pair(pair_hashes(prefix[:-1], prefix[1:]))  # word i and i + 1 may be an item's two words
@@ -199,8 +206,28 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     # a chain: words linked one to the next; its words summed
     new = np.concatenate([[True], ~link])
     sums = np.bincount(np.cumsum(new) - 1, weights=counts)
-    heads = np.flatnonzero(new)[sums >= shortest]
-    return sorted(set(forced) | set((np.searchsorted(first, heads, side="right") - 1).tolist()))
+    heads = np.flatnonzero(new)
+    good = sums >= shortest
+    lasts = np.append(heads[1:], len(starts))[good] - 1
+    heads = heads[good]
+    owners = np.searchsorted(first, heads, side="right") - 1
+    return _pieces(parts, forced, owners, starts[heads] - offsets[owners], ends[lasts] - offsets[owners])
+
+
+def _pieces(parts: list[bytes], forced: list[int], owners: np.ndarray, begins: np.ndarray,
+            ends: np.ndarray) -> list[tuple[int, list[str] | None]]:
+    """Each text with chains (`owners`, in order) and their pieces (its UTF-8 bytes begins[i]:ends[i]), the
+    forced ones whole (None), in text order."""
+    found: dict[int, list[str] | None] = {t: None for t in forced}
+    for t, a, b in zip(owners.tolist(), begins.tolist(), ends.tolist()):
+        pieces = found.setdefault(t, [])
+        if pieces is not None:
+            pieces.append(parts[t][a:b].decode())
+    for t, pieces in found.items():
+        if pieces is not None and any(not p.isascii() and "\u03a3" in unicodedata.normalize("NFKC", p)
+                                      for p in pieces):
+            found[t] = None  # a capital sigma: lowercased in the whole text's context
+    return sorted(found.items())
 
 
 def _distinct(ordered: np.ndarray) -> np.ndarray:

@@ -562,15 +562,18 @@ class BenchmarkSet:
         chars = 0
 
         def check(group: list[int]) -> None:
+            pieces, owners = [texts[i] for i in group], group
             if self._first_pass_pays():
-                size = sum(len(texts[i]) for i in group)
-                group = [group[i] for i in run_candidates([texts[i] for i in group], self.pair, self.member,
-                                                          self.lengths[0])]
-                kept = sum(len(texts[i]) for i in group)
+                size = sum(map(len, pieces))
+                pieces, owners = [], []
+                for at, spans in run_candidates([texts[i] for i in group], self.pair, self.member, self.lengths[0]):
+                    spans = [texts[group[at]]] if spans is None else spans  # (None: the whole text)
+                    pieces += spans
+                    owners += [group[at]] * len(spans)
                 with self._pass_lock:
-                    self._first_pass.append((size, kept))
-            if group:
-                self._matches(split_words([texts[i] for i in group]), found.renumbered(group))
+                    self._first_pass.append((size, sum(map(len, pieces))))
+            if pieces:  # a text's pieces: its n-grams are their n-grams (a key the same in each, counted once)
+                self._matches(split_words(pieces), found.renumbered(owners))
 
         for i, text in enumerate(texts):
             if isinstance(text, HugeText):
