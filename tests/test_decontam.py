@@ -416,11 +416,14 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
         parts = [window(rng.choice((5, 9, 12, 13, 20))) if rng.random() < 0.5 else
                  [rng.choice(vocabulary) for _ in range(rng.randrange(1, 30))] for _ in range(rng.randrange(1, 40))]
         texts.append(" | ".join(glued(p) for p in parts))
+    # a window as one wild run (no ASCII between its words), alone in its text and between unlinked words
+    texts += ["\u2014".join(window(13)), "zebra zebra " + "\u2014".join(window(13)) + " zebra"]
     got = bench.contaminating(texts)
     assert got == [oracle_contaminated(t, items, {NGRAM}) for t in texts]
     kept = run_candidates(texts, bench.pair, bench.member, NGRAM)
     pieces = sum(len(p) for _, spans in kept if spans for p in spans)
-    assert sum(map(bool, got)) > 30 and pieces < sum(len(texts[t]) for t, _ in kept) / 2  # pieces, not all
+    assert got[-2] and got[-1] and sum(map(bool, got)) > 30
+    assert pieces < sum(len(texts[t]) for t, _ in kept) / 2  # the pieces, not the texts
 
 
 def test_a_final_sigma_whose_context_is_outside_its_piece(tmp_path):

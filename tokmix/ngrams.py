@@ -20,6 +20,7 @@ NORMALIZATION = "tokmix-words-v1"  # NFKC, lowercase, words = runs of letters an
 _BYTE_MAP = np.array([b if b >= 0x80 or chr(b).isdigit() or chr(b).islower() else
                       ord(chr(b).lower()) if chr(b).isupper() else 0 for b in range(256)], np.uint8)
 _BYTE_TABLE = _BYTE_MAP.tobytes()
+_LETTER_TABLE = (_BYTE_MAP != 0).astype(np.uint8).tobytes()  # 1 for a byte of a word, 0 for a separator
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -119,11 +120,23 @@ def _joined(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bytes from a word's start), the same bytes through _BYTE_MAP, and each part's first byte in them (one more
     entry: the end). Both arrays are writable (bytearrays); bytes.translate maps them in one C loop, a few
     times faster than numpy's gather."""
+    joined, offsets = _concatenated(parts)
+    return np.frombuffer(joined, np.uint8), np.frombuffer(joined.translate(_BYTE_TABLE), np.uint8), offsets
+
+
+def _concatenated(parts: list[bytes]) -> tuple[bytearray, np.ndarray]:
     offsets = np.cumsum([1] + [len(p) + 1 for p in parts])
     joined = bytearray(b"\0")
     joined += bytearray(b"\0").join(parts)
     joined += bytes(9)
-    return np.frombuffer(joined, np.uint8), np.frombuffer(joined.translate(_BYTE_TABLE), np.uint8), offsets
+    return joined, offsets
+
+
+def _letters(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_joined's joined parts, whether each byte is one of a word's (an ASCII letter or digit, or a byte of a
+    non-ASCII character: one bytes.translate) and each part's first byte."""
+    joined, offsets = _concatenated(parts)
+    return np.frombuffer(joined, np.uint8), np.frombuffer(joined.translate(_LETTER_TABLE), bool), offsets
 
 
 def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii: bool,
@@ -167,6 +180,8 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     the pieces' forms end to end, and no word crosses a cut). Lowercasing is the same alone but for a final
     sigma, whose context may reach across case-ignorable ASCII ("'", ".", ":"): a text with a piece whose NFKC
     form holds a capital sigma is checked whole."""
+    if shortest <= 1:  # an item of one word: any word may be one
+        return [(t, None) for t in range(len(texts))]
     forced, parts = [], []
     for i, text in enumerate(texts):
         try:
@@ -174,8 +189,7 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
         except UnicodeEncodeError:  # a lone surrogate: checked the slow way
             forced.append(i)
             parts.append(b"")
-    raw, data, offsets = _joined(parts)
-    letter = data != 0
+    raw, letter, offsets = _letters(parts)
     high = np.flatnonzero(raw >= 0x80)
     if len(high):
         letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
@@ -184,9 +198,9 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     if not len(starts):
         return [(t, None) for t in forced]
     first = np.searchsorted(starts, offsets)
-    prefix = prefix_hashes(data, starts, ends)
+    prefix = prefix_hashes(raw, starts, ends, lower=True)
     link = pair(pair_hashes(prefix[:-1], prefix[1:]))  # word i and i + 1 may be an item's two words
-    counts = np.ones(len(starts), np.int64)
+    wild, counts = np.empty(0, np.int64), np.empty(0, np.int64)
     if len(high):
         wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
         joints = _joints(raw)
@@ -195,23 +209,40 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
             forced += (np.searchsorted(first, held, side="right") - 1).tolist()
             wild = np.setdiff1d(wild, held)
         if len(wild):
-            words, found = _wild_words(raw, starts[wild], ends[wild], member)
-            counts[wild] = words
-            linked = ~((words > 0) & ~found)  # its words link to both sides, unless none is a member
+            counts, found = _wild_words(raw, starts[wild], ends[wild], member)
+            linked = ~((counts > 0) & ~found)  # its words link to both sides, unless none is a member
             link[wild[wild < len(link)]] = linked[wild < len(link)]
             link[wild[wild > 0] - 1] = linked[wild > 0]
-            counts[wild[~linked]] = 0
+            counts[~linked] = 0
     heads = first[1:-1]
     link[heads[(heads > 0) & (heads < len(starts))] - 1] = False  # never across two texts
-    # a chain: words linked one to the next; its words summed
-    new = np.concatenate([[True], ~link])
-    sums = np.bincount(np.cumsum(new) - 1, weights=counts)
-    heads = np.flatnonzero(new)
-    good = sums >= shortest
-    lasts = np.append(heads[1:], len(starts))[good] - 1
-    heads = heads[good]
+    heads, lasts = _chains(link, wild, counts, shortest)
     owners = np.searchsorted(first, heads, side="right") - 1
     return _pieces(parts, forced, owners, starts[heads] - offsets[owners], ends[lasts] - offsets[owners])
+
+
+def _chains(link: np.ndarray, wild: np.ndarray, counts: np.ndarray, shortest: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last run of every chain (runs each linked to the next: link[i], run i to run i + 1) that
+    holds at least `shortest` words (> 1): a run holds one word, a wild run (`wild`, in order) its `counts`. Found
+    from the linked pairs alone, a few of all."""
+    ones = np.flatnonzero(link)
+    new = np.ones(len(ones), bool)
+    new[1:] = ones[1:] != ones[:-1] + 1
+    at = np.flatnonzero(new)
+    heads, lasts = ones[at], ones[np.append(at[1:], len(ones)) - 1] + 1
+    words = lasts - heads + 1
+    if len(wild):
+        chain = np.searchsorted(heads, wild, side="right") - 1
+        inside = chain >= 0
+        inside[inside] = wild[inside] <= lasts[chain[inside]]
+        np.add.at(words, chain[inside], counts[inside] - 1)
+        alone = wild[~inside][counts[~inside] >= shortest]  # a wild run of many words, linked to no other
+        if len(alone):
+            heads, lasts, words = (np.concatenate([a, alone]) for a in (heads, lasts, words))
+            order = np.argsort(heads, kind="stable")
+            heads, lasts, words = heads[order], lasts[order], words[order]
+    good = words >= shortest
+    return heads[good], lasts[good]
 
 
 def _pieces(parts: list[bytes], forced: list[int], owners: np.ndarray, begins: np.ndarray,
@@ -237,17 +268,21 @@ def _distinct(ordered: np.ndarray) -> np.ndarray:
     return ordered[keep]
 
 
-def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower: bool = False) -> np.ndarray:
     """A cheaper word value than word_hashes for run_candidates: a word's first 8 bytes and its length, mixed by
     one multiplication (its top bits depend on every bit; words that differ only after their 8th byte share
-    it: a candidate more, never one less). `data` ends with 8 zero bytes (_joined)."""
+    it: a candidate more, never one less). `data` ends with 8 zero bytes (_joined). `lower`: `data` is raw
+    bytes, each byte of a word set its 0x20 bit, which makes an ASCII letter lowercase and keeps a digit: the
+    value of a word of ASCII letters and digits as in mapped bytes (and no other word's, which no caller needs)."""
     eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
     lengths = ends - starts
+    heads = eights[starts] | _LOWER if lower else eights[starts]
     with np.errstate(over="ignore"):
-        return ((eights[starts] & _KEEP[np.minimum(lengths, 8)]) ^ lengths.astype(np.uint64) * _STEP) * _MIX1
+        return ((heads & _KEEP[np.minimum(lengths, 8)]) ^ lengths.astype(np.uint64) * _STEP) * _MIX1
 
 
 _KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # a word's first k bytes of 8
+_LOWER = np.uint64(0x2020202020202020)
 
 
 def pair_hashes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
