@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokmix.backends import ORACLE, SERVES, installed_backends, make_encoder, tokenizer_format
+from tokmix.backends import ORACLE, SERVES, backend_forms, installed_backends, make_encoder, tokenizer_format
 
 MIN_SECONDS = 3.0  # fastokens does 30 MB in a fraction of a second: repeat passes for a stable rate
 
@@ -155,12 +155,12 @@ def family_files(folder: Path) -> dict[str, str]:
 def bench(tokenizer: str, args, cores: int) -> None:
     fmt = tokenizer_format(tokenizer)
     oracle = ORACLE[fmt]
-    backends = [oracle] + [b for b in SERVES[fmt] if b != oracle] + ["gigatoken"]
+    backends = [oracle] + [f for b in SERVES[fmt] if b != oracle for f in backend_forms(b, tokenizer)] + ["gigatoken"]
     print(f"{'backend':<14} {'threads':>7} {'M tok/s':>9} {'MB/s':>7} {'load s':>7} {'MiB built':>9} "
           f"{'MiB peak':>8}  ids")
     reference = None
     for backend in backends:
-        if backend != "gigatoken" and backend not in installed_backends():
+        if backend != "gigatoken" and backend.removesuffix("-as-written") not in installed_backends():
             print(f"{backend:<14} not installed")
             continue
         for threads in ("1", "all"):

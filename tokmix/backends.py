@@ -32,7 +32,12 @@ from tokmix.text import HUGE_DOC_CHARS, clean_surrogates
 from tokmix.wire import read_varint
 
 BACKENDS: tuple[str, ...] = ("fastokens", "tiktoken", "sentencepiece", "hf")  # fastest first
-_MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers"}
+_MODULE = {"fastokens": "fastokens", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece", "hf": "tokenizers",
+           "fastokens-as-written": "fastokens"}
+# A backend that reads some files through a faster form of them (fastokens: a Digits step in the split regex), and
+# its other name for reading such a file as written: checked next where the faster form's ids differ from the
+# oracle's, never chosen otherwise (it is the same encoder there).
+AS_WRITTEN = {"fastokens": "fastokens-as-written"}
 
 # A tokenizer file's format, and the backend that is its oracle (the format's own library).
 FORMATS: tuple[str, ...] = ("hf", "tiktoken", "sentencepiece")
@@ -74,6 +79,14 @@ def installed_versions(libraries: Iterable[str]) -> dict[str, str]:
 # gpt2 / r50k_base / p50k_base encodings write it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TIKTOKEN_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# tiktoken 0.14's r50k_base and p50k_base: the same pieces, spelled possessively (a run of letters, digits or
+# punctuation is taken whole either way; whitespace to the end of the text is `\s+(?!\S)`'s match too; a last
+# lone whitespace character is one piece either way)
+TIKTOKEN_GPT2_POSSESSIVE = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_PATTERNS = (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, TIKTOKEN_GPT2_POSSESSIVE)
+# GPT-2's regex after a Digits step, as the rest of one regex (_digits_in_split): its alternatives less numbers, a
+# whitespace run ending before a number as at a text's end
+GPT2_AFTER_DIGITS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 
 
 _SHARED_PREFIX = "".join(f"row {i}: total = add(x{i}, 'y')  # ok\n" for i in range(150))  # ~5 KB
@@ -179,11 +192,36 @@ def _metaspace_as_normalizer(spec: dict) -> bool:
     return True
 
 
+def _digits_in_split(spec: dict) -> bool:
+    """Rewrite, in place, a pre-tokenizer that isolates numbers (Digits) and then splits by GPT-2's regex (a
+    ByteLevel with it, as Cohere's Command-R and SmolLM have it) into one Split (numbers, then GPT2_AFTER_DIGITS) and a
+    ByteLevel without a regex: the same pieces (Digits cuts the text before and after every number character, or
+    run of them; GPT-2's regex then splits each part alone, where a whitespace run ends before a number as it
+    ends at a text's end). fastokens runs the Digits step several times slower than a Split
+    (docs/benchmarks.md). False when there is nothing to rewrite (the exactness check judges the result)."""
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") or []
+    if pre.get("type") != "Sequence" or len(steps) != 2:
+        return False
+    digits, byte_level = steps
+    if (digits.get("type") != "Digits" or byte_level.get("type") != "ByteLevel"
+            or not byte_level.get("use_regex", True) or byte_level.get("add_prefix_space")):
+        return False
+    number = r"\p{N}" if digits.get("individual_digits") else r"\p{N}+"
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": f"{number}|{GPT2_AFTER_DIGITS}"}, "behavior": "Isolated",
+         "invert": False},
+        {**byte_level, "use_regex": False}]}
+    return True
+
+
 class FastokensEncoder:
-    """fastokens on the tokenizer.json (a Metaspace pre-tokenizer rewritten, see _metaspace_as_normalizer), through
-    its flat batch API (no per-token Python objects)."""
+    """fastokens on the tokenizer.json, or on the form of it that fastokens runs fastest (a Metaspace
+    pre-tokenizer as a normalizer, see _metaspace_as_normalizer; a Digits step in the split regex, see
+    _digits_in_split), through its flat batch API (no per-token Python objects)."""
 
     name = "fastokens"
+    folds_digits = True
 
     def __init__(self, tokenizer_path: str | Path, threads: int | None = None):
         _size_thread_pools(threads)
@@ -199,8 +237,15 @@ class FastokensEncoder:
             text = Path(tokenizer_path).read_text(encoding="utf-8")
             spec = json.loads(text)
         self._prepend = None
+        self.rewritten: list[str] = []  # the rewrites this encoder reads the file through
         if spec and _metaspace_as_normalizer(spec):
             self._prepend = spec["normalizer"]["content"]
+            self.rewritten.append("Metaspace")
+        if self.folds_digits and spec and _digits_in_split(spec):
+            self.rewritten.append("Digits")
+        if not self.folds_digits and not (spec and _digits_in_split(dict(spec))):  # a copy: only asked
+            raise NotApplicable("it has no Digits step for fastokens to read otherwise")
+        if self.rewritten:
             text = json.dumps(spec)
         self._tok = fastokens.Tokenizer.from_json_str(text)
         self.vocab_size = self._tok.vocab_size
@@ -213,6 +258,14 @@ class FastokensEncoder:
         ids, offsets = self._tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
         counts = np.diff(np.frombuffer(offsets, dtype=np.uint64)).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), counts
+
+
+class FastokensAsWritten(FastokensEncoder):
+    """fastokens on a tokenizer.json's Digits step as written (several times slower than fastokens' own form of
+    it): tried where that form's ids differ from the oracle's; not applicable to a file without the step."""
+
+    name = "fastokens-as-written"
+    folds_digits = False
 
 
 def proto_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
@@ -488,7 +541,7 @@ class TiktokenEncoder:
 
 
 _ENCODERS = {"fastokens": FastokensEncoder, "tiktoken": TiktokenEncoder, "sentencepiece": SentencePieceEncoder,
-             "hf": HFEncoder}
+             "hf": HFEncoder, "fastokens-as-written": FastokensAsWritten}
 
 
 def installed_backends() -> list[str]:
@@ -505,9 +558,9 @@ def make_encoder(tokenizer_path: str | Path, backend: str, threads: int | None =
 
 
 def _require(tokenizer_path: str | Path, backend: str) -> None:
-    if backend != "auto" and backend not in BACKENDS:
+    if backend != "auto" and backend not in _ENCODERS:
         raise TokmixError(f"unknown tokenizer backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
-    if backend != "auto" and backend not in installed_backends():
+    if backend != "auto" and importlib.util.find_spec(_MODULE[backend]) is None:
         raise TokmixError(f"tokenizer backend {backend!r} is not installed (pip install {_MODULE[backend]})")
     if not Path(tokenizer_path).is_file():
         raise TokmixError(f"tokenizer file not found: {tokenizer_path}")
@@ -655,14 +708,25 @@ def choose_backend_with_digest(
     problems = []
     installed = installed_backends()
     tried = [requested] if requested != "auto" else [n for n in SERVES[fmt] if n != oracle_name and n in installed]
-    for name in tried:
+    for name in [form for n in tried for form in backend_forms(n, tokenizer_path)]:
         problem = _check(name, tokenizer_path, threads, texts, want, (oracle_name, vocab_size), labels)
         if problem is None:
             return name, _fallback_notices(problems, name, requested, fmt), _digests(want)
-        if requested != "auto":
-            raise TokmixError(f"tokenizer backend {name!r} cannot be used for {tokenizer_path}: {problem}")
         problems.append((name, problem))
+    if requested != "auto":
+        raise TokmixError(f"tokenizer backend {requested!r} cannot be used for {tokenizer_path}: "
+                          + "; ".join(f"{n}: {p}" if n != requested else p for n, p in problems))
     return oracle_name, _fallback_notices(problems, oracle_name, requested, fmt), _digests(want)
+
+
+def backend_forms(backend: str, tokenizer_path: str | Path) -> list[str]:
+    """The backend, then its name for reading the file as written where it reads it through another form
+    (AS_WRITTEN)."""
+    if backend not in AS_WRITTEN or tokenizer_format(tokenizer_path) != "hf":
+        return [backend]
+    text = Path(tokenizer_path).read_text(encoding="utf-8")
+    folds = '"Digits"' in text and _digits_in_split(json.loads(text))  # parsed only where it may apply
+    return [backend, AS_WRITTEN[backend]] if folds else [backend]
 
 
 def _fallback_notices(problems: list[tuple[str, str]], chosen: str, requested: str, fmt: str = "hf") -> list[str]:
@@ -696,7 +760,7 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
     o200k's, whose punctuation pre-token takes the newlines after it, nor for SentencePiece."""
     fmt = tokenizer_format(tokenizer_path)
     if fmt == "tiktoken":
-        return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN)
+        return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in GPT2_PATTERNS
     if fmt != "hf":
         return False
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))

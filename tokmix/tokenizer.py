@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tokmix.backends import (
-    GPT2_PATTERN,
+    GPT2_PATTERNS,
     ORACLE,
     TIKTOKEN_GPT2_PATTERN,
     TIKTOKEN_KEY,
@@ -500,8 +500,11 @@ def tiktoken_run_file(recipe: Recipe) -> bytes:
 def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[str, int], source: str) -> str:
     """An HF tokenizer.json that gives tiktoken's ids for these ranks: byte-level BPE, id = rank, each token's merge
     the two parts tiktoken joins last, ignore_merges (tiktoken takes a piece that is a whole token as it is), the
-    split pattern (GPT-2's as HF's own ByteLevel split, which keeps long documents cuttable), and the special
-    tokens as added special tokens."""
+    split pattern (GPT-2's, however tiktoken spells it, as HF's own ByteLevel split: it keeps long documents
+    cuttable, and fastokens runs it several times faster than the same split as a regex), and the special tokens
+    as added special tokens; one between the ranks (p50k's <|endoftext|>, 50256) also in the vocabulary, as HF's
+    GPT-2 has it (fastokens refuses a vocabulary with a gap in its ids; no text's piece is it, the split keeps
+    "<|" apart)."""
     table = str.maketrans({b: c for b, c in bytes_to_unicode().items()})
 
     def text(b: bytes) -> str:
@@ -526,7 +529,7 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
                               "tokens of lower rank")
         merges.append([text(parts[0]), text(parts[1])])
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    if pattern in (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN):
+    if pattern in GPT2_PATTERNS:
         pre = byte_level
     else:
         pre = {"type": "Sequence", "pretokenizers": [
@@ -539,7 +542,8 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
         "pre_tokenizer": pre, "post_processor": None, "decoder": byte_level,
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                  "vocab": {text(t): r for t, r in ranks.items()}, "merges": merges},
+                  "vocab": {**{text(t): r for t, r in ranks.items()}, **{
+                      name: i for name, i in specials.items() if i < max(ranks.values())}}, "merges": merges},
     }, ensure_ascii=False)
 
 
