@@ -14,12 +14,18 @@ stage's seconds (tokmix-state/timings.json, which includes building the benchmar
 --no-cache, so that each tokenizes every unit), their ratio to the
 run without, the peak RSS of the whole process tree (polled every 50 ms), and the documents and tokens the
 benchmarks took (index.json). The load average is printed beside them.
+
+With --warm-sets, every run has a token cache of its own, fresh (so that it still tokenizes every unit, and
+fills the cache as any run with one does, the run without included), holding only the built benchmark set of
+its recipe: a run of each recipe first fills a cache, whose entries but the set's are then removed, and each
+timed run starts from a hard-linked copy of it (the run must say it took the set from the cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -121,13 +127,36 @@ def sections(items_file: Path) -> dict[str, str]:
     }
 
 
-def run(recipe_path: Path, workers: int) -> dict:
+def sets_only(recipe_path: Path, workers: int) -> Path:
+    """A token cache holding only the built benchmark set of `recipe_path` (none for a recipe without one)."""
+    from tokmix.cache import UnitCache
+
+    seed = WORK / f"sets-{recipe_path.stem}"
+    shutil.rmtree(seed, ignore_errors=True)
+    run(recipe_path, workers, seed)
+    cache = UnitCache(str(seed))
+    for entry in list(cache.entries()):
+        if entry.record.get("kind") != "benchmark-set":
+            cache.remove(entry.key)
+    return seed
+
+
+def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path | None = None) -> dict:
+    """One `tokmix run`: with --no-cache, or with the token cache `cache` (emptied first; with `seed`, a
+    hard-linked copy of that cache)."""
     out = WORK / f"out-{recipe_path.stem}"
     shutil.rmtree(out, ignore_errors=True)
+    flags = ["--no-cache"]
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+        if seed is not None:
+            shutil.copytree(seed, cache, copy_function=os.link)
+        flags = ["--cache", str(cache)]
     proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe_path), "--out", str(out),
-                             "--workers", str(workers), "--no-cache"], stdout=subprocess.PIPE,
+                             "--workers", str(workers), *flags], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     peak = [0]
+    by_stage: dict[str, int] = {}  # the peak while each stage ran (tokmix-state/stage.json)
 
     def poll() -> None:
         me = psutil.Process(proc.pid)
@@ -137,6 +166,11 @@ def run(recipe_path: Path, workers: int) -> dict:
             except psutil.Error:
                 continue
             peak[0] = max(peak[0], rss)
+            try:
+                stage = json.loads((out / "tokmix-state" / "stage.json").read_text())["stage"]
+            except (OSError, ValueError, KeyError):
+                stage = "?"
+            by_stage[stage] = max(by_stage.get(stage, 0), rss)
             time.sleep(0.05)
 
     watcher = threading.Thread(target=poll, daemon=True)
@@ -145,10 +179,13 @@ def run(recipe_path: Path, workers: int) -> dict:
     watcher.join()
     if proc.returncode:
         raise SystemExit(f"{recipe_path.name}: tokmix run failed:\n{output[-3000:]}")
+    if seed is not None and recipe_path.stem != "none" and "n-grams: taken from the token cache" not in output:
+        raise SystemExit(f"{recipe_path.name}: its set was not taken from the cache:\n{output[-3000:]}")
     timings = json.loads((out / "tokmix-state" / "timings.json").read_text())
     index = json.loads((out / "index.json").read_text())
     entry = index.get("benchmark_decontamination", {})
-    result = {"streams": timings["streams"], "peak_mib": peak[0] / 2**20, "load": load(),
+    result = {"streams": timings["streams"], "holdout": timings["holdout"], "peak_mib": peak[0] / 2**20,
+              "holdout_peak_mib": by_stage.get("holdout", 0) / 2**20, "load": load(),
               "documents": entry.get("documents", 0), "tokens": entry.get("tokens", 0),
               "ngrams": sum(b["ngrams"] for b in entry.get("benchmarks", {}).values()),
               "items_found": sum(b["items_found"] for b in entry.get("benchmarks", {}).values()),
@@ -164,6 +201,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--only", nargs="*", default=["none", "humaneval", "100k"])
+    parser.add_argument("--warm-sets", action="store_true",
+                        help="each run with a fresh token cache holding only its recipe's built benchmark set")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     items_file = WORK / f"synthetic-words-{args.items}.jsonl"
@@ -172,17 +211,25 @@ def main() -> None:
     recipes = {name: recipe(args.tokenizer.resolve(), text, name) for name, text in sections(items_file).items()
                if name in args.only}
     results: dict[str, list[dict]] = {name: [] for name in recipes}
+    seeds = {name: sets_only(path, args.workers) for name, path in recipes.items()} if args.warm_sets else {}
     for r in range(args.repeat):
         order = list(recipes) if r % 2 == 0 else list(reversed(recipes))
         for name in order:
-            got = run(recipes[name], args.workers)
+            if args.warm_sets:
+                got = run(recipes[name], args.workers, WORK / "cache-run", seeds[name])
+            else:
+                got = run(recipes[name], args.workers)
             results[name].append(got)
-            print(f"{name:10s} streams {got['streams']:7.2f} s  peak tree RSS {got['peak_mib']:6.0f} MiB  "
-                  f"dropped {got['documents']:,} docs / {got['tokens']:,} tokens  load {got['load']}", flush=True)
+            print(f"{name:10s} streams {got['streams']:7.2f} s (holdout {got['holdout']:5.2f} s)  peak tree RSS "
+                  f"{got['peak_mib']:4.0f} MiB (holdout stage {got['holdout_peak_mib']:4.0f})  dropped "
+                  f"{got['documents']:,} docs / {got['tokens']:,} tokens  load {got['load']}", flush=True)
     base = statistics.median(g["streams"] for g in results.get("none", [])) if "none" in results else None
+    both = statistics.median(g["streams"] + g["holdout"] for g in results["none"]) if "none" in results else None
     for name, got in results.items():
         med = statistics.median(g["streams"] for g in got)
         ratio = f"{med / base:.3f}x" if base else "-"
+        total = statistics.median(g["streams"] + g["holdout"] for g in got)
+        print(f"{name:10s} median holdout + streams {total:.2f} s ({f'{total / both:.3f}x' if both else '-'} of none)")
         print(f"{name:10s} median streams {med:.2f} s ({ratio} of none), peak tree RSS "
               f"{max(g['peak_mib'] for g in got):.0f} MiB, n-grams {got[0]['ngrams']:,}, items found "
               f"{got[0]['items_found']:,}, documents {got[0]['documents']:,}, tokens {got[0]['tokens']:,} of "

@@ -201,3 +201,14 @@ def test_the_cap_evicts_a_set_as_it_does_a_unit(inputs, tmp_path):
     log = finished(run(inputs["recipe"], tmp_path / "b", cache))
     assert "benchmark n-grams: kept in the token cache" in log
     assert outputs(tmp_path / "b") == inputs["fresh"]
+
+
+def test_a_bad_benchmark_file_ends_the_run_with_its_line(inputs, tmp_path):
+    """The set is prepared on a thread beside the holdout stage: a benchmark file the build cannot read still
+    ends the run with one line naming the file and line, no traceback."""
+    recipe = inputs["root"] / "bad.toml"  # (its paths are the recipe folder's)
+    recipe.write_text(inputs["recipe"].read_text().replace('"canonical_solution"', '"solution"'))
+    failed = run(recipe, tmp_path / "out", inputs["cache"])
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert f"benchmark humaneval: file {inputs['bench']}: line 1: no field 'solution'" in failed.stderr
+    assert "Traceback" not in failed.stderr

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -154,11 +155,30 @@ def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | No
     return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums)
 
 
+def early_benchmarks(ctx: Context) -> tuple[Future, dict] | None:
+    """The run's benchmark files pinned (tokmix.identity, "benchmarks"), then on a thread of its own while the
+    holdout stage runs: the run's own set, or the token cache's, or a small set built in this process (a few MiB).
+    A large set is not built beside the holdout stage: its build's ~0.6 GiB and the stage's tree would not fit in
+    the default 1 GiB together (docs/benchmarks.md); the future's None leaves it to the streams stage. Returns the
+    future and the files' sha256."""
+    if ctx.recipe.decontaminate is None:
+        return None
+    checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
+    identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
+    build = build_set if small_benchmarks(ctx.recipe, ctx.mirrors) else None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="benchmarks")
+    future = pool.submit(prepare_set, ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log, build, ctx.cache,
+                         checksums)
+    pool.shutdown(wait=False)
+    return future, checksums
+
+
 def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed.
     `options_cap`: the token cache's cap (RunOptions.cache_size)."""
     t0 = time.perf_counter()
     ctx.progress.stage("holdout", f"{len(ctx.recipe.domains)} domain(s)")
+    benchmarks = early_benchmarks(ctx)
     with holdout_threads(ctx.workers) as threads:
         val = run_holdout(ctx, threads)
     if ctx.executor == "local":
@@ -168,10 +188,10 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
-    if ctx.recipe.decontaminate is not None:  # a large set built in a process of its own: its arrays leave with it
-        checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
-        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
-        ctx.benchmarks = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache, checksums)
+    if benchmarks is not None:  # a large set built in a process of its own: its arrays leave with it
+        future, checksums = benchmarks
+        ctx.benchmarks = future.result() or prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors,
+                                                               ctx.cache, checksums)
     metas = run_streams(ctx)
     drop_cached()
     if ctx.cache is not None:

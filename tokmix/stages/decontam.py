@@ -334,11 +334,11 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
 
 
 def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
-                checksums: dict[str, dict[str, str]] | None = None) -> dict:
+                checksums: dict[str, dict[str, str]] | None = None) -> dict | None:
     """The run's benchmark set: its own when whole (damaged arrays: made again), else the token cache's set of
     the same key (`cache`: its root; checked as it is taken), else built (by `build`, which the pipeline runs in a
-    fresh process) from the files the run's identity pinned (tokmix.identity, "benchmarks": `checksums`) and kept
-    in the cache for the next run."""
+    fresh process for large sets; None: not built, None returned) from the files the run's identity pinned
+    (tokmix.identity, "benchmarks": `checksums`) and kept in the cache for the next run."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
     if record is not None:
@@ -352,6 +352,8 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, 
         key, parts = set_key(recipe, checksums)
         record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
     if record is None:
+        if build is None:
+            return None
         record = build(recipe, directory, mirrors)
         if cache is not None:
             _keep_cached(cache, key, parts, record, checksums, directory, log)
