@@ -4,9 +4,12 @@ tokenizer.json: tests/vocab.py fetches them; Cohere Command-R's 256k byte-level 
 the llama-cpp-python sdist: bench/vocab256k.py, which needs the gguf package), the peak RSS of the whole process
 tree, the backend auto chose and the streams stage's tokens/s; then every document of the first shard read again from
 its source and encoded by the oracle (the format's own library), compared id for id; and the chosen backend's bare
-speed on the first shard's texts (pre-loaded, both cores, batches of 256 documents; each of 3 passes with a new
-encoder and new str objects, as the stage meets each document once: the best pass), the ceiling the streams stage is
-judged against.
+speed on the streams stage's own texts, the ceiling the stage is judged against, like for like: every stream's
+documents up to the ones the run took (index.json's docs), pre-loaded, in the stage's batches (sources.batches), on
+as many threads as the stage's workers sharing one encoder of ENCODER_THREADS, that encoder first warmed by the
+holdout stage's reads (each stream's holdout documents up to its holdout tokens, untimed), as the stage process's
+one encoder is; each of 3 passes with a new encoder and new str objects (the stage meets each document once): the
+best pass.
 
     .venv/bin/python bench/vocabularies.py [--corpus bench/work/corpus] [--only cl100k_base,o200k_base] [--steps N]
 
@@ -93,34 +96,52 @@ def oracle_encode(name: str, work: Path):
 
 BARE = """
 import json, sys, time
-import pyarrow.parquet as pq
-import numpy as np
-from tokmix.backends import make_encoder
-from tokmix.provenance import RunDocuments
-from tokmix.shards import read_index
 from concurrent.futures import ThreadPoolExecutor
-out, path, backend = sys.argv[1:4]
-index = read_index(out)
+import tokmix
+from tokmix.backends import huge_doc_chars, make_encoder
+from tokmix.shards import read_index
+from tokmix.sources import HugeText, batches, iter_file_texts, stream_files
+from tokmix.stages import ENCODER_THREADS
+out, recipe_path, split_path, path, backend = sys.argv[1:6]
+index, raw = read_index(out), json.load(open(out + "/index.json"))
+recipe, split = tokmix.load_recipe(recipe_path), json.load(open(split_path))
 per_document = sum(map(len, index.delimiters.values()))  # prefix and suffix ids: counted as the stage counts them
-docs = RunDocuments(out, index).shard(0)
-tables = {}
-for record in docs.records:
-    source = docs.sources[record["source"]]
-    if source.file not in tables:
-        tables[source.file] = pq.read_table(source.file)["text"]
+huge = huge_doc_chars(path)
+streams = raw["mix"]["streams"]
+
+def texts(stream, part, docs=None):
+    # the stream's documents in canonical order, as the stage reads them (a huge one in its pieces)
+    n = 0
+    for text in iter_file_texts(stream_files(recipe, split, stream, part), recipe.streams[stream].text_field,
+                                stream, [], huge):
+        if docs is not None and n >= docs:
+            return
+        if text:
+            n += 1
+            yield from text.pieces() if isinstance(text, HugeText) else [text]
+
 best = 0
-with ThreadPoolExecutor(2) as pool:
-    for _ in range(3):
-        # each pass as the stage meets the text: a new encoder (its caches cold: the bench corpus's documents
-        # come once) and new str objects (an encoder that has read a str keeps its UTF-8 in it)
-        texts = [tables[docs.sources[r["source"]].file][int(r["place"])].as_py() for r in docs.records]
-        batches = [texts[i:i + 256] for i in range(0, len(texts), 256)]
-        encoder = make_encoder(path, backend, 1)
+for _ in range(3):
+    # as the stage process meets the text: one new encoder, first through the holdout stage's reads (its caches
+    # warmed by the same holdout documents), then each stream's documents once, in the stage's batches, on as
+    # many threads as the stage's workers; the texts read again each pass (an encoder that has read a str keeps
+    # its UTF-8 in it)
+    encoder = make_encoder(path, backend, ENCODER_THREADS)
+    for domain in raw["val"].values():
+        for stream, want in domain["tokens_by_stream"].items():
+            got = 0
+            for batch in batches(texts(stream, "holdout"), huge):
+                got += int(encoder.encode_batch(batch)[0].size) + per_document * len(batch)
+                if got >= want:
+                    break
+    work = [b for name, meta in streams.items() for b in batches(texts(name, "train", meta["docs"]), huge)]
+    workers = max(meta["num_proc"] for meta in streams.values())
+    with ThreadPoolExecutor(workers) as pool:
         t0 = time.perf_counter()
-        tokens = sum(pool.map(lambda b: int(encoder.encode_batch(b)[0].size) + per_document * len(b), batches))
+        tokens = sum(pool.map(lambda b: int(encoder.encode_batch(b)[0].size) + per_document * len(b), work))
         best = max(best, tokens / (time.perf_counter() - t0))
-        del encoder, texts, batches
-print(json.dumps({"bare_tok_s": best, "tokens": tokens}))
+    del encoder, work
+print(json.dumps({"bare_tok_s": best, "tokens": tokens, "workers": workers}))
 """
 
 
@@ -144,15 +165,16 @@ def one(corpus: Path, name: str, base: Path, steps: int | None, keep: bool) -> d
     t0 = time.perf_counter()
     checked = assert_first_shard_is_the_oracles(out, oracle_encode(name, work))
     check_s = time.perf_counter() - t0
-    bare = json.loads(subprocess.run([sys.executable, "-c", BARE, str(out), index["tokenizer"],
-                                      index["throughput"]["backend"]], capture_output=True, text=True,
-                                     check=True).stdout)
+    bare = json.loads(subprocess.run([sys.executable, "-c", BARE, str(out), str(recipe), str(work / "file_splits.json"),
+                                      index["tokenizer"], index["throughput"]["backend"]], capture_output=True,
+                                     text=True, check=True).stdout)
     streams_tok_s = stream_tokens / timings["streams"]
     row = {"name": name, "oracle": index["tokenizer_oracle"], "backend": index["throughput"]["backend"],
            "vocab_size": index["vocab_size"], "dtype": index["dtype"], "libraries": index["tokenizer_libraries"],
            "run_s": round(seconds, 1), "peak_tree_mib": round(peak / 2**20), "stream_tokens": stream_tokens,
            "streams_s": timings["streams"], "tokenizer_s": timings.get("tokenizer"),
            "streams_tok_s": round(streams_tok_s), "bare_tok_s": round(bare["bare_tok_s"]),
+           "bare_tokens": bare["tokens"], "bare_threads": bare["workers"],
            "share_of_bare": round(streams_tok_s / bare["bare_tok_s"], 3), "first_shard_docs_checked": checked,
            "check_s": round(check_s, 1), "load_before": load, "load_after": os.getloadavg()[0]}
     if not keep:
