@@ -381,9 +381,11 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
             at = rng.randrange(max(1, len(w) - NGRAM))
             text += glued(w[at:at + NGRAM], 0.01) + glued([rng.choice(vocabulary) for _ in range(5)], 0.2)
         texts.append(text)
-    got = bench.contaminating(texts)
     expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
-    assert got == expected
+    assert bench.pair_table is not None  # a small set's table of word pairs, and a large set's pair filter:
+    for table in (bench.pair_table, None):
+        bench.pair_table = table
+        assert bench.contaminating(texts) == expected
     assert sum(map(bool, expected)) > 150 and sum(not e for e in expected) > 150
 
 
@@ -420,7 +422,10 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
     texts += ["\u2014".join(window(13)), "zebra zebra " + "\u2014".join(window(13)) + " zebra"]
     got = bench.contaminating(texts)
     assert got == [oracle_contaminated(t, items, {NGRAM}) for t in texts]
-    kept = run_candidates(texts, bench.pair, bench.member, NGRAM)
+    table, bench.pair_table = bench.pair_table, None  # the pair filter of a large set
+    assert bench.contaminating(texts) == got and table is not None
+    bench.pair_table = table
+    kept = run_candidates(texts, bench.linked, bench.member, NGRAM)
     pieces = sum(len(p) for _, spans in kept if spans for p in spans)
     assert got[-2] and got[-1] and sum(map(bool, got)) > 30
     assert pieces < sum(len(texts[t]) for t, _ in kept) / 2  # the pieces, not the texts

@@ -20,7 +20,6 @@ NORMALIZATION = "tokmix-words-v1"  # NFKC, lowercase, words = runs of letters an
 _BYTE_MAP = np.array([b if b >= 0x80 or chr(b).isdigit() or chr(b).islower() else
                       ord(chr(b).lower()) if chr(b).isupper() else 0 for b in range(256)], np.uint8)
 _BYTE_TABLE = _BYTE_MAP.tobytes()
-_LETTER_TABLE = (_BYTE_MAP != 0).astype(np.uint8).tobytes()  # 1 for a byte of a word, 0 for a separator
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -134,9 +133,17 @@ def _concatenated(parts: list[bytes]) -> tuple[bytearray, np.ndarray]:
 
 def _letters(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_joined's joined parts, whether each byte is one of a word's (an ASCII letter or digit, or a byte of a
-    non-ASCII character: one bytes.translate) and each part's first byte."""
+    non-ASCII character) and each part's first byte. In numpy's loops, which let other threads take the GIL
+    (bytes.translate holds it: its share of the GIL was the first pass's largest, in py-spy --gil)."""
     joined, offsets = _concatenated(parts)
-    return np.frombuffer(joined, np.uint8), np.frombuffer(joined.translate(_LETTER_TABLE), bool), offsets
+    raw = np.frombuffer(joined, np.uint8)
+    letter = raw >= 0x80
+    scratch = raw | np.uint8(0x20)  # an ASCII letter lowercase
+    scratch -= np.uint8(ord("a"))
+    letter |= scratch < 26
+    np.subtract(raw, np.uint8(ord("0")), out=scratch)
+    letter |= scratch < 10
+    return raw, letter, offsets
 
 
 def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii: bool,
@@ -146,21 +153,23 @@ def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii:
         data[_punctuation(raw)] = 0
     if cuts is not None:
         data[cuts] = 0
-    starts, ends = _word_bounds(data != 0)
+    starts, ends = word_bounds(data != 0)
     first = np.searchsorted(starts, offsets)
     return Words(data, offsets, starts, ends, word_hashes(data, starts, ends), first)
 
 
-def _word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each maximal run of True's first index and end (`letter` starts and ends with False)."""
     edges = np.flatnonzero(letter[1:] != letter[:-1]) + 1
     return edges[0::2], edges[1::2]
 
 
-def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
+def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
                    member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
-    """The texts that may hold `shortest` consecutive words (after normalization) each two of which are a `pair`
-    (of their prefix_hashes, pair_hashes) and each a `member` (of their word hashes), each with the pieces of it
+    """The texts that may hold `shortest` consecutive words (after normalization) each two of which may be two
+    consecutive words of an item (`pairs(data, starts, ends)`: whether each word data[starts[i]:ends[i]] and the
+    next may be, `data` raw bytes whose plain runs are ASCII letters and digits; see prefix_hashes' `lower`) and
+    each a `member` (of their word hashes), each with the pieces of it
     that hold every such run of words (its chains, below; None: the whole text); no other text, and no other
     part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits
     an ASCII text, and only the runs with non-ASCII characters are normalized.
@@ -194,12 +203,11 @@ def run_candidates(texts: list[str], pair: Callable[[np.ndarray], np.ndarray],
     if len(high):
         letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
         letter[offsets - 1] = False  # never across two texts
-    starts, ends = _word_bounds(letter)
+    starts, ends = word_bounds(letter)
     if not len(starts):
         return [(t, None) for t in forced]
     first = np.searchsorted(starts, offsets)
-    prefix = prefix_hashes(raw, starts, ends, lower=True)
-    link = pair(pair_hashes(prefix[:-1], prefix[1:]))  # word i and i + 1 may be an item's two words
+    link = pairs(raw, starts, ends)  # word i and i + 1 may be an item's two words
     wild, counts = np.empty(0, np.int64), np.empty(0, np.int64)
     if len(high):
         wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
@@ -279,6 +287,18 @@ def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower:
     heads = eights[starts] | _LOWER if lower else eights[starts]
     with np.errstate(over="ignore"):
         return ((heads & _KEEP[np.minimum(lengths, 8)]) ^ lengths.astype(np.uint64) * _STEP) * _MIX1
+
+
+def word_classes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, bits: int, lower: bool = False) -> np.ndarray:
+    """A word's class, cheaper than prefix_hashes: the top `bits` bits of its first 8 bytes times one odd
+    constant (its length not mixed in: words that differ only after their 8th byte share it, as they share their
+    prefix_hashes). `data` and `lower` as for prefix_hashes."""
+    eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
+    heads = eights[starts] | _LOWER if lower else eights[starts]
+    with np.errstate(over="ignore"):
+        heads &= _KEEP[np.minimum(ends - starts, 8)]
+        heads *= _MIX1
+    return (heads >> np.uint64(64 - bits)).astype(np.intp)
 
 
 _KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # a word's first k bytes of 8

@@ -31,6 +31,8 @@ from tokmix.ngrams import (
     prefix_hashes,
     run_candidates,
     split_words,
+    word_bounds,
+    word_classes,
     word_ends,
 )
 from tokmix.recipe import Recipe
@@ -454,6 +456,25 @@ def _keep_cached(root: str, key: str, parts: dict, record: dict, checksums: dict
 
 
 # ---------------------------------------------------------------------------- worker side
+PAIR_TABLE_WORD_BYTES = 1 << 20  # a set of items' words this small may get a table of its pairs in each process
+PAIR_TABLE_BITS = 10  # a word's class (ngrams.word_classes): a table of 1 MiB, within L2 caches
+PAIR_TABLE_DENSEST = 1 / 32  # a table with more pairs set lets more through than the set's pair filter
+
+
+def pair_table(words: np.ndarray, word_starts: np.ndarray) -> np.ndarray | None:
+    """For each two classes of words, whether an item has a word of the first and a word of the second one after
+    the other: one bool per pair of classes (its index: first << PAIR_TABLE_BITS | second), from the items'
+    words as the set holds them (each between zero bytes; item i's from byte word_starts[i]). A lookup there costs
+    a few times less than the pair filter's hash and test (numpy, per 1 MB group); None when it is too full."""
+    data = np.concatenate([np.zeros(1, np.uint8), words, np.zeros(9, np.uint8)])
+    starts, ends = word_bounds(data != 0)
+    classes = word_classes(data, starts, ends, PAIR_TABLE_BITS)
+    item = np.searchsorted(word_starts, starts - 1, side="right")  # (data has a byte before the words)
+    table = np.zeros(1 << (2 * PAIR_TABLE_BITS), bool)
+    table[((classes[:-1] << PAIR_TABLE_BITS) | classes[1:])[item[1:] == item[:-1]]] = True
+    return table if table.mean() <= PAIR_TABLE_DENSEST else None
+
+
 _SEPARATORS = re.compile(b"\0+")
 
 
@@ -475,6 +496,7 @@ class BenchmarkSet:
             np.asarray(np.load(files[kind], mmap_mode="r"))
             for kind in ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs"))
         self.pair_shift = np.uint64(record["pair_filter_shift"])
+        self.pair_table = pair_table(self.words, self.word_starts) if len(self.words) <= PAIR_TABLE_WORD_BYTES else None
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
@@ -531,9 +553,15 @@ class BenchmarkSet:
         maybe, lo = maybe[found], at[found]
         return maybe, lo, np.searchsorted(self.grams, hashes[maybe], side="right")
 
-    def pair(self, hashes: np.ndarray) -> np.ndarray:
-        """Whether each pair_hashes value may be two consecutive words of an item (and for a few others)."""
-        return in_filter(self.pairs, self.pair_shift, hashes)
+    def linked(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Whether each word data[starts[i]:ends[i]] and the next may be two consecutive words of an item (True for
+        all such, and for a few others; `data`: raw bytes, ngrams.run_candidates): from the pair table of a small
+        set, else the set's pair filter."""
+        if self.pair_table is not None:
+            classes = word_classes(data, starts, ends, PAIR_TABLE_BITS, lower=True)
+            return self.pair_table[(classes[:-1] << PAIR_TABLE_BITS) | classes[1:]]
+        prefix = prefix_hashes(data, starts, ends, lower=True)
+        return in_filter(self.pairs, self.pair_shift, pair_hashes(prefix[:-1], prefix[1:]))
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
@@ -568,7 +596,7 @@ class BenchmarkSet:
             if self._first_pass_pays():
                 size = sum(map(len, pieces))
                 pieces, owners = [], []
-                for at, spans in run_candidates([texts[i] for i in group], self.pair, self.member, self.lengths[0]):
+                for at, spans in run_candidates([texts[i] for i in group], self.linked, self.member, self.lengths[0]):
                     spans = [texts[group[at]]] if spans is None else spans  # (None: the whole text)
                     pieces += spans
                     owners += [group[at]] * len(spans)
