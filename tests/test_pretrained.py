@@ -223,6 +223,32 @@ def test_cl100k_digit_runs_are_tiktokens(finished):
     assert ids.tolist() == [49, 3101, 15, 304, 220, 2366, 21]
 
 
+def test_cl100k_view_ends_a_text_as_tiktoken_does(finished):
+    """The run's tokenizer.json view of cl100k spells its split as HF does (fastokens runs its own scanner for that
+    spelling), which cuts a text's closing whitespace after its last newline where tiktoken keeps one piece: the same
+    ids, since no cl100k token joins a newline to the whitespace after it. fastokens against tiktoken on texts that
+    end so, and on short random strings of letters, digits, marks and every kind of whitespace."""
+    import random
+
+    from tokmix.backends import HF_CL100K
+
+    name, out = finished
+    if name != "cl100k_base":
+        return
+    path = out / "tokenizer.tiktoken.json"
+    view = json.loads(read_tiktoken_file(path, "tokenizer_json"))
+    assert view["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == HF_CL100K
+    rng = random.Random(7)
+    alphabet = ["a", "B", "é", "中", "'", "s", "1", "٣", ".", "!", "/", "\u0301", " ", " ", "\t", "\n", "\r", "\u00a0",
+                "\u3000", "\u2028", "\x85"]
+    texts = [clean_surrogates(t) + end for t in HARD_TEXTS for end in ("", "\n  ", " \n\t", "\r\n \n  ", "\n\u3000")]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 16))) for _ in range(20_000)]
+    ids, counts = make_encoder(path, "fastokens").encode_batch(texts)
+    want = tiktoken.get_encoding("cl100k_base").encode_ordinary_batch(texts)
+    assert counts.tolist() == [len(w) for w in want]
+    assert ids.tolist() == [i for w in want for i in w]
+
+
 def test_a_large_vocabulary_goes_through_the_loader_and_exports_as_uint32(finished, tmp_path):
     """DeepSeek-V3's ids past 65,535: uint32 in the shards, the training loader and Megatron's int32 export."""
     name, out = finished

@@ -84,6 +84,15 @@ TIKTOKEN_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p
 # lone whitespace character is one piece either way)
 TIKTOKEN_GPT2_POSSESSIVE = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT2_PATTERNS = (GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, TIKTOKEN_GPT2_POSSESSIVE)
+# cl100k_base's split as tiktoken 0.14 spells it, and as HF's converted cl100k tokenizer.json does (the spelling
+# fastokens runs its own scanner for, ~3x its regex): the pieces differ only where a whitespace run that ends the
+# text holds a newline and more whitespace after it (one piece for tiktoken, cut after the last newline for the
+# other), which gives the same ids where no token joins a newline to the whitespace after it (cl100k has none:
+# tokmix.tokenizer.ranks_tokenizer_json checks the ranks)
+TIKTOKEN_CL100K = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                   r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+HF_CL100K = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # GPT-2's regex after a Digits step, as the rest of one regex (_digits_in_split): its alternatives less numbers, a
 # whitespace run ending before a number as at a text's end
 GPT2_AFTER_DIGITS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""

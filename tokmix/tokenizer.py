@@ -23,7 +23,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tokmix.backends import (
     GPT2_PATTERNS,
+    HF_CL100K,
     ORACLE,
+    TIKTOKEN_CL100K,
     TIKTOKEN_GPT2_PATTERN,
     TIKTOKEN_KEY,
     bytes_to_unicode,
@@ -532,6 +534,8 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
     if pattern in GPT2_PATTERNS:
         pre = byte_level
     else:
+        if pattern == TIKTOKEN_CL100K and not _joins_newline_to_whitespace(ranks):
+            pattern = HF_CL100K
         pre = {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
             {**byte_level, "use_regex": False}]}
@@ -545,6 +549,21 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
                   "vocab": {**{text(t): r for t, r in ranks.items()}, **{
                       name: i for name, i in specials.items() if i < max(ranks.values())}}, "merges": merges},
     }, ensure_ascii=False)
+
+
+# every byte of a Unicode White_Space character's UTF-8 (and some others: a superset errs towards "joins")
+_WHITESPACE_BYTES = frozenset(b"\t\x0b\x0c \r\n\xc2\x85\xa0\xe1\x9a\xe2\x80\x81\x82\x83\x84\x86\x87\x88\x89\x8a"
+                              b"\xa8\xa9\xaf\x9f\xe3")
+
+
+def _joins_newline_to_whitespace(ranks: dict[bytes, int]) -> bool:
+    """Whether some token is whitespace with more of it after its last newline: BPE could then join a text's
+    closing whitespace across the last newline, which is where HF_CL100K cuts a piece TIKTOKEN_CL100K keeps."""
+    for token in ranks:
+        last = max(token.rfind(b"\n"), token.rfind(b"\r"))
+        if 0 <= last < len(token) - 1 and _WHITESPACE_BYTES.issuperset(token):
+            return True
+    return False
 
 
 def tokenizer_recheck(out_dir: str | Path, index) -> tuple[str | None, str | None]:
