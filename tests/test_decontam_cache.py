@@ -180,14 +180,26 @@ def test_a_kill_inside_the_fill_leaves_no_entry(inputs, tmp_path):
 
 
 def test_two_runs_filling_one_entry_at_once_both_end_whole(inputs, tmp_path):
-    cache = tmp_path / "cache"
-    procs = [run(inputs["recipe"], tmp_path / name, cache, wait=False) for name in ("a", "b")]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
+    """Run a holds inside its fill (its entry made in tmp/, not yet renamed) while run b builds, fills and
+    renames the same entry; then a goes on: its rename finds b's entry, it keeps nothing, and both end with the
+    fresh build's bytes, one whole entry and nothing left in tmp/."""
+    cache, fifo = tmp_path / "cache", tmp_path / "held"
+    os.mkfifo(fifo)
+    held = run(inputs["recipe"], tmp_path / "a", cache, fault="cache:benchmark-set-fill-before-rename:1:hold",
+               env={"TOKMIX_PAUSE_FIFO": str(fifo)}, wait=False)
+    with open(fifo) as f:  # blocks until run a stands inside its fill
+        assert f.read() == "paused"
+    assert not set_entries(cache) and [p for p in (cache / "tmp").iterdir() if list(p.glob("*.grams"))]
+    log = finished(run(inputs["recipe"], tmp_path / "b", cache))
+    assert "benchmark n-grams: kept in the token cache" in log
+    with open(fifo, "w") as f:
+        f.write("resume")
+    out, err = held.communicate(timeout=300)
+    assert held.returncode == 0, err[-3000:]
+    assert "benchmark n-grams: kept in the token cache" not in out + err  # b's entry was there first
     assert outputs(tmp_path / "a") == outputs(tmp_path / "b") == inputs["fresh"]
     assert UnitCache(str(cache)).verify()[1] == [] and len(set_entries(cache)) == 1
-    assert not list((cache / "tmp").iterdir())
+    assert not [p for p in (cache / "tmp").iterdir() if not p.name.startswith("removed.")]
 
 
 def test_the_cap_evicts_a_set_as_it_does_a_unit(inputs, tmp_path):

@@ -376,3 +376,34 @@ def test_a_run_to_gcs_writes_what_a_local_run_writes(gcs, finished_run, tmp_path
     assert not list((tmp_path / "work").rglob("*.bin")), "written straight to the store, not staged locally"
     checked = cli("validate", url)
     assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_a_built_benchmark_set_kept_in_a_cache_on_the_store(s3, tmp_path):
+    """The benchmark set cache on the store (tokmix.stages.decontam): HumanEval's set built and kept (its
+    arrays uploaded, the entry's record last), taken by the next preparation (each object's sha256 checked) with
+    the fresh build's arrays and record, and an object truncated on the store said and built again."""
+    from tests.test_decontam import HUMANEVAL, set_recipe
+    from tokmix.cache import UnitCache
+    from tokmix.stages.decontam import prepare_set, set_files
+
+    cache = f"s3://{BUCKET}/set-cache"
+    recipe = set_recipe(tmp_path, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id")
+    said: list[str] = []
+    prepare_set(recipe, tmp_path / "fresh", [], said.append)
+    prepare_set(recipe, tmp_path / "cold", [], said.append, cache=cache)
+    assert any("kept in the token cache" in line for line in said)
+    for name in ("warm", "again"):
+        if name == "again":
+            victim = next(k for k in objects(s3, "set-cache") if k.endswith(".grams"))
+            s3.put_object(Bucket=BUCKET, Key=f"set-cache/{victim}", Body=objects(s3, "set-cache")[victim][:-8])
+        said.clear()
+        prepare_set(recipe, tmp_path / name, [], said.append, cache=cache)
+        if name == "warm":
+            assert any("taken from the token cache" in line for line in said), said
+        else:
+            assert any("differs from its record); removed, built again" in line for line in said), said
+            assert any("kept in the token cache" in line for line in said), said
+        for kind, path in set_files(tmp_path / "fresh").items():
+            assert set_files(tmp_path / name)[kind].read_bytes() == path.read_bytes(), (name, kind)
+        assert (tmp_path / name / "set.json").read_bytes() == (tmp_path / "fresh" / "set.json").read_bytes()
+    assert UnitCache(cache).verify()[1] == []

@@ -155,22 +155,26 @@ def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | No
     return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums)
 
 
-def early_benchmarks(ctx: Context) -> tuple[Future, dict] | None:
-    """The run's benchmark files pinned (tokmix.identity, "benchmarks"), then on a thread of its own while the
-    holdout stage runs: the run's own set, or the token cache's, or a small set built in this process (a few MiB).
+def early_benchmarks(ctx: Context) -> Future | None:
+    """On a thread of its own while the holdout stage runs: the run's benchmark files pinned (tokmix.identity,
+    "benchmarks"), then the run's own set, or the token cache's, or a small set built in this process (a few MiB).
     A large set is not built beside the holdout stage: its build's ~0.6 GiB and the stage's tree would not fit in
-    the default 1 GiB together (docs/benchmarks.md); the future's None leaves it to the streams stage. Returns the
-    future and the files' sha256."""
+    the default 1 GiB together at every layout (docs/benchmarks.md); a None set leaves it to the streams stage.
+    The future gives (the set's record or None, the files' sha256)."""
     if ctx.recipe.decontaminate is None:
         return None
-    checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
-    identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
-    build = build_set if small_benchmarks(ctx.recipe, ctx.mirrors) else None
+
+    def prepare() -> tuple[dict | None, dict]:
+        checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
+        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
+        build = build_set if small_benchmarks(ctx.recipe, ctx.mirrors) else None
+        return prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log, build, ctx.cache,
+                           checksums), checksums
+
     pool = ThreadPoolExecutor(1, thread_name_prefix="benchmarks")
-    future = pool.submit(prepare_set, ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log, build, ctx.cache,
-                         checksums)
+    future = pool.submit(prepare)
     pool.shutdown(wait=False)
-    return future, checksums
+    return future
 
 
 def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
@@ -189,9 +193,9 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
     if benchmarks is not None:  # a large set built in a process of its own: its arrays leave with it
-        future, checksums = benchmarks
-        ctx.benchmarks = future.result() or prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors,
-                                                               ctx.cache, checksums)
+        record, checksums = benchmarks.result()
+        ctx.benchmarks = record or prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache,
+                                                      checksums)
     metas = run_streams(ctx)
     drop_cached()
     if ctx.cache is not None:
