@@ -39,7 +39,7 @@ from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages import key_base
-from tokmix.stages.decontam import BenchmarkSet, build_set
+from tokmix.stages.decontam import BenchmarkSet, build_set, prepare_set
 from tokmix.stages.holdout import draw, holdout_cache_key, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.store import is_url
@@ -501,14 +501,18 @@ def _problems(plan: Plan) -> list[str]:
 
 
 @contextmanager
-def _benchmarks(recipe: Recipe, mirrors):
-    """The recipe's benchmark set ([decontaminate]) built in a temporary folder, as the run builds it; None
-    without one."""
+def _benchmarks(recipe: Recipe, mirrors, cache: str | None, notes: list[str]):
+    """The recipe's benchmark set ([decontaminate]) in a temporary folder: the token cache's (`cache`), linked and
+    checked as a run takes it, else built as the run builds it (not kept: plan writes nothing); None without one.
+    What the cache said goes to `notes`."""
     if recipe.decontaminate is None:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="tokmix-plan-") as folder:
-        build_set(recipe, Path(folder), mirrors)
+        said: list[str] = []
+        if cache is None or prepare_set(recipe, Path(folder), mirrors, said.append, build=None, cache=cache) is None:
+            build_set(recipe, Path(folder), mirrors)
+        notes += [line for line in said if line.startswith("benchmark n-grams:")]
         yield BenchmarkSet(folder)
 
 
@@ -636,7 +640,8 @@ def make_plan(
         tokenizer_note += f"; sample tokenized with {backend}"
     count = _counter(encoder, len(recipe.tokenizer.doc_prefix) + len(recipe.tokenizer.doc_suffix))
 
-    with _benchmarks(recipe, mirrors) as bench:
+    set_notes: list[str] = []
+    with _benchmarks(recipe, mirrors, cache, set_notes) as bench:
         streams, contamination = _stream_plans(recipe, split, mirrors, count, sample_bytes, encoder, bench)
         benchmark_fingerprint = bench.fingerprint if bench is not None else None
     holdouts = {
@@ -670,7 +675,7 @@ def make_plan(
     plan = Plan(recipe, out, split_note, tokenizer_note, dtype, streams, holdouts, shards, disk,
                 contamination=contamination, cache=cache_plan)
     plan.problems = _problems(plan)
-    plan.notes = _holdout_notes(plan) + _contamination_notes(plan)
+    plan.notes = set_notes + _holdout_notes(plan) + _contamination_notes(plan)
     plan.seconds = time.perf_counter() - t0
     return plan
 
