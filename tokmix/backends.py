@@ -256,6 +256,7 @@ class FastokensEncoder:
             raise NotApplicable("it has no Digits step for fastokens to read otherwise")
         if self.rewritten:
             text = json.dumps(spec)
+        spec = None  # the parsed file freed before fastokens builds its tables (docs/benchmarks.md: a peak lower)
         self._tok = fastokens.Tokenizer.from_json_str(text)
         self.vocab_size = self._tok.vocab_size
 
