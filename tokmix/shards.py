@@ -399,11 +399,22 @@ def open_read(path: Path | ObjectPath | str, buffering: int = -1, fetch: int = R
 
 
 def file_checksum(path: Path | ObjectPath) -> str:
-    h = hashlib.new(CHECKSUM)
-    with open_read(path, fetch=READ_CHUNK_BYTES) as f:
-        while data := f.read(READ_CHUNK_BYTES):
-            h.update(data)
+    h, path = hashlib.new(CHECKSUM), as_path(path)
+    if storage(path).remote:
+        with open_read(path, fetch=READ_CHUNK_BYTES) as f:
+            while data := f.read(READ_CHUNK_BYTES):
+                h.update(data)
+        return h.hexdigest()
+    # a local file read into one buffer: a new 64 MiB bytes object per read costs as much as the hashing (241 MiB:
+    # 0.62 s against 0.33 s, docs/benchmarks.md)
+    buffer = memoryview(bytearray(CHECKSUM_BUFFER_BYTES))
+    with open_read(path, buffering=0) as f:
+        while n := f.readinto(buffer):
+            h.update(buffer[:n])
     return h.hexdigest()
+
+
+CHECKSUM_BUFFER_BYTES = 1 << 20
 
 
 # ---------------------------------------------------------------------------- is a committed artifact whole
