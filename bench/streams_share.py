@@ -8,6 +8,13 @@ the corpus's files repeat, so the encoder mostly meets text it has seen), the tw
 average is printed beside them.
 
     .venv/bin/python bench/streams_share.py [--units 40] [--rounds 3] [--workers 2]
+    .venv/bin/python bench/streams_share.py --full [--rounds 2]
+
+`--full` measures the full layout's own texts instead: every stream's train files in the split's order, unit by
+unit until the stream's budget, once (the layout's repeated files warm the encoder as they warm the stage's):
+the unit function on the threads, against the same units' documents read ahead of the clock a few units at a
+time and encoded bare on as many threads. Each measure reads ~13 GB of text, and the stage writes its units (5
+GB) to a temporary folder, each unit deleted once it is counted.
 
 Run bench/fullscale.py once first (it builds bench/work/fullscale/). Units are written to a temporary folder
 and deleted.
@@ -55,9 +62,69 @@ def per_stream(total: int) -> dict[str, int]:
     return {name: max(1, round(total * s["share"])) for name, s in recipe["streams"].items()}
 
 
+def full_units():
+    """Every stream's units in the full layout's order, each with its stream's budget: (stream, budget, plan)."""
+    from tokmix.process import default_unit_bytes
+    from tokmix.recipe import load_recipe
+    from tokmix.sources import plan_units
+
+    recipe = load_recipe(WORK / "recipe.toml")
+    split = json.loads((WORK / "file_splits.json").read_text())
+    return [(name, recipe.budget(name), plan_units(name, split[spec.domain]["train"], [], default_unit_bytes()))
+            for name, spec in recipe.streams.items()]
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def measure_full(kind: str, workers: int) -> dict:
+    """The full layout's texts, once: each stream's units until its budget (see --full)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from tokmix.backends import huge_doc_chars
+    from tokmix.sources import batches, read_texts
+    from tokmix.stages import shared_encoder
+    from tokmix.stages.streams import UnitTask, tokenize_unit
+
+    tokenizer = str(WORK / "tokenizer" / "tokenizer.json")
+    huge = huge_doc_chars(tokenizer)
+    encoder = shared_encoder(tokenizer, "fastokens")
+    out = Path(tempfile.mkdtemp(prefix="streams-share-full-"))
+    tokens = seconds = cpu = 0.0
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker") as pool:
+            for stream, budget, plan in full_units():
+                got = 0
+                if kind == "bare":  # a few units read ahead of the clock, then encoded
+                    while got < budget and (chosen := [u for _, u in zip(range(workers), plan)]):
+                        work = [b for u in chosen for b in batches(read_texts(u, "text", stream, [], huge), huge)]
+                        t0, c0 = time.perf_counter(), _cpu()
+                        got += sum(pool.map(lambda b: int(encoder.encode_batch(b)[0].size) + len(b), work))
+                        seconds, cpu = seconds + time.perf_counter() - t0, cpu + _cpu() - c0
+                        del work
+                else:  # as the stage runs them: two units per worker in flight
+                    t0, c0 = time.perf_counter(), _cpu()
+                    pending: set = set()
+                    while pending or got < budget:
+                        while got < budget and len(pending) < 2 * workers and (unit := next(plan, None)):
+                            pending.add(pool.submit(tokenize_unit, UnitTask(
+                                unit, "text", tokenizer, "fastokens", "<u2", str(out), None, (), huge,
+                                provenance=True)))
+                        if not pending:
+                            break
+                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            record = future.result()
+                            got += record["tokens"]
+                            for f in out.glob(f"{record['name']}.*"):
+                                f.unlink()
+                    seconds, cpu = seconds + time.perf_counter() - t0, cpu + _cpu() - c0
+                tokens += got
+        return {"kind": kind, "tokens": int(tokens), "seconds": seconds, "cpu": cpu}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def measure(kind: str, total: int, workers: int) -> dict:
@@ -107,19 +174,24 @@ def main() -> None:
     ap.add_argument("--units", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--full", action="store_true", help="the full layout's texts, once (see above)")
     ap.add_argument("--only", choices=("stage", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only:
-        print(json.dumps(measure(args.only, args.units, args.workers)))
+        done = measure_full(args.only, args.workers) if args.full else measure(args.only, args.units, args.workers)
+        print(json.dumps(done))
         return
     rates: dict[str, list[float]] = {"stage": [], "bare": []}
+    cpu_per_token: dict[str, list[float]] = {"stage": [], "bare": []}  # the share by CPU: less moved by others' load
     for r in range(args.rounds):
         for kind in ("stage", "bare") if r % 2 == 0 else ("bare", "stage"):
             load = os.getloadavg()[0]
             done = subprocess.run([sys.executable, __file__, "--only", kind, "--units", str(args.units),
-                                   "--workers", str(args.workers)], capture_output=True, text=True, check=True)
+                                   "--workers", str(args.workers), *(["--full"] if args.full else [])],
+                                  capture_output=True, text=True, check=True)
             m = json.loads(done.stdout)
             rates[kind].append(m["tokens"] / m["seconds"])
+            cpu_per_token[kind].append(m["cpu"] / m["tokens"])
             print(f"round {r}: {kind:5s} {m['tokens'] / 1e6:8.1f}M tokens {m['seconds']:6.2f} s "
                   f"{rates[kind][-1] / 1e6:6.2f}M tok/s, CPU {m['cpu'] / m['seconds']:.2f} cores "
                   f"(load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
@@ -127,6 +199,9 @@ def main() -> None:
     print(f"stage / bare: median {100 * statistics.median(pairs):.1f}% (pairs: "
           f"{', '.join(f'{100 * p:.1f}' for p in pairs)}); medians {statistics.median(rates['stage']) / 1e6:.2f}M / "
           f"{statistics.median(rates['bare']) / 1e6:.2f}M tok/s")
+    by_cpu = [b / s for s, b in zip(cpu_per_token["stage"], cpu_per_token["bare"])]
+    print(f"by CPU seconds per token, bare / stage: median {100 * statistics.median(by_cpu):.1f}% (pairs: "
+          f"{', '.join(f'{100 * p:.1f}' for p in by_cpu)})")
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                         text = json_text(line, field, stream, piece.path, where)
                     del line  # a 200 MB line must not stay alive beside its text while it is tokenized
                     if places is not None:
-                        places.add(line_no - 1)
+                        places.add(line_no - 1, empty=not text)
                     yield text
                 offset += size
             if places is not None:

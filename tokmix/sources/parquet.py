@@ -90,7 +90,9 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 if pa.types.is_dictionary(column.type):
                     column = column.dictionary_decode()
                 if places is not None:
-                    places.add(row, len(column), None if places.checksums is None else utf8_crc32s(column))
+                    offsets, data = _offsets(column)
+                    places.add(row, len(column), None if places.checksums is None else _crc32s(offsets, data),
+                               empty=np.diff(offsets) == 0)
                 yield from _column_texts(column, piece, field, stream, huge, row)
                 row += len(column)
 
@@ -129,7 +131,10 @@ def utf8_crc32s(column: pa.Array) -> list[int]:
     """CRC-32 (zlib's) of each value's bytes, read from Arrow's buffer: for a string column the value of
     tokmix.provenance.text_crc32 on its texts, without encoding each str again (that encode was ~3/4 of the
     checksums' time, docs/benchmarks.md)."""
-    offsets, data = _offsets(column)
+    return _crc32s(*_offsets(column))
+
+
+def _crc32s(offsets: np.ndarray, data: pa.Buffer | None) -> list[int]:
     view = memoryview(data) if data is not None else memoryview(b"")
     offsets = offsets.tolist()
     return [zlib.crc32(view[a:b]) for a, b in zip(offsets, offsets[1:])]

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from tokmix.errors import TokmixError
@@ -39,19 +40,50 @@ class Places:
     takes them in the same order with `take()`. `lines`: the lines of each JSONL piece read (by piece number),
     where the pieces after it in the same file start counting. With `checksums`, `take()` gives a third value,
     the CRC-32 of the document's UTF-8 bytes where the reader has those bytes (a parquet reader: from Arrow's
-    buffer, sparing an encode per document), else -1 (the consumer computes it from the text)."""
+    buffer, sparing an encode per document), else -1 (the consumer computes it from the text).
 
-    def __init__(self, checksums: bool = False):
+    `kept`: only the non-empty documents' places are kept (the reader says which are empty), and the consumer
+    takes a batch of them at once as an array (`take_kept`): the streams stage, whose batches hold the non-empty
+    texts in order, spares a Python step and a tuple per document."""
+
+    def __init__(self, checksums: bool = False, kept: bool = False):
         self.piece = 0  # the unit's piece being read
         self.runs: deque[list[int]] = deque()  # [piece, first place, count]
         self.lines: dict[int, int] = {}
         self.checksums: deque[int] | None = deque() if checksums else None
+        # with `kept`: the non-empty documents' pieces, places and checksums (-1: none), from `taken` on
+        self.kept: tuple[list[int], list[int], list[int]] | None = ([], [], []) if kept else None
+        self.taken = 0
 
-    def add(self, place: int, count: int = 1, checksums: list[int] | None = None) -> None:
-        if count:
-            self.runs.append([self.piece, place, count])
-            if self.checksums is not None:
-                self.checksums.extend(checksums if checksums is not None else [-1] * count)
+    def add(self, place: int, count: int = 1, checksums: list[int] | None = None, empty=None) -> None:
+        """`count` documents from `place` on; `empty` (with `kept`): whether the one document is empty, or a bool
+        array of which of the `count` are (None: none is)."""
+        if not count:
+            return
+        if self.kept is not None:
+            self._keep(place, count, checksums, empty)
+            return
+        self.runs.append([self.piece, place, count])
+        if self.checksums is not None:
+            self.checksums.extend(checksums if checksums is not None else [-1] * count)
+
+    def _keep(self, place: int, count: int, checksums: list[int] | None, empty) -> None:
+        pieces, places, crcs = self.kept
+        if count == 1 and not isinstance(empty, np.ndarray):
+            if not empty:
+                pieces.append(self.piece)
+                places.append(place)
+                crcs.append(checksums[0] if checksums is not None else -1)
+            return
+        if empty is not None and empty.any():
+            at = np.flatnonzero(~empty)
+            places.extend((at + place).tolist())
+            crcs.extend(np.asarray(checksums)[at].tolist() if checksums is not None else [-1] * len(at))
+            pieces.extend([self.piece] * len(at))
+            return
+        places.extend(range(place, place + count))
+        crcs.extend(checksums if checksums is not None else [-1] * count)
+        pieces.extend([self.piece] * count)
 
     def take(self) -> tuple[int, int] | tuple[int, int, int]:
         """(piece, place) of the next document; with checksums, (piece, place, CRC-32 or -1)."""
@@ -61,6 +93,19 @@ class Places:
         if not run[2]:
             self.runs.popleft()
         return found if self.checksums is None else (*found, self.checksums.popleft())
+
+    def take_kept(self, n: int) -> np.ndarray:
+        """With `kept`: the next `n` non-empty documents' (piece, place, CRC-32 or -1), an (n, 3) int64 array."""
+        a, b = self.taken, self.taken + n
+        out = np.empty((n, 3), dtype=np.int64)
+        for column, values in enumerate(self.kept):
+            out[:, column] = values[a:b]
+        self.taken = b
+        if b >= 1 << 14:  # what was taken goes, a few batches at a time
+            for values in self.kept:
+                del values[:b]
+            self.taken = 0
+        return out
 
 
 class SourceError(TokmixError):

@@ -30,10 +30,10 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
     """The file's one document; with `huge`, see tokmix.sources.units.read_texts."""
     if skip_huge and huge is not None and piece.size > huge:
         return
-    if places is not None:
-        places.add(0)
     with open_file(piece.path, mirrors) as f:
         data = f.read()
+    if places is not None:
+        places.add(0, empty=not data)
     if huge is not None and len(data) > huge:
         yield HugeText(data, piece.path, stream)
         return

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,29 +109,19 @@ def _holdout_array(path: str | None) -> np.ndarray | None:
     return cached(("holdout array", path, stat.st_mtime_ns, stat.st_size), lambda: np.load(path))
 
 
-def _placed(texts: Iterator, places: Places, found: deque) -> Iterator:
-    """The texts, with the (piece, place) of each non-empty one queued in `found` as it passes (batches() drops
-    the empty ones; the unit then drops holdout copies and what lies past its limit)."""
-    for text in texts:
-        where = places.take()
-        if text:
-            found.append(where)
-        yield text
-
-
 class UnitDocuments:
     """The places and text checksums of a unit's kept documents, gathered batch by batch (UNIT_DOC_DTYPE)."""
 
     def __init__(self, unit: Unit):
         self.unit, self.parts = unit, []
 
-    def add(self, where: list[tuple[int, int, int]], texts: list) -> None:
-        """`where`: each text's (piece, place, CRC-32 or -1 where the reader did not give it: Places)."""
+    def add(self, where: np.ndarray, texts: list) -> None:
+        """`where`: each text's (piece, place, CRC-32 or -1 where the reader did not give it: Places.take_kept)."""
         part = np.zeros(len(texts), dtype=UNIT_DOC_DTYPE)
         part["unit"], part["pass"] = self.unit.index, 1
         crc = np.full(len(texts), -1, dtype=np.int64)
-        if where:
-            piece, place, crc = np.array(where, dtype=np.int64).T
+        if len(where):
+            piece, place, crc = where.T.copy()
             if int(place.max()) > np.iinfo(np.uint32).max:
                 check_place(int(place.max()), self.unit.stream, self.unit.pieces[int(piece[place.argmax()])].path)
             part["piece"], part["place"] = piece, place
@@ -159,8 +148,8 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
     return size
 
 
-def _decontaminate(bench, batch: list, where: list, kept: int, contaminated: list, task: UnitTask,
-                   encoder) -> tuple[list, list]:
+def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminated: list, task: UnitTask,
+                   encoder) -> tuple[list, np.ndarray]:
     """Record the batch's documents that a benchmark item contaminates ([kept documents before it, piece,
     place, tokens, items...]); with action "drop" they leave the batch (their tokens counted by encoding them
     alone), with "report" they stay (their tokens filled in once the unit is encoded: -1 until then)."""
@@ -170,13 +159,13 @@ def _decontaminate(bench, batch: list, where: list, kept: int, contaminated: lis
         return batch, where
     before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
     for i in hits:
-        piece, place = where[i][:2] if where else (0, 0)
+        piece, place = where[i, :2].tolist() if len(where) else (0, 0)
         tokens = _document_tokens(encoder, batch[i], task.delimiters) if task.drop_contaminated else -1
         contaminated.append([kept + int(before[i]), piece, place, tokens, *items[i]])
     if not task.drop_contaminated:
         return batch, where
     keep = [i for i in range(len(batch)) if not items[i]]
-    return [batch[i] for i in keep], [where[i] for i in keep] if where else where
+    return [batch[i] for i in keep], where[keep] if len(where) else where
 
 
 def _document_tokens(encoder, text, delimiters: Delimiters) -> int:
@@ -280,7 +269,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     huge, delimiters = task.huge, task.delimiters
     extra = delimiters.per_document
     bench = benchmark_set(task.benchmarks) if task.benchmarks else None
-    places, found = (Places(checksums=task.provenance), deque()) if task.provenance or bench else (None, None)
+    places = Places(checksums=task.provenance, kept=True) if task.provenance or bench else None
+    nowhere = np.empty((0, 3), dtype=np.int64)  # the batches' places without provenance or benchmarks
     contaminated: list[list] = []  # [kept documents before it, piece, place, tokens, items...] of each
     documents = UnitDocuments(unit)
     complete = True
@@ -291,7 +281,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     replay = _Replay(*prefix) if prefix is not None else None
     texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
 
-    def add_kept(batch: list, where: list, lens: np.ndarray) -> None:
+    def add_kept(batch: list, where: np.ndarray, lens: np.ndarray) -> None:
         nonlocal kept
         if task.provenance:
             documents.add(where, batch)
@@ -302,9 +292,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         chars[0] += sum(map(len, batch))
 
     try:
-        for batch in batches(texts if places is None else _placed(texts, places, found), huge,
-                             _batch_chars(task, writer, lambda: chars[0])):
-            where = [found.popleft() for _ in batch] if found is not None else []
+        for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
+            where = places.take_kept(len(batch)) if places is not None else nowhere
             if hashes is not None and len(hashes):
                 is_copy = holdout_copies(batch, hashes, held_lengths)
                 if is_copy.any():
@@ -312,7 +301,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
                     if kept_hashes is not None:
                         dropped_hashes += text_hashes([t for t, c in zip(batch, is_copy.tolist()) if c]).tolist()
                     batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]
-                    where = [w for w, c in zip(where, is_copy.tolist()) if not c] if where else where
+                    where = where[~is_copy] if len(where) else where
             if bench is not None:
                 batch, where = _decontaminate(bench, batch, where, kept, contaminated, task, encoder)
             if replay is not None and replay.left:  # documents the cache holds the tokens of
