@@ -135,8 +135,8 @@ def run(
                                                           "and bookkeeping (default: under ~/.cache/tokmix)"),
     cache: str | None = typer.Option(None, "--cache", help="the token cache shared by runs: a folder or URL "
                                                            "(default: TOKMIX_CACHE, else ~/.cache/tokmix/units)"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="tokenize every unit, neither using nor filling the "
-                                                            "token cache"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="tokenize every unit and build the benchmark set, "
+                                                            "neither using nor filling the token cache"),
     cache_size: str | None = typer.Option(None, "--cache-size", help="the token cache's cap (default: "
                                                                      "TOKMIX_CACHE_SIZE, else 50GiB or a quarter of "
                                                                      "its disk)"),
@@ -459,7 +459,8 @@ def report(
     console.print(f"report -> {path}")
 
 
-cache_app = _App(cls=_Group, help="The token cache shared by runs: its size and entries, pruning, verifying.")
+cache_app = _App(cls=_Group, help="The token cache shared by runs (work units, streams' holdout documents, built "
+                                  "benchmark sets): its size and entries, pruning, verifying.")
 app.add_typer(cache_app, name="cache")
 CACHE_OPTION = typer.Option(None, "--cache", help="the cache: a folder or URL (default: TOKMIX_CACHE, else "
                                                   "~/.cache/tokmix/units)")
@@ -486,8 +487,8 @@ def cache(
                                          help="remove the entries of the tokenizer whose sha256 starts with this"),
     debug: bool = typer.Option(False, "--debug"),
 ) -> None:
-    """Show the token cache's size and entries by tokenizer and source; prune it. Entries a running run holds
-    are never removed."""
+    """Show the token cache's size and entries by kind, tokenizer and source; prune it. Entries a running run
+    holds are never removed."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.table import Table
