@@ -169,12 +169,14 @@ def one(corpus: Path, name: str, base: Path, steps: int | None, keep: bool) -> d
                                       index["tokenizer"], index["throughput"]["backend"]], capture_output=True,
                                      text=True, check=True).stdout)
     streams_tok_s = stream_tokens / timings["streams"]
+    streams = index["mix"]["streams"].values()  # the encoder's own rate inside the stage (its calls' time alone)
+    encode_tok_s = sum(s["tokens"] * s["tok_s_tokenizer_capacity"] for s in streams) / stream_tokens
     row = {"name": name, "oracle": index["tokenizer_oracle"], "backend": index["throughput"]["backend"],
            "vocab_size": index["vocab_size"], "dtype": index["dtype"], "libraries": index["tokenizer_libraries"],
            "run_s": round(seconds, 1), "peak_tree_mib": round(peak / 2**20), "stream_tokens": stream_tokens,
            "streams_s": timings["streams"], "tokenizer_s": timings.get("tokenizer"),
            "streams_tok_s": round(streams_tok_s), "bare_tok_s": round(bare["bare_tok_s"]),
-           "bare_tokens": bare["tokens"], "bare_threads": bare["workers"],
+           "bare_tokens": bare["tokens"], "bare_threads": bare["workers"], "stage_encode_tok_s": round(encode_tok_s),
            "share_of_bare": round(streams_tok_s / bare["bare_tok_s"], 3), "first_shard_docs_checked": checked,
            "check_s": round(check_s, 1), "load_before": load, "load_after": os.getloadavg()[0]}
     if not keep:
