@@ -131,19 +131,21 @@ def _concatenated(parts: list[bytes]) -> tuple[bytearray, np.ndarray]:
     return joined, offsets
 
 
-def _letters(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _letters(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """_joined's joined parts, whether each byte is one of a word's (an ASCII letter or digit, or a byte of a
-    non-ASCII character) and each part's first byte. In numpy's loops, which let other threads take the GIL
-    (bytes.translate holds it: its share of the GIL was the first pass's largest, in py-spy --gil)."""
+    non-ASCII character), each part's first byte, and where the bytes of non-ASCII characters are. In numpy's
+    loops, which let other threads take the GIL (bytes.translate holds it: its share of the GIL was the first
+    pass's largest, in py-spy --gil)."""
     joined, offsets = _concatenated(parts)
     raw = np.frombuffer(joined, np.uint8)
     letter = raw >= 0x80
+    high = np.flatnonzero(letter)
     scratch = raw | np.uint8(0x20)  # an ASCII letter lowercase
     scratch -= np.uint8(ord("a"))
     letter |= scratch < 26
     np.subtract(raw, np.uint8(ord("0")), out=scratch)
     letter |= scratch < 10
-    return raw, letter, offsets
+    return raw, letter, offsets, high
 
 
 def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii: bool,
@@ -198,8 +200,7 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
         except UnicodeEncodeError:  # a lone surrogate: checked the slow way
             forced.append(i)
             parts.append(b"")
-    raw, letter, offsets = _letters(parts)
-    high = np.flatnonzero(raw >= 0x80)
+    raw, letter, offsets, high = _letters(parts)
     if len(high):
         letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
         letter[offsets - 1] = False  # never across two texts
@@ -295,10 +296,13 @@ def word_classes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, bits: i
     prefix_hashes). `data` and `lower` as for prefix_hashes."""
     eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
     heads = eights[starts] | _LOWER if lower else eights[starts]
+    lengths = ends - starts
+    np.minimum(lengths, 8, out=lengths)
     with np.errstate(over="ignore"):
-        heads &= _KEEP[np.minimum(ends - starts, 8)]
+        heads &= _KEEP[lengths]
         heads *= _MIX1
-    return (heads >> np.uint64(64 - bits)).astype(np.intp)
+    heads >>= np.uint64(64 - bits)
+    return heads.view(np.int64)  # (below 2**bits: the same values)
 
 
 _KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # a word's first k bytes of 8
