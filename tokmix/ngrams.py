@@ -131,20 +131,21 @@ def _concatenated(parts: list[bytes]) -> tuple[bytearray, np.ndarray]:
     return joined, offsets
 
 
-def _letters(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _letters(parts: list[bytes], wide: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """_joined's joined parts, whether each byte is one of a word's (an ASCII letter or digit, or a byte of a
-    non-ASCII character), each part's first byte, and where the bytes of non-ASCII characters are. In numpy's
-    loops, which let other threads take the GIL (bytes.translate holds it: its share of the GIL was the first
-    pass's largest, in py-spy --gil)."""
+    non-ASCII character), each part's first byte, and where the bytes of non-ASCII characters are, looked for in
+    the parts `wide` only (the others are ASCII). In numpy's loops, which let other threads take the GIL
+    (bytes.translate holds it: its share of the GIL was the first pass's largest, in py-spy --gil)."""
     joined, offsets = _concatenated(parts)
     raw = np.frombuffer(joined, np.uint8)
-    letter = raw >= 0x80
-    high = np.flatnonzero(letter)
     scratch = raw | np.uint8(0x20)  # an ASCII letter lowercase
     scratch -= np.uint8(ord("a"))
-    letter |= scratch < 26
+    letter = scratch < 26
     np.subtract(raw, np.uint8(ord("0")), out=scratch)
     letter |= scratch < 10
+    high = [np.flatnonzero(raw[offsets[t]:offsets[t + 1]] >= 0x80) + offsets[t] for t in wide]
+    high = np.concatenate(high) if high else np.empty(0, np.int64)
+    letter[high] = True
     return raw, letter, offsets, high
 
 
@@ -200,7 +201,7 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
         except UnicodeEncodeError:  # a lone surrogate: checked the slow way
             forced.append(i)
             parts.append(b"")
-    raw, letter, offsets, high = _letters(parts)
+    raw, letter, offsets, high = _letters(parts, [t for t, text in enumerate(texts) if not text.isascii()])
     if len(high):
         letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
         letter[offsets - 1] = False  # never across two texts
@@ -330,9 +331,9 @@ def _wild_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     """For each wild run raw[starts[i]:ends[i]]: how many normalized words it has and whether one of them is a
     member (or it has a sigma). All are normalized at once, _JOINT between two (NFKC keeps the cut, a sigma's
     context ends there; no run holds _JOINT itself)."""
-    joined = raw.tobytes()
-    text = _JOINT.encode().join([joined[s:e] for s, e in zip(starts.tolist(), ends.tolist())]).decode()
-    normal, data, offsets = _joined([normalized_bytes(text)])
+    view = memoryview(raw)  # (slices of it: no copy of the group's bytes)
+    text = _JOINT.encode().join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist())]).decode()
+    normal, data, offsets = _joined([_normalized_runs(text)])
     cuts = _joints(normal)
     if len(cuts) != len(starts) - 1:  # (no character's NFKC form holds _JOINT: it has none)
         raise AssertionError(f"{len(cuts)} cuts between {len(starts)} wild runs")
@@ -343,6 +344,23 @@ def _wild_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     lead = np.flatnonzero(normal[:-1] == 0xCF)
     found[np.searchsorted(cuts, lead[np.isin(normal[lead + 1], _SIGMAS)])] = True
     return count, found
+
+
+def _normalized_runs(text: str) -> bytes:
+    """normalized_bytes of wild runs joined by _JOINT, NFKC applied only to the pieces of about RUNS_CHARS
+    characters (cut before a _JOINT, a starter that composes with nothing: the pieces' forms end to end are
+    the whole's) that are not in NFKC form already: one character that is not (a no-break space, an
+    ellipsis, "\u00b4") made half the corpus's groups normalize all their wild runs."""
+    pieces, at = [], 0
+    while at < len(text):
+        cut = text.find(_JOINT, at + RUNS_CHARS)
+        piece = text[at:cut] if cut >= 0 else text[at:]
+        pieces.append(piece if unicodedata.is_normalized("NFKC", piece) else unicodedata.normalize("NFKC", piece))
+        at += len(piece)
+    return "".join(pieces).lower().encode("utf-8", "replace")
+
+
+RUNS_CHARS = 1024
 
 
 def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
