@@ -241,3 +241,18 @@ def test_plan_takes_the_set_from_the_cache_and_estimates_the_same(inputs, monkey
     assert not any(n.startswith("benchmark n-grams:") for n in built.notes)
     assert taken.contamination == built.contamination and any(c[2] for c in taken.contamination.values())
     assert sorted(p.name for p in inputs["cache"].rglob("*")) == before
+
+
+def test_a_kill_while_taking_the_set_resumes_and_takes_it_again(inputs, tmp_path):
+    """SIGKILLed with three of the set's arrays placed in the run and its record not yet written: the resumed
+    run takes the set again (the placed arrays are overwritten, never trusted without the record) and ends
+    with the fresh build's bytes."""
+    cache = tmp_path / "cache"
+    shutil.copytree(inputs["cache"], cache)
+    killed = run(inputs["recipe"], tmp_path / "out", cache, fault="cache:after-take-set-file:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    state = tmp_path / "out" / SET
+    assert not (state / "set.json").exists() and len(list(state.glob("*.npy"))) == 3
+    log = finished(run(inputs["recipe"], tmp_path / "out", cache))
+    assert "benchmark n-grams: taken from the token cache" in log
+    assert outputs(tmp_path / "out") == inputs["fresh"]

@@ -242,10 +242,11 @@ class UnitCache:
             return None
         return {**unit, "complete": record["complete"]}
 
-    def place(self, key: str, paths: dict[str, Path]) -> dict | None:
+    def place(self, key: str, paths: dict[str, Path], fault: str | None = None) -> dict | None:
         """Put an entry's extra files at `paths` (part: where), as `take` does a unit's (a hard link where it
-        can, a copy otherwise, each checked against its sha256); returns the entry's record, None when there is
-        none or it is damaged (removed, and what was placed of it too: `problem` says why)."""
+        can, a copy otherwise, each checked against its sha256; the fault point `fault` after each); returns the
+        entry's record, None when there is none or it is damaged (removed, and what was placed of it too:
+        `problem` says why)."""
         record = self._read_entry(key)
         if record is None:
             return None
@@ -255,7 +256,7 @@ class UnitCache:
             return None
         placing = [(record["extra"][part]["file"], path, record["extra"][part]["sha256"])
                    for part, path in paths.items()]
-        return record if self._place_checked(key, record, placing) else None
+        return record if self._place_checked(key, record, placing, fault) else None
 
     def _place_checked(self, key: str, record: dict, placing: list[tuple[str, Path | ObjectPath, str]],
                        fault: str | None = None) -> bool:

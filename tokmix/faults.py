@@ -34,6 +34,7 @@ POINTS = (
     "cache:fill-before-rename",  # a cache entry made in the cache's tmp/, not yet renamed into entries/
     "cache:holdout-fill-before-rename",  # the same for an entry of a stream's holdout documents
     "cache:benchmark-set-fill-before-rename",  # the same for a built benchmark set's entry
+    "cache:after-take-set-file",  # an array of a built benchmark set's entry linked or copied into the run's
     "streams:before-meta",
     "streams:after-meta",
     "assemble:mid-write",  # half of a gathered part of a shard written

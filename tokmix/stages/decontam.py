@@ -415,7 +415,7 @@ def _take_cached(root: str, key: str, parts: dict, recipe: Recipe, checksums: di
     directory.mkdir(parents=True, exist_ok=True)
     files = set_files(directory)
     try:
-        entry = cache.place(key, files)
+        entry = cache.place(key, files, "cache:after-take-set-file")
         if entry is not None and (why := _entry_damage(entry, parts)) is not None:
             cache.problem = why
             cache.remove(key)
