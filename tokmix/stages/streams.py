@@ -568,6 +568,9 @@ class StreamRun:
         self.started = time.perf_counter()
         self.hashes = self.lengths = None
         self.benchmarks = str(ctx.layout.benchmark_set) if ctx.benchmarks is not None else None
+        # the token cache's key parts every unit of the run shares, built once: they ask importlib.metadata for the
+        # oracle library's version, ~0.7 ms on the coordinator's thread, holding the GIL the workers need
+        self.key_base = cache_key_base(ctx) if ctx.cache is not None else None
         if ctx.recipe.holdout.decontaminate:
             self.hashes = str(ctx.layout.holdout_copies("hashes"))
             self.lengths = str(ctx.layout.holdout_copies("lengths"))
@@ -675,7 +678,7 @@ class StreamRun:
         if self.ctx.cache is None:
             return None, None
         ctx = self.ctx
-        key = cache_key_base(ctx).key(unit, ctx.recipe.streams[self.name].text_field)
+        key = self.key_base.key(unit, ctx.recipe.streams[self.name].text_field)
         return key, {"tokenizer": ctx.tokenizer_sha256, "tokenizer_path": ctx.tokenizer_path, "stream": self.name,
                      "unit": unit.name, "sources": sorted({p.path for p in unit.pieces})}
 
