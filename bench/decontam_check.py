@@ -1,0 +1,87 @@
+"""The cost of decontamination's check alone (BenchmarkSet.contaminating, issue 29), in one process: the first
+--docs documents of each bench corpus stream's train_000 (bench/work/corpus, built by bench/corpus.py; 1,500:
+5,600 documents, 53.0 MB) checked against HumanEval (tests/data/human_eval, prompt + canonical_solution) or the
+100k-item set of bench/decontam.py (run it once first: it writes the items file).
+
+    .venv/bin/python bench/decontam_check.py [--set humaneval|100k] [--docs 1500] [--passes 3]
+
+Prints the CPU seconds of the check (time.process_time, the least of --passes passes, each with a fresh
+BenchmarkSet so that what it keeps between groups starts empty as in a run), the documents it finds and the
+sha256 of its verdicts (to compare two versions of the code), and the load average. Compare two versions in
+fresh processes, alternating. With --callgrind, under `valgrind --tool=callgrind --instr-atstart=no`, one pass is
+instrumented alone (callgrind_control turns it on and off around the call): its instruction count does not
+depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tokmix.recipe import recipe_from_dict
+from tokmix.stages.decontam import BenchmarkSet, build_set
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "bench" / "work" / "corpus"
+SETS = {"humaneval": (ROOT / "tests" / "data" / "human_eval" / "HumanEval.jsonl.gz", ["prompt", "canonical_solution"]),
+        "100k": (ROOT / "bench" / "work" / "decontam" / "synthetic-words-100000.jsonl", ["question", "answer"])}
+
+
+def documents(per_stream: int) -> list[str]:
+    texts = []
+    for stream in ("web", "edu", "code_py", "code_other"):
+        column = pq.read_table(CORPUS / stream / "train_000.parquet", columns=["text"])["text"].to_pylist()
+        texts += [t for t in column[:per_stream] if t]
+    return texts
+
+
+def built_set(name: str, directory: Path) -> Path:
+    path, fields = SETS[name]
+    data = {"seed": 1, "tokenizer": {"path": "t.json"}, "layout": {"steps": 1, "seqs_per_step": 1},
+            "holdout": {"tokens": 1, "eval_windows": 0},
+            "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}},
+            "decontaminate": {"benchmarks": {name: {"files": [str(path)], "fields": fields}}}}
+    build_set(recipe_from_dict(data, directory), directory / "set", [])
+    return directory / "set"
+
+
+def callgrind(switch: str) -> None:
+    subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True, capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--set", choices=sorted(SETS), default="humaneval")
+    parser.add_argument("--docs", type=int, default=1500)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--callgrind", action="store_true")
+    args = parser.parse_args()
+    texts = documents(args.docs)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = built_set(args.set, Path(tmp))
+        seconds = []
+        for _ in range(1 if args.callgrind else args.passes):
+            bench = BenchmarkSet(str(directory))
+            if args.callgrind:
+                callgrind("on")
+            start = time.process_time()
+            found = bench.contaminating(texts)
+            seconds.append(time.process_time() - start)
+            if args.callgrind:
+                callgrind("off")
+    verdicts = hashlib.sha256(json.dumps(found).encode()).hexdigest()[:16]
+    print(f"{args.set}: {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB: check "
+          f"{min(seconds):.3f} CPU-s (of {', '.join(f'{s:.3f}' for s in seconds)}), {sum(map(bool, found)):,} "
+          f"contaminated, verdicts {verdicts}, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
