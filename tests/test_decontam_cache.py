@@ -256,3 +256,17 @@ def test_a_kill_while_taking_the_set_resumes_and_takes_it_again(inputs, tmp_path
     log = finished(run(inputs["recipe"], tmp_path / "out", cache))
     assert "benchmark n-grams: taken from the token cache" in log
     assert outputs(tmp_path / "out") == inputs["fresh"]
+
+
+def test_a_file_matched_twice_is_another_key(inputs, tmp_path):
+    """A benchmark whose patterns match one file twice reads its items twice: not the set of the file once."""
+    from tests.test_decontam import set_recipe
+    from tokmix.stages.decontam import benchmark_checksums, set_key
+
+    fields = ["prompt", "canonical_solution"]
+    once = set_recipe(tmp_path, [inputs["bench"]], fields, "task_id")
+    twice = set_recipe(tmp_path, [inputs["bench"], inputs["bench"].parent / "*.jsonl.gz"], fields, "task_id")
+    keys = [set_key(r, benchmark_checksums(r, []), [])[0] for r in (once, twice)]
+    assert keys[0] != keys[1]
+    renamed = set_recipe(tmp_path, [inputs["bench"].parent / "*.gz"], fields, "task_id")  # the same file once
+    assert set_key(renamed, benchmark_checksums(renamed, []), [])[0] == keys[0]

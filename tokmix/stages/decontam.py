@@ -351,7 +351,7 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, 
         path.unlink()
     if cache is not None:
         checksums = checksums if checksums is not None else benchmark_checksums(recipe, mirrors)
-        key, parts = set_key(recipe, checksums)
+        key, parts = set_key(recipe, checksums, mirrors)
         record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
     if record is None:
         if build is None:
@@ -370,17 +370,19 @@ CACHE_KIND = "benchmark-set"  # the token cache's entries of built sets (tokmix.
 BUILD_CODE = (ngrams_module.__file__, __file__, benchmarks_module.__file__)  # what builds a set: their bytes
 
 
-def set_key(recipe: Recipe, checksums: dict[str, dict[str, str]]) -> tuple[str, dict]:
+def set_key(recipe: Recipe, checksums: dict[str, dict[str, str]], mirrors) -> tuple[str, dict]:
     """The token cache's key of the run's benchmark set and what it is made of: what the set's fingerprint
     covers, and only that: the rules (normalization, ngram, min_matches, action), each benchmark's files by
-    content (sha256, in order, with the format their bytes are read in), its fields and id field, and the set's
-    format (SET_FORMAT and the bytes of the code that builds it). Not the benchmarks' names nor their files'
-    paths: a run's record takes those from its recipe (_for_run)."""
+    content (sha256, in the order they are read, a file matched twice twice, with the format their bytes are read
+    in), its fields and id field, and the set's format (SET_FORMAT and the bytes of the code that builds it). Not
+    the benchmarks' names nor their files' paths: a run's record takes those from its recipe (_for_run)."""
     spec = recipe.decontaminate
     code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in BUILD_CODE)).hexdigest()
+    read = {name: benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors)
+            for name, bench in spec.benchmarks.items()}  # as iter_items reads them
     parts = {"kind": CACHE_KIND, "format": SET_FORMAT, "code": code, "normalization": NORMALIZATION,
              "ngram": spec.ngram, "min_matches": spec.min_matches, "action": spec.action,
-             "benchmarks": [{"files": [[file_format(path), sha] for path, sha in checksums[name].items()],
+             "benchmarks": [{"files": [[file_format(path), checksums[name][path]] for path in read[name]],
                              "fields": bench.fields, "id_field": bench.id_field}
                             for name, bench in spec.benchmarks.items()]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(), parts
