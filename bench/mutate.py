@@ -57,6 +57,8 @@ ASSEMBLE, STREAMS, HOLDOUT = "tokmix/stages/assemble.py", "tokmix/stages/streams
 INTERLEAVE, LOCK = "tokmix/interleave.py", "tokmix/lock.py"
 RECIPE, DATA, SOURCES = "tokmix/recipe.py", "tokmix/data.py", "tokmix/sources/units.py"
 IDENTITY = "tokmix/identity.py"
+NGRAMS, DECONTAM_STAGE = "tokmix/ngrams.py", "tokmix/stages/decontam.py"
+DECONTAM, DECONTAM_CACHE = "tests/test_decontam.py", "tests/test_decontam_cache.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ atomic commit
@@ -112,8 +114,8 @@ MUTATIONS = [
       '"checksum": hashlib.new(CHECKSUM, tokens[1:].tobytes()).hexdigest(),',
       f"{V}::test_the_untouched_copy_is_valid"),
     m("file_checksum reads only the first chunk", "checksums", SHARDS,
-      "        while data := f.read(READ_CHUNK_BYTES):\n            h.update(data)\n    return h.hexdigest()",
-      "        data = f.read(16)\n        h.update(data)\n    return h.hexdigest()",
+      "        while n := f.readinto(buffer):\n            h.update(buffer[:n])\n    return h.hexdigest()",
+      "        n = f.readinto(buffer)\n        h.update(buffer[:n])\n    return h.hexdigest()",
       "tests/test_oracles.py::test_file_checksum_is_sha256_of_the_whole_file"),
     m("fingerprints weight every token alike", "checksums", TOKENS,
       "return ((np.arange(seq_len, dtype=np.uint32) * 2 + 1) * np.uint32(0x9E3779B1)) | np.uint32(1)",
@@ -215,6 +217,50 @@ MUTATIONS = [
     m("a copy after the stream's last document is counted", "decontamination", STREAMS,
       'sum(1 for k in last["dropped_at"] if k < last_docs)', 'sum(1 for k in last["dropped_at"] if k <= last_docs)',
       "tests/test_oracles.py::test_every_planted_holdout_document_is_dropped"),
+    # ------------------------------------------------------------------ benchmark decontamination (issue 29)
+    m("a chain of exactly n words is let through by no first pass", "benchmark decontam", NGRAMS,
+      "    good = words >= shortest\n", "    good = words > shortest\n",
+      f"{DECONTAM}::test_every_document_the_oracle_drops_in_process", f"{DECONTAM}::test_recall_and_precision_against_the_oracle"),
+    m("a piece ends one run before its chain does", "benchmark decontam", NGRAMS,
+      "starts[heads] - offsets[owners], ends[lasts] - offsets[owners])",
+      "starts[heads] - offsets[owners], ends[np.maximum(lasts - 1, heads)] - offsets[owners])",
+      f"{DECONTAM}::test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item"),
+    m("a capital sigma's piece is checked alone", "benchmark decontam", NGRAMS,
+      "            found[t] = None  # a capital sigma", "            found[t] = pieces  # a capital sigma",
+      f"{DECONTAM}::test_a_final_sigma_whose_context_is_outside_its_piece"),
+    m("a separator before a non-ASCII character never composes", "benchmark decontam", NGRAMS,
+      "        letter[high - 1] = True  # a separator", "        letter[high - 1] |= False  # a separator",
+      f"{DECONTAM}::test_every_document_the_oracle_drops_in_process"),
+    m("min_matches counts one n-gram more", "benchmark decontam", DECONTAM_STAGE,
+      "np.flatnonzero(counts >= self.min_matches)", "np.flatnonzero(counts + 1 >= self.min_matches)",
+      f"{DECONTAM}::test_min_matches_counts_the_distinct_ngrams_of_each_item"),
+    m("one n-gram is enough whatever min_matches", "benchmark decontam", DECONTAM_STAGE,
+      "return items.tolist() if self.min_matches == 1 else []", "return items.tolist()",
+      f"{DECONTAM}::test_min_matches_counts_the_distinct_ngrams_of_each_item"),
+    m("action report drops too", "benchmark decontam", STREAMS,
+      'self.ctx.recipe.decontaminate.action == "drop"', 'self.ctx.recipe.decontaminate.action != ""',
+      f"{DECONTAM}::test_action_report_lists_what_drop_would_and_keeps_it"),
+    m("a built set taken from the cache is not checked", "benchmark decontam", "tokmix/cache.py",
+      "                    if _place(self.entry_dir(key) / file, dst) != sha256:",
+      "                    if _place(self.entry_dir(key) / file, dst) != sha256 and False:",
+      f"{DECONTAM_CACHE}::test_a_damaged_entry_is_said_and_built_again"),
+    m("the set cache's key leaves out the fields", "benchmark decontam", DECONTAM_STAGE,
+      '"fields": bench.fields, "id_field": bench.id_field}', '"id_field": bench.id_field}',
+      DECONTAM_CACHE),
+    # ------------------------------------------------------------------ tokenizer backends (issue 27)
+    m("Digits(individual_digits) read as runs of digits", "backends", "tokmix/backends.py",
+      'number = r"\\p{N}" if digits.get("individual_digits") else r"\\p{N}+"',
+      'number = r"\\p{N}+"',
+      "tests/test_backends_digits.py",
+      equivalent="a BPE trained with individual digits has no merge of two digits, so a run of them encodes to the "
+                 "same ids as its digits one by one; a vocabulary that had such merges is judged by the oracle check"),
+    # ------------------------------------------------------------------ provenance places (streams)
+    m("a parquet batch's empty documents get places", "provenance", "tokmix/sources/parquet.py",
+      "empty=np.diff(offsets) == 0)", "empty=None)",
+      "tests/test_provenance.py"),
+    m("places taken are trimmed one too few", "provenance", "tokmix/sources/pieces.py",
+      "                del values[:b]\n", "                del values[:b - 1]\n",
+      "tests/test_provenance.py::test_a_units_places_are_taken_in_order_past_the_trim_of_what_was_taken"),
     # ------------------------------------------------------------------ the interleave
     m("the interleave seed is off by one", "interleave", INTERLEAVE,
       "np.random.default_rng(seed).shuffle(order)", "np.random.default_rng(seed + 1).shuffle(order)",

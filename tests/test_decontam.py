@@ -212,6 +212,22 @@ def test_index_counts_what_was_dropped(planted):
     assert index["decontamination"]["enabled"]  # the holdout stage's exact-hash one, reported beside it
 
 
+def test_action_report_lists_what_drop_would_and_keeps_it(planted, tmp_path):
+    """action = "report": the same oracle decides which documents are contaminated, and they are listed with
+    their places but stay in the shards; index.json counts them under the action."""
+    recipe = planted["root"] / "report.toml"
+    recipe.write_text(planted["recipe"].read_text().replace('action = "drop"', 'action = "report"'))
+    out = tmp_path / "report"
+    done = tokmix_run(recipe, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = read_json(out / "contamination.json", sealed=True)
+    got = {(p["stream"], p["file"], p["place"]) for item in record["items"] for p in item["places"]}
+    assert got == set(oracle_drops({**planted, "out": out})) and len(got) > 10
+    assert got <= train_places(out)  # reported, not dropped
+    entry = json.loads((out / "index.json").read_text())["benchmark_decontamination"]
+    assert entry["action"] == "report" and entry["documents"] == len(got)
+
+
 def test_workers_units_and_a_kill_drop_the_same(planted, tmp_path):
     """One worker, units of another size, SIGKILLed after its third unit and resumed: the same shards."""
     out = tmp_path / "killed"
@@ -262,13 +278,14 @@ def test_the_normalization_splits_as_documented():
     assert np.array_equal(*(np.array(words(t)) for t in ("A, b!  C", "a b c")))
 
 
-def set_recipe(root: Path, files: list[Path], fields: list[str], id_field: str | None, ngram: int = NGRAM):
+def set_recipe(root: Path, files: list[Path], fields: list[str], id_field: str | None, ngram: int = NGRAM,
+               min_matches: int = 1):
     from tokmix.recipe import recipe_from_dict
 
     data = {"seed": 1, "tokenizer": {"path": "t.json"}, "layout": {"steps": 1, "seqs_per_step": 1},
             "holdout": {"tokens": 1, "eval_windows": 0}, "streams": {"a": {"domain": "a", "share": 1.0,
                                                                              "files": ["x"]}},
-            "decontaminate": {"ngram": ngram, "benchmarks": {"bench": {
+            "decontaminate": {"ngram": ngram, "min_matches": min_matches, "benchmarks": {"bench": {
                 "files": [str(f) for f in files], "fields": fields, "id_field": id_field}}}}
     return recipe_from_dict(data, root)
 
@@ -279,6 +296,34 @@ def humaneval_set(root: Path, ngram: int = NGRAM):
 
     build_set(set_recipe(root, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id", ngram), root / "set", [])
     return BenchmarkSet(str(root / "set"))
+
+
+def test_min_matches_counts_the_distinct_ngrams_of_each_item(tmp_path):
+    """With min_matches = 3 a document goes for an item only when it holds three distinct n-grams of that one
+    item: two of them, even each twice, or two of each of two items keep it; the oracle counts them itself."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    build_set(set_recipe(tmp_path, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id", NGRAM, 3),
+              tmp_path / "set", [])
+    bench = BenchmarkSet(str(tmp_path / "set"))
+    words = [oracle_words(p["prompt"] + "\n" + p["canonical_solution"]) for p in humaneval()]
+    items = [oracle_grams(w, NGRAM) for w in words]
+    a, b = (words[i] for i in (11, 90))
+
+    def run(w: list[str], start: int, count: int) -> str:  # `count` consecutive n-grams of an item
+        return " ".join(w[start:start + NGRAM - 1 + count])
+
+    docs = [run(a, 0, 1), run(a, 0, 2), run(a, 0, 3), f"{run(a, 0, 2)} zebra {run(a, 0, 2)}",
+            f"{run(a, 0, 2)} zebra {run(b, 0, 2)}", f"{run(a, 0, 1)} zebra {run(a, 20, 1)} zebra {run(a, 40, 1)}",
+            f"Intro. {run(b, 3, 1).upper()} zebra {run(b, 30, 2)}!"]
+
+    def oracle(text: str) -> list[int]:
+        grams = oracle_grams(oracle_words(text), NGRAM)
+        return [i for i, item in enumerate(items) if len(item & grams) >= 3]
+
+    expected = [oracle(t) for t in docs]
+    assert bench.contaminating(docs) == expected
+    assert [bool(e) for e in expected] == [False, False, True, False, False, True, True]
 
 
 def test_a_hash_that_items_share_with_other_words_is_told_apart(tmp_path):

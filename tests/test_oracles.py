@@ -311,10 +311,10 @@ def test_a_resume_keeps_the_unit_size_the_run_started_with(finished_run, inputs,
 
 
 def test_file_checksum_is_sha256_of_the_whole_file(tmp_path):
-    from tokmix.shards import file_checksum
+    from tokmix.shards import CHECKSUM_BUFFER_BYTES, file_checksum
 
     path = tmp_path / "f"
-    path.write_bytes(bytes(range(256)) * 40)
+    path.write_bytes(bytes(range(256)) * (CHECKSUM_BUFFER_BYTES // 256 * 2 + 3))  # more than two reads of it
     assert file_checksum(path) == hashlib.sha256(path.read_bytes()).hexdigest()
 
 

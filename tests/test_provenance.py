@@ -99,6 +99,33 @@ def test_the_parquet_readers_checksums_are_the_texts_crc32():
             assert utf8_crc32s(piece) == text_crc32(piece.to_pylist()).tolist()
 
 
+def test_a_units_places_are_taken_in_order_past_the_trim_of_what_was_taken():
+    """Places(kept=True) as the streams stage reads a unit of more documents than it keeps before it trims what
+    was taken (16,384): batches and single documents of three pieces, some empty, taken in batches of other sizes
+    while reading goes on; every non-empty document's (piece, place, CRC-32 or -1), in order."""
+    from tokmix.sources.pieces import Places
+
+    rng = np.random.default_rng(27)
+    places, expected, got = Places(checksums=True, kept=True), [], []
+    for piece in range(3):
+        places.piece, place = piece, 0
+        for _ in range(40):
+            n = int(rng.integers(1, 1500))
+            empty, crcs = rng.random(n) < 0.1, rng.integers(0, 1 << 32, n).tolist()
+            places.add(place, n, crcs, empty=empty)  # a parquet batch
+            expected += [(piece, place + i, crcs[i]) for i in range(n) if not empty[i]]
+            place += n
+            for _ in range(5):  # JSONL lines
+                gone = bool(rng.random() < 0.3)
+                places.add(place, empty=gone)
+                expected += [] if gone else [(piece, place, -1)]
+                place += 1
+            take = min(int(rng.integers(1, 2500)), len(expected) - len(got))
+            got += [tuple(row) for row in places.take_kept(take).tolist()]
+    got += [tuple(row) for row in places.take_kept(len(expected) - len(got)).tolist()]
+    assert len(expected) > 3 * (1 << 14) and got == expected
+
+
 def test_every_document_of_every_shard_and_holdout_is_its_source_text_at_its_tokens(mixed_run):
     index = json.loads((mixed_run / "index.json").read_text())
     tokenizer = Tokenizer.from_file(index["tokenizer"])
