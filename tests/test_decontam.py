@@ -423,7 +423,7 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
         text = glued([rng.choice(vocabulary) for _ in range(rng.randrange(0, 12))], 0.2)
         if rng.random() < 0.6:
             w = words[rng.randrange(len(words))]
-            at = rng.randrange(max(1, len(w) - NGRAM))
+            at = rng.randrange(max(1, len(w) - NGRAM + 1))  # (an item's last words too)
             text += glued(w[at:at + NGRAM], 0.01) + glued([rng.choice(vocabulary) for _ in range(5)], 0.2)
         texts.append(text)
     expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
@@ -455,7 +455,7 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
 
     def window(size: int) -> list[str]:
         w = words[rng.randrange(len(words))]
-        at = rng.randrange(max(1, len(w) - size))
+        at = rng.randrange(max(1, len(w) - size + 1))  # (an item's last words too)
         return w[at:at + size]
 
     texts = []

@@ -119,8 +119,9 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
         raise ValueError("benchmark items of more than 4,294,967,295 words in all")
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
     prefix = prefix_hashes(group.data, group.starts, group.ends)
+    lasts = group.first[1:] - 1  # each item's last word (-1 for an item before the first word)
     inside = np.ones(max(0, len(prefix) - 1), bool)  # each two consecutive words of one item
-    inside[(group.first[1:] - 1)[(group.first[1:] > 0) & (group.first[1:] < len(prefix))] - 1] = False
+    inside[lasts[(lasts >= 0) & (lasts < len(inside))]] = False  # (not an item's last word and the next's first)
     out["pairs"].append(pair_hashes(prefix[:-1], prefix[1:])[inside] >> np.uint64(32))  # (the filter's top bits)
     data = group.data[:group.offsets[-1]]  # without the padding after the last zero
     base = out["bytes"]
