@@ -293,6 +293,7 @@ def test_a_resume_under_other_library_versions_checks_the_ids_again(finished, co
     assert (f"tokenizer libraries changed since this run started (sentencepiece 0.1.99 -> {now}): ids re-checked"
             in capfd.readouterr().out)
     assert json.loads(choice_path.read_text())["libraries_at_start"] == started
+    good = json.loads(choice_path.read_text())
 
     choice = json.loads(choice_path.read_text())
     choice["libraries"] = started
@@ -302,6 +303,15 @@ def test_a_resume_under_other_library_versions_checks_the_ids_again(finished, co
     with pytest.raises(tokmix.TokmixError, match=r"sentencepiece 0.1.99 -> .*the oracle's ids on the check's texts "
                                                  r"changed with them"):
         tokmix.run(recipe, run_dir, workers=1)
+
+    # started under other code of tokmix's reading of the file for its backend: the ids checked again alike
+    from tokmix.backends import READING, reading_digest
+
+    choice_path.write_text(json.dumps({**good, "libraries": {**good["libraries"], READING: "0" * 16}}))
+    capfd.readouterr()
+    tokmix.run(recipe, run_dir, workers=1)
+    assert (f"tokenizer libraries changed since this run started ({READING} {'0' * 16} -> {reading_digest()}): "
+            "ids re-checked" in capfd.readouterr().out)
 
 
 def test_validate_under_other_library_versions_checks_the_ids_again(finished, tmp_path):

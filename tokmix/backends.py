@@ -65,6 +65,17 @@ def library_versions(backends: Iterable[str]) -> dict[str, str]:
     return installed_versions(_MODULE[name] for name in backends)
 
 
+READING = "tokmix.backends"  # the entry of a run's recorded libraries that stands for this module's reading
+
+
+def reading_digest() -> str:
+    """What of tokmix itself decides a backend's ids: this module's source (the forms a backend is given a file
+    through: fastokens' Split for a Digits step, Metaspace as a normalizer, tiktoken's ranks), as the first 16 hex
+    digits of its sha256. A run records it beside the libraries' versions, so that a resume under other code
+    checks the ids again as it does under other libraries (tokmix.tokenizer_stage)."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 def installed_versions(libraries: Iterable[str]) -> dict[str, str]:
     versions = {}
     for library in sorted(libraries):

@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable, Iterator
 
 from tokmix import identity
-from tokmix.backends import ORACLE, choose_backend_with_digest, library_versions, tokenizer_format
+from tokmix.backends import (
+    ORACLE,
+    READING,
+    choose_backend_with_digest,
+    library_versions,
+    reading_digest,
+    tokenizer_format,
+)
 from tokmix.errors import TokmixError
 from tokmix.executors import fresh_process
 from tokmix.faults import fault_point
@@ -200,7 +207,8 @@ def run_backend(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size:
 
 
 def _libraries(tokenizer_path: str, backend: str) -> dict[str, str]:
-    return library_versions({ORACLE[tokenizer_format(tokenizer_path)], backend})
+    """The versions of the oracle's and the backend's libraries, and of tokmix's reading of the file for them."""
+    return {**library_versions({ORACLE[tokenizer_format(tokenizer_path)], backend}), READING: reading_digest()}
 
 
 def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size: int, split, mirrors,
