@@ -290,12 +290,27 @@ def set_recipe(root: Path, files: list[Path], fields: list[str], id_field: str |
     return recipe_from_dict(data, root)
 
 
-def humaneval_set(root: Path, ngram: int = NGRAM):
-    """The HumanEval set as a run builds it, in-process, and as its workers read it."""
+def humaneval_set(root: Path, ngram: int = NGRAM, triples: bool | None = None):
+    """The HumanEval set as a run builds it, in-process, and as its workers read it (`triples`: with the triple
+    filter of a large set, or not, whatever its size)."""
     from tokmix.stages.decontam import BenchmarkSet, build_set
 
-    build_set(set_recipe(root, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id", ngram), root / "set", [])
+    recipe = set_recipe(root, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id", ngram)
+    build_set(recipe, root / "set", [], triples=triples)
     return BenchmarkSet(str(root / "set"))
+
+
+def prefiltered(root: Path):
+    """The HumanEval set with each of the first pass's prefilters in turn: a small set's pair table, a large
+    set's pair filter, and its triple filter (built for it: HumanEval is small)."""
+    bench = humaneval_set(root / "pairs", triples=False)
+    assert bench.pair_table is not None and bench.triples is None
+    yield bench
+    bench.pair_table = None
+    yield bench
+    bench = humaneval_set(root / "triples", triples=True)
+    assert bench.triples is not None
+    yield bench
 
 
 def test_min_matches_counts_the_distinct_ngrams_of_each_item(tmp_path):
@@ -406,7 +421,6 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
     items found in each."""
     import random
 
-    bench = humaneval_set(tmp_path)
     problems = humaneval()
     words = [oracle_words(p["prompt"] + "\n" + p["canonical_solution"]) for p in problems]
     items = [oracle_grams(w, NGRAM) for w in words]
@@ -427,9 +441,7 @@ def test_every_document_the_oracle_drops_in_process(tmp_path):
             text += glued(w[at:at + NGRAM], 0.01) + glued([rng.choice(vocabulary) for _ in range(5)], 0.2)
         texts.append(text)
     expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
-    assert bench.pair_table is not None  # a small set's table of word pairs, and a large set's pair filter:
-    for table in (bench.pair_table, None):
-        bench.pair_table = table
+    for bench in prefiltered(tmp_path):
         assert bench.contaminating(texts) == expected
     assert sum(map(bool, expected)) > 150 and sum(not e for e in expected) > 150
 
@@ -442,7 +454,6 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
 
     from tokmix.ngrams import run_candidates
 
-    bench = humaneval_set(tmp_path)
     words = [oracle_words(p["prompt"] + "\n" + p["canonical_solution"]) for p in humaneval()]
     items = [oracle_grams(w, NGRAM) for w in words]
     rng = random.Random(13)
@@ -455,7 +466,7 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
 
     def window(size: int) -> list[str]:
         w = words[rng.randrange(len(words))]
-        at = rng.randrange(max(1, len(w) - size + 1))  # (an item's last words too)
+        at = rng.randrange(max(1, len(w) - size + 1))
         return w[at:at + size]
 
     texts = []
@@ -465,15 +476,37 @@ def test_long_documents_are_checked_in_the_pieces_that_may_hold_an_item(tmp_path
         texts.append(" | ".join(glued(p) for p in parts))
     # a window as one wild run (no ASCII between its words), alone in its text and between unlinked words
     texts += ["\u2014".join(window(13)), "zebra zebra " + "\u2014".join(window(13)) + " zebra"]
-    got = bench.contaminating(texts)
-    assert got == [oracle_contaminated(t, items, {NGRAM}) for t in texts]
-    table, bench.pair_table = bench.pair_table, None  # the pair filter of a large set
-    assert bench.contaminating(texts) == got and table is not None
-    bench.pair_table = table
-    kept = run_candidates(texts, bench.linked, bench.member, NGRAM)
-    pieces = sum(len(p) for _, spans in kept if spans for p in spans)
-    assert got[-2] and got[-1] and sum(map(bool, got)) > 30
-    assert pieces < sum(len(texts[t]) for t, _ in kept) / 2  # the pieces, not the texts
+    expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
+    assert expected[-2] and expected[-1] and sum(map(bool, expected)) > 30
+    for bench in prefiltered(tmp_path):
+        assert bench.contaminating(texts) == expected
+        kept = run_candidates(texts, bench.linked, bench.member, NGRAM)
+        pieces = sum(len(p) for _, spans in kept if spans for p in spans)
+        assert pieces < sum(len(texts[t]) for t, _ in kept) / 2  # the pieces, not the texts
+
+
+def test_short_items_with_the_triple_filter(tmp_path):
+    """A large set's triple filter (built here for a small one) with items of two and three words, which have
+    no triple or one: the pairs then come from the pair filter, and each item is found whole, at a document's
+    start and end and inside it, as the oracle finds it; a long item's first and last 13 words too."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    long = " ".join(f"w{i}x" for i in range(20))
+    items = ["alpha bravo", "charlie delta echo", long]
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in items))
+    docs = ["Alpha, BRAVO!", "zulu alpha zulu bravo", "x charlie  delta\u00a0echo", "charlie delta zulu echo",
+            "pre " + " ".join(long.split()[:13]), " ".join(long.split()[-13:]) + " post",
+            " ".join(long.split()[1:14]) + " \u00e9clair", "\u00e9clair " + " ".join(long.split()[:12])]
+    grams = [oracle_grams(oracle_words(t), NGRAM) for t in items]
+    expected = [oracle_contaminated(t, grams, {2, 3, NGRAM}) for t in docs]
+    assert expected == [[0], [], [1], [], [2], [2], [2], []]
+    for triples in (False, True):
+        build_set(set_recipe(tmp_path, [path], ["text"], None), tmp_path / f"set{triples}", [], triples=triples)
+        bench = BenchmarkSet(str(tmp_path / f"set{triples}"))
+        assert (bench.triples is not None) == triples and bench.lengths == [2, 3, NGRAM]
+        bench.pair_table = None
+        assert bench.contaminating(docs) == expected
 
 
 def test_a_final_sigma_whose_context_is_outside_its_piece(tmp_path):

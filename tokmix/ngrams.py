@@ -167,12 +167,17 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges[0::2], edges[1::2]
 
 
-def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
+
+
+def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np.ndarray], Links],
                    member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
     """The texts that may hold `shortest` consecutive words (after normalization) each two of which may be two
-    consecutive words of an item (`pairs(data, starts, ends)`: whether each word data[starts[i]:ends[i]] and the
-    next may be, `data` raw bytes whose plain runs are ASCII letters and digits; see prefix_hashes' `lower`) and
-    each a `member` (of their word hashes), each with the pieces of it
+    consecutive words of an item, and each three three (`pairs(data, starts, ends)`: whether each word
+    data[starts[i]:ends[i]] and the next may be, None: whenever they are two of three that may be, which needs
+    `shortest` >= 3; and whether each word and the next two may be, None: unknown, all may; `data` raw bytes
+    whose plain runs are ASCII letters and digits, see prefix_hashes' `lower`) and each a `member` (of their
+    word hashes), each with the pieces of it
     that hold every such run of words (its chains, below; None: the whole text); no other text, and no other
     part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits
     an ASCII text, and only the runs with non-ASCII characters are normalized.
@@ -185,7 +190,9 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
     ASCII characters, where NFKC may cut a text, and where lowercasing's one context, a final sigma, ends but
     across case-ignorable ASCII (a wild run with a sigma counts as a member). A wild run gives its words: none
     (it links its neighbours), some with a member (taken as all members, linked to both neighbours) or no member
-    (it breaks the chain). A chain of linked runs must hold `shortest` words.
+    (it breaks the chain). A chain of linked runs must hold `shortest` words, and three plain runs in a row are
+    in one chain only if they may be an item's three words (they are three consecutive words; a triple with a
+    wild run always may, whatever its words): two chains may share a run.
 
     Why a chain's piece alone has the text's words there: it starts and ends at run bounds, so the characters
     on both sides of it are ASCII separators and it is cut before ASCII characters (NFKC's form of the text is
@@ -209,7 +216,7 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
     if not len(starts):
         return [(t, None) for t in forced]
     first = np.searchsorted(starts, offsets)
-    link = pairs(raw, starts, ends)  # word i and i + 1 may be an item's two words
+    link, triple = pairs(raw, starts, ends)  # word i and i + 1 may be an item's two words, i to i + 2 three
     wild, counts = np.empty(0, np.int64), np.empty(0, np.int64)
     if len(high):
         wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
@@ -218,26 +225,38 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
             held = _distinct(np.searchsorted(starts, joints, side="right") - 1)
             forced += (np.searchsorted(first, held, side="right") - 1).tolist()
             wild = np.setdiff1d(wild, held)
-        if len(wild):
-            counts, found = _wild_words(raw, starts[wild], ends[wild], member)
-            linked = ~((counts > 0) & ~found)  # its words link to both sides, unless none is a member
-            link[wild[wild < len(link)]] = linked[wild < len(link)]
-            link[wild[wild > 0] - 1] = linked[wild > 0]
-            counts[~linked] = 0
+    linked = np.empty(0, bool)
+    if len(wild):
+        counts, found = _wild_words(raw, starts[wild], ends[wild], member)
+        linked = ~((counts > 0) & ~found)  # its words link to both sides, unless none is a member
+        counts[~linked] = 0
+    if triple is not None:
+        for back in range(3):  # a linked wild run's words are not its value: a triple with it always may be
+            triple[wild[linked & (wild >= back) & (wild - back < len(triple))] - back] = True
+        if link is None:  # two words in a row of an item of three or more: the first two or last two of a triple
+            link = np.zeros(len(starts) - 1, bool)
+            link[:len(triple)] |= triple
+            link[1:] |= triple
+    link[wild[wild < len(link)]] = linked[wild < len(link)]
+    link[wild[wild > 0] - 1] = linked[wild > 0]
     heads = first[1:-1]
     link[heads[(heads > 0) & (heads < len(starts))] - 1] = False  # never across two texts
-    heads, lasts = _chains(link, wild, counts, shortest)
+    heads, lasts = _chains(link, triple, wild, counts, shortest)
     owners = np.searchsorted(first, heads, side="right") - 1
     return _pieces(parts, forced, owners, starts[heads] - offsets[owners], ends[lasts] - offsets[owners])
 
 
-def _chains(link: np.ndarray, wild: np.ndarray, counts: np.ndarray, shortest: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first and last run of every chain (runs each linked to the next: link[i], run i to run i + 1) that
-    holds at least `shortest` words (> 1): a run holds one word, a wild run (`wild`, in order) its `counts`. Found
-    from the linked pairs alone, a few of all."""
+def _chains(link: np.ndarray, triple: np.ndarray | None, wild: np.ndarray, counts: np.ndarray,
+            shortest: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last run of every chain (runs each linked to the next: link[i], run i to run i + 1, and
+    each three in a row a `triple`: triple[i], runs i to i + 2; None: all are) that holds at least `shortest`
+    words (> 1): a run holds one word, a wild run (`wild`, in order) its `counts`. A triple that is not ends a
+    chain at its middle run and starts the next there. Found from the linked pairs alone, a few of all."""
     ones = np.flatnonzero(link)
     new = np.ones(len(ones), bool)
     new[1:] = ones[1:] != ones[:-1] + 1
+    if triple is not None and len(ones):
+        new[1:] |= ~triple[ones[:-1]]
     at = np.flatnonzero(new)
     heads, lasts = ones[at], ones[np.append(at[1:], len(ones)) - 1] + 1
     words = lasts - heads + 1
@@ -311,7 +330,8 @@ _LOWER = np.uint64(0x2020202020202020)
 
 
 def pair_hashes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The value of two consecutive words from their prefix_hashes."""
+    """The value of two consecutive words from their prefix_hashes (of three: of the first two's pair_hashes and
+    the third's prefix_hashes)."""
     with np.errstate(over="ignore"):
         return _mix(a * _STEP ^ b)
 

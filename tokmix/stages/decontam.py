@@ -25,6 +25,7 @@ from tokmix.errors import os_error_message
 from tokmix.format.commit import commit, tmp_name
 from tokmix.ngrams import (
     NORMALIZATION,
+    Links,
     Words,
     gram_hashes_at,
     pair_hashes,
@@ -50,10 +51,13 @@ ITEMS_KEPT = 8192  # items' words a process keeps for checking candidates (about
 FIRST_PASS_GROUPS = 8  # the first pass's last groups that tell whether it pays (BenchmarkSet._first_pass_pays)
 FIRST_PASS_PROBE = 16
 GRAMS_KEPT = 16384  # candidate n-grams a process keeps the verdict of (the items holding each)
-ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs", "mixed")
-# arrays that only spare work, not in the set's fingerprint: the pair filter (ngrams.run_candidates) and the
-# hashes whose items' n-grams are not all the same words ("mixed", a function of the fingerprinted words)
-PREFILTER = ("pairs", "mixed")
+ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs", "triples", "mixed")
+# arrays that only spare work, not in the set's fingerprint: the pair and triple filters (ngrams.run_candidates)
+# and the hashes whose items' n-grams are not all the same words ("mixed", a function of the fingerprinted words)
+PREFILTER = ("pairs", "triples", "mixed")
+# a set whose items' words take more than this gets a filter of their triples (three consecutive words): its
+# pairs of common words are most pairs of a text, so the pair filter alone lets nearly every text through
+TRIPLE_FILTER_WORD_BYTES = 1 << 20
 
 
 def set_files(directory: Path) -> dict[str, Path]:
@@ -92,7 +96,7 @@ ITEMS_PER_GROUP = 1024  # benchmark items normalized and hashed together
 def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     """One group of items: their n-gram hashes and the item of each in item order (an item of fewer words: the
     hash of all of them), appended to the build's part files; their word hashes and each two consecutive words'
-    into the filters' inputs; their mapped bytes (the words, separated by zeros) to the words part, and where
+    and three into the filters' inputs; their mapped bytes (the words, separated by zeros) to the words part, and where
     each starts."""
     group = split_words(texts)
     counts = np.diff(group.first)
@@ -120,9 +124,12 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     set_bits(out["word_filter"], out["word_shift"], group.hashes)  # the items' words, as they come
     prefix = prefix_hashes(group.data, group.starts, group.ends)
     lasts = group.first[1:] - 1  # each item's last word (-1 for an item before the first word)
-    inside = np.ones(max(0, len(prefix) - 1), bool)  # each two consecutive words of one item
-    inside[lasts[(lasts >= 0) & (lasts < len(inside))]] = False  # (not an item's last word and the next's first)
-    out["pairs"].append(pair_hashes(prefix[:-1], prefix[1:])[inside] >> np.uint64(32))  # (the filter's top bits)
+    pairs = pair_hashes(prefix[:-1], prefix[1:])
+    inside = np.ones(len(pairs), bool)  # each two consecutive words of one item
+    inside[lasts[(lasts >= 0) & (lasts < len(inside))]] = False
+    out["pairs"].append((pairs[inside] >> np.uint64(32)).astype(np.uint32))  # (the filter's top bits)
+    three = inside[:-1] & inside[1:]  # each three
+    out["triples"].append((pair_hashes(pairs[:-1], prefix[2:])[three] >> np.uint64(32)).astype(np.uint32))
     data = group.data[:group.offsets[-1]]  # without the padding after the last zero
     base = out["bytes"]
     data.tofile(out["words"])
@@ -162,18 +169,19 @@ def word_numbers(group: Words, vocabulary: dict[bytes, int]) -> np.ndarray:
 PARTS = ("grams", "owners", "places", "lengths", "words", "ids")
 
 
-def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
+def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = None) -> dict:
     """Read every benchmark file by file, hash its items' n-grams group by group into part files, sort them once
     (bounded: the n-grams' 12 bytes each, twice, and the texts of one file), write the arrays and the sealed
-    record (`set.json`, the last file written: the commit)."""
+    record (`set.json`, the last file written: the commit). `triples`: whether the set gets its triple filter
+    (None: when its items' words take more than TRIPLE_FILTER_WORD_BYTES; else the filter is empty)."""
     spec = recipe.decontaminate
     n = spec.ngram
     directory.mkdir(parents=True, exist_ok=True)
     parts = {kind: directory / f"{kind}.part" for kind in PARTS}
     out = {kind: open(path, "wb") for kind, path in parts.items()}
     out.update({"word_shift": 64 - WORD_FILTER_LOG2, "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8),
-                "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "ngrams": 0,
-                "vocabulary": {}, "word_count": 0})
+                "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "triples": [],
+                "ngrams": 0, "vocabulary": {}, "word_count": 0})
     benchmarks, ids = {}, []
     try:
         for name, bench in spec.benchmarks.items():
@@ -195,9 +203,14 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     finally:
         for kind in PARTS:
             out[kind].close()
-    pairs = np.concatenate(out.pop("pairs")) << np.uint64(32) if out["pairs"] else np.empty(0, np.uint64)
-    pair_shift, pair_filt = bit_filter(pairs)
-    del pairs  # before the n-grams are loaded and sorted
+    files = set_files(directory)
+    pair_shift, pair_filt = bit_filter(_top_bits(out.pop("pairs")))  # before the n-grams are loaded and sorted
+    triple_shift, triple_filt = 0, np.empty(0, np.uint8)
+    if triples or (triples is None and out["bytes"] > TRIPLE_FILTER_WORD_BYTES):
+        triple_shift, triple_filt = bit_filter(_top_bits(out["triples"]))
+    del out["triples"]
+    written = {"pairs": _write_npy(files["pairs"], pair_filt), "triples": _write_npy(files["triples"], triple_filt)}
+    del pair_filt, triple_filt  # (not held while the n-grams are sorted: 32 MiB each for the 100k set)
     del out["vocabulary"]
     hashes = np.fromfile(parts["grams"], np.uint64)
     order, hashes = _stable_order(hashes)  # by hash, then item (the parts are in item order)
@@ -216,19 +229,26 @@ def build_set(recipe: Recipe, directory: Path, mirrors) -> dict:
     shift, filt = bit_filter(hashes)
     word_shift, word_filt = out["word_shift"], out["word_filter"]
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": parts["words"],
-              "word_starts": starts, "word_filter": word_filt, "pairs": pair_filt, "mixed": mixed}
-    files = set_files(directory)
-    checksums = {kind: _write_npy(files[kind], array) for kind, array in arrays.items()}
+              "word_starts": starts, "word_filter": word_filt, "mixed": mixed}
+    written.update((kind, _write_npy(files[kind], array)) for kind, array in arrays.items())
+    checksums = {kind: written[kind] for kind in ARRAYS}
     for path in parts.values():
         path.unlink()
     record = {"normalization": NORMALIZATION, "ngram": n, "min_matches": spec.min_matches, "action": spec.action,
               "filter_shift": shift, "word_filter_shift": word_shift, "pair_filter_shift": pair_shift,
+              "triple_filter_shift": triple_shift,
               "short_lengths": sorted(short_lengths),
               "benchmarks": benchmarks, "ids": ids,
               "arrays": checksums}
     record["fingerprint"] = set_fingerprint(record)
     write_record(directory / "set.json", record)
     return record
+
+
+def _top_bits(parts: list[np.ndarray]) -> np.ndarray:
+    """The filter's input of pairs or triples (each one's top 32 bits, uint32: half the build's memory for them)
+    as hashes whose top bits they are."""
+    return np.concatenate(parts).astype(np.uint64) << np.uint64(32) if parts else np.empty(0, np.uint64)
 
 
 def set_fingerprint(record: dict) -> str:
@@ -499,6 +519,9 @@ class BenchmarkSet:
             np.asarray(np.load(files[kind], mmap_mode="r"))
             for kind in ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs"))
         self.pair_shift = np.uint64(record["pair_filter_shift"])
+        triples = np.asarray(np.load(files["triples"], mmap_mode="r"))
+        self.triples = triples if len(triples) else None  # a large set's triple filter
+        self.triple_shift = np.uint64(record["triple_filter_shift"])
         self.pair_table = pair_table(self.words, self.word_starts) if len(self.words) <= PAIR_TABLE_WORD_BYTES else None
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
@@ -556,15 +579,21 @@ class BenchmarkSet:
         maybe, lo = maybe[found], at[found]
         return maybe, lo, np.searchsorted(self.grams, hashes[maybe], side="right")
 
-    def linked(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    def linked(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Links:
         """Whether each word data[starts[i]:ends[i]] and the next may be two consecutive words of an item (True for
-        all such, and for a few others; `data`: raw bytes, ngrams.run_candidates): from the pair table of a small
-        set, else the set's pair filter."""
-        if self.pair_table is not None:
+        all such, and for a few others; `data`: raw bytes, ngrams.run_candidates), and whether each word and the
+        next two may be three (None: unknown). A small set: its pair table. A large one: its triple filter, the
+        pairs left to run_candidates (two words of a triple that may be) unless an item has two words."""
+        if self.pair_table is not None and self.triples is None:
             classes = word_classes(data, starts, ends, PAIR_TABLE_BITS, lower=True)
-            return self.pair_table[(classes[:-1] << PAIR_TABLE_BITS) | classes[1:]]
+            return self.pair_table[(classes[:-1] << PAIR_TABLE_BITS) | classes[1:]], None
         prefix = prefix_hashes(data, starts, ends, lower=True)
-        return in_filter(self.pairs, self.pair_shift, pair_hashes(prefix[:-1], prefix[1:]))
+        pairs = pair_hashes(prefix[:-1], prefix[1:])
+        link = None if self.triples is not None and self.lengths[0] >= 3 else (
+            in_filter(self.pairs, self.pair_shift, pairs))
+        if self.triples is None:
+            return link, None
+        return link, in_filter(self.triples, self.triple_shift, pair_hashes(pairs[:-1], prefix[2:]))
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
