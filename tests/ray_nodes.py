@@ -31,17 +31,25 @@ COMMON_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_
 START_TRIES = 3  # Ray's own start gives up after 30 s of waiting for the raylet to register
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket stays bound until all are chosen (one port asked for at a time, the
+    system may give the same one twice: Ray refuses a port two of its components are given)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
-def agent_ports() -> list[str]:
+def agent_ports(ports: list[int] | None = None) -> list[str]:
     """Ports that default to fixed numbers (52365, ...): two nodes on one machine, or another engineer's Ray,
-    would collide on them."""
-    return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-            "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+    would collide on them. Four distinct free ones, unless given."""
+    ports = ports or free_ports(4)
+    return ["--dashboard-agent-listen-port", str(ports[0]), "--dashboard-agent-grpc-port", str(ports[1]),
+            "--metrics-export-port", str(ports[2]), "--runtime-env-agent-port", str(ports[3])]
 
 
 class RayNode:
@@ -63,9 +71,9 @@ class RayNode:
         machine's nodes: it refuses loopback for a multi-node cluster)."""
         import ray
 
-        port = free_port()
+        port, client, *agents = free_ports(6)
         node = cls(["--head", "--port", str(port), "--num-cpus", str(num_cpus), "--include-dashboard=false",
-                    "--ray-client-server-port", str(free_port()), *agent_ports()], HEAD_ENV)
+                    "--ray-client-server-port", str(client), *agent_ports(agents)], HEAD_ENV)
         return node, f"{ray.util.get_node_ip_address()}:{port}"
 
     def _start(self, args: list[str], env: dict[str, str]) -> None:
