@@ -313,6 +313,36 @@ def prefiltered(root: Path):
     yield bench
 
 
+def test_a_benchmark_reads_the_same_from_jsonl_parquet_plain_text_and_a_url(tmp_path):
+    """HumanEval's items as the shipped JSONL.gz, as parquet, as plain text (one item a line, its fields' newlines
+    made spaces: the same words and separators) and through an fsspec file:// URL: the same items and n-grams, so
+    the same set fingerprint. A plain-text line ends at \n (or \r\n) only: form feeds and U+2028 inside one keep
+    it one item with the same words."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    problems = humaneval()
+    fields = ["prompt", "canonical_solution"]
+    pq.write_table(pa.table({f: [p[f] for p in problems] for f in fields}), tmp_path / "he.parquet")
+    lines = [" ".join(p[f] for f in fields).replace("\n", " ") for p in problems]
+    (tmp_path / "he.txt").write_text("\r\n".join(lines[:80]) + "\n\n" + "\n".join(lines[80:]) + "\n")
+    records = {}
+    for kind, files, fields_of in (("jsonl", [HUMANEVAL], fields), ("parquet", [tmp_path / "he.parquet"], fields),
+                                   ("text", [tmp_path / "he.txt"], ["text"]),
+                                   ("url", [f"file://{HUMANEVAL}"], fields)):
+        records[kind] = build_set(set_recipe(tmp_path, files, fields_of, None), tmp_path / kind, [])
+    for kind, record in records.items():
+        assert record["benchmarks"]["bench"]["items"] == 164, kind
+        assert record["fingerprint"] == records["jsonl"]["fingerprint"], kind
+
+    lines[7] = lines[7].replace(" ", " \x0c ", 3).replace(" ", " \u2028 ", 2)  # separators, not line ends
+    (tmp_path / "breaks.txt").write_text("\n".join(lines) + "\n")
+    record = build_set(set_recipe(tmp_path, [tmp_path / "breaks.txt"], ["text"], None), tmp_path / "breaks", [])
+    assert record["benchmarks"]["bench"]["items"] == 164
+    words = BenchmarkSet(str(tmp_path / "breaks")).item_words(7)
+    assert [w.decode() for w in words] == oracle_words(lines[7]) == oracle_words(problems[7]["prompt"] + "\n"
+                                                                              + problems[7]["canonical_solution"])
+
+
 def test_min_matches_counts_the_distinct_ngrams_of_each_item(tmp_path):
     """With min_matches = 3 a document goes for an item only when it holds three distinct n-grams of that one
     item: two of them, even each twice, or two of each of two items keep it; the oracle counts them itself."""

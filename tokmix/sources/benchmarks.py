@@ -103,10 +103,13 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             yield f"file {path}: line {i + 1}", row
     else:
         try:
-            lines = data.decode("utf-8").splitlines()
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise TokmixError(f"benchmark {name}: file {path}: byte {e.start} is not UTF-8 text") from None
-        for i, line in enumerate(lines):
+        # lines end at \n (a \r before it goes with it), as a JSONL file's do: str.splitlines would also cut at
+        # form feeds, U+2028 and other breaks inside a line, making short items that match as a whole
+        for i, line in enumerate(text.split("\n")):
+            line = line.removesuffix("\r")
             if line.strip():
                 yield f"file {path}: line {i + 1}", line
 
