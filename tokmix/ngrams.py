@@ -303,26 +303,30 @@ def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower:
     it: a candidate more, never one less). `data` ends with 8 zero bytes (_joined). `lower`: `data` is raw
     bytes, each byte of a word set its 0x20 bit, which makes an ASCII letter lowercase and keeps a digit: the
     value of a word of ASCII letters and digits as in mapped bytes (and no other word's, which no caller needs)."""
-    eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
-    lengths = ends - starts
-    heads = eights[starts] | _LOWER if lower else eights[starts]
+    heads, lengths = _first_bytes(data, starts, ends, lower)
     with np.errstate(over="ignore"):
-        return ((heads & _KEEP[np.minimum(lengths, 8)]) ^ lengths.astype(np.uint64) * _STEP) * _MIX1
+        return (heads ^ lengths.astype(np.uint64) * _STEP) * _MIX1
 
 
 def word_classes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, bits: int, lower: bool = False) -> np.ndarray:
     """A word's class, cheaper than prefix_hashes: the top `bits` bits of its first 8 bytes times one odd
     constant (its length not mixed in: words that differ only after their 8th byte share it, as they share their
     prefix_hashes). `data` and `lower` as for prefix_hashes."""
-    eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
-    heads = eights[starts] | _LOWER if lower else eights[starts]
-    lengths = ends - starts
-    np.minimum(lengths, 8, out=lengths)
+    heads, _ = _first_bytes(data, starts, ends, lower)
     with np.errstate(over="ignore"):
-        heads &= _KEEP[lengths]
         heads *= _MIX1
     heads >>= np.uint64(64 - bits)
     return heads.view(np.int64)  # (below 2**bits: the same values)
+
+
+def _first_bytes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each word's first 8 bytes as a little-endian uint64 (a word's own only: the rest masked off), lowercased as
+    prefix_hashes says with `lower`, and its length."""
+    eights = np.ndarray((len(data) - 7,), "<u8", buffer=data, strides=(1,))
+    heads = eights[starts] | _LOWER if lower else eights[starts]  # (a new array either way)
+    lengths = ends - starts
+    heads &= _KEEP[np.minimum(lengths, 8)]
+    return heads, lengths
 
 
 _KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # a word's first k bytes of 8
