@@ -258,7 +258,7 @@ def _chains(link: np.ndarray, triple: np.ndarray | None, wild: np.ndarray, count
     if triple is not None and len(ones):
         new[1:] |= ~triple[ones[:-1]]
     at = np.flatnonzero(new)
-    heads, lasts = ones[at], ones[np.append(at[1:], len(ones)) - 1] + 1
+    heads, lasts = ones[at], ones[np.append(at[1:], len(ones))[:len(at)] - 1] + 1  # (no linked pair: no chain)
     words = lasts - heads + 1
     if len(wild):
         chain = np.searchsorted(heads, wild, side="right") - 1

@@ -1,0 +1,31 @@
+"""Cases a user tries that the main tests of #27 (tokenizers as their authors define them) and #29 (benchmark
+decontamination) do not: small or odd benchmark files, odd documents, odd recipes; each checked against what
+docs/recipe.md promises, in-process where it can be (fast), with a real run where only a run shows it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.test_decontam import NGRAM, oracle_contaminated, oracle_grams, oracle_words, set_recipe
+
+
+def built_set(root: Path, items: list, name: str = "bench", **keys):
+    """A benchmark of `items` (JSONL rows; a str is {"text": it}) built as a run builds it, read as a worker."""
+    from tokmix.stages.decontam import BenchmarkSet, build_set
+
+    path = root / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"text": i} if isinstance(i, str) else i) + "\n" for i in items))
+    record = build_set(set_recipe(root, [path], ["text"], None, **keys), root / name, [])
+    return record, BenchmarkSet(str(root / name))
+
+
+def test_a_small_set_and_documents_without_any_of_its_pairs(tmp_path):
+    """A set of a few items (one short: fewer than ngram words) and a batch of documents none of which holds two
+    consecutive words of an item: the first pass finds no chain at all, and every document is kept."""
+    items = ["def add(a, b): return a + b", " ".join(f"word{i}" for i in range(20))]
+    _, bench = built_set(tmp_path, items)
+    docs = ["hello world", "nothing here at all", "", "add"]
+    grams = [oracle_grams(oracle_words(t), NGRAM) for t in items]
+    assert bench.contaminating(docs) == [oracle_contaminated(t, grams, {6, NGRAM}) for t in docs] == [[]] * 4
+
