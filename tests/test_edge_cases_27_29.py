@@ -29,3 +29,26 @@ def test_a_small_set_and_documents_without_any_of_its_pairs(tmp_path):
     grams = [oracle_grams(oracle_words(t), NGRAM) for t in items]
     assert bench.contaminating(docs) == [oracle_contaminated(t, grams, {6, NGRAM}) for t in docs] == [[]] * 4
 
+
+def read_items(path: Path, fields: list[str], id_field: str | None = None) -> list | str:
+    from tokmix.errors import TokmixError
+    from tokmix.sources.benchmarks import iter_items
+
+    try:
+        return [(i.id, i.text) for i in iter_items("b", [str(path)], fields, id_field, [], {})]
+    except TokmixError as e:
+        return str(e)
+
+
+def test_benchmark_jsonl_lines_are_read_as_a_streams_lines_are(tmp_path):
+    """A benchmark's JSONL line is read as json.loads reads it, as a training file's are (docs/format.md): a
+    byte-order mark, NaN in another field and a lone surrogate escape (made U+FFFD, as in the documents it is
+    checked against) are read, not refused as "not JSON"; an id that is neither a string nor an integer (true,
+    a list) is named with its line instead of becoming Python's spelling of it."""
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"q": "one two", "id": "a"}\n{"q": "caf\\ud800 three", "score": NaN, "id": 7}\n')
+    assert read_items(path, ["q"], "id") == [("a", "one two"), ("7", "caf\ufffd three")]
+    for value in ("true", "[1, 2]", '{"k": 1}', "1.5"):
+        path.write_text(json.dumps({"q": "x", "id": "ok"}) + '\n{"q": "y", "id": ' + value + "}\n")
+        assert read_items(path, ["q"], "id") == (f"benchmark b: file {path}: line 2: id field 'id' is a "
+                                                 f"{type(json.loads(value)).__name__}, not a string or an integer")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 from tokmix.errors import TokmixError
 from tokmix.sources import jsonl, parquet
 from tokmix.sources.files import expand, open_file
+from tokmix.text import clean_surrogates
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,16 @@ def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
             continue
         if not isinstance(value, str):
             raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {type(value).__name__}, not text")
-        parts.append(value)
+        parts.append(clean_surrogates(value))  # a JSON escape \ud800: U+FFFD, as in the documents
     return "\n".join(parts)
+
+
+def document_id(value: object, field: str, name: str, where: str) -> str | int:
+    """An item's own id: a string or an integer, as a document's (anything else's str() would be Python's)."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TokmixError(f"benchmark {name}: {where}: id field {field!r} is a {type(value).__name__}, not a string or "
+                      "an integer")
 
 
 def file_format(path: str) -> str:
@@ -93,8 +103,8 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             if not line.strip():
                 continue
             try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
+                row = _json_row(line)
+            except (ValueError, RecursionError) as e:  # (json: at Python's recursion limit)
                 alone = ("; it holds a carriage return (\\r) that no \\n follows: JSONL lines end with \\n or \\r\\n "
                          "only (convert the file's line ends)" if b"\r" in line else "")
                 raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not JSON ({e}){alone}") from None
@@ -112,6 +122,15 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             line = line.removesuffix("\r")
             if line.strip():
                 yield f"file {path}: line {i + 1}", line
+
+
+def _json_row(line: bytes) -> object:
+    """A JSONL line as json.loads reads it, as a stream's lines are (tokmix.sources.jsonl.json_text): orjson
+    first (faster), json for what orjson refuses (a byte-order mark, NaN, a lone surrogate escape)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 ROWS_AT_ONCE = 1024  # parquet rows made Python objects together
@@ -139,7 +158,7 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
                 if id_field is not None:
                     if row.get(id_field) is None:
                         raise TokmixError(f"benchmark {name}: {where}: no id field {id_field!r}")
-                    item_id = str(row[id_field])
+                    item_id = str(document_id(row[id_field], id_field, name, where))
                 yield Item(index, item_id, _field_text(row, fields, name, where))
             index += 1
         del data
