@@ -52,3 +52,32 @@ def test_benchmark_jsonl_lines_are_read_as_a_streams_lines_are(tmp_path):
         path.write_text(json.dumps({"q": "x", "id": "ok"}) + '\n{"q": "y", "id": ' + value + "}\n")
         assert read_items(path, ["q"], "id") == (f"benchmark b: file {path}: line 2: id field 'id' is a "
                                                  f"{type(json.loads(value)).__name__}, not a string or an integer")
+
+
+def test_a_sentencepiece_model_with_user_defined_pieces_stays_on_sentencepiece(tmp_path):
+    """sentencepiece takes a user-defined piece ("<tag>") whole wherever it occurs in a text; the tokenizer.json
+    view fastokens reads has it as one more BPE piece, so fastokens splits it. A check whose texts hold no such
+    piece (a run's first documents rarely do) cannot see that: auto keeps the model on sentencepiece, said in one
+    line, and its ids are sentencepiece's on a document that holds one."""
+    import io
+
+    import sentencepiece
+
+    from tests.test_decontam import humaneval
+    from tokmix.backends import choose_backend, make_encoder
+
+    texts = [p["prompt"] for p in humaneval()]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=400,
+                                             model_type="bpe", normalization_rule_name="identity", byte_fallback=True,
+                                             remove_extra_whitespaces=False, user_defined_symbols=["<tag>"],
+                                             minloglevel=2)
+    path = tmp_path / "user.model"
+    path.write_bytes(model.getvalue())
+    name, notices = choose_backend(path, "auto", texts[:20])
+    assert (name, notices) == ("sentencepiece", ["fastokens: not applicable: it has user-defined pieces (<tag>), "
+                                                 "which sentencepiece takes whole wherever they occur in a text — "
+                                                 "falling back to sentencepiece"])
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    ids, _ = make_encoder(path, name).encode_batch(["a <tag> b"])
+    assert ids.tolist() == sp.encode("a <tag> b") and sp.piece_to_id("<tag>") in ids.tolist()

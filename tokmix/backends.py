@@ -308,10 +308,12 @@ def proto_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
         yield key >> 3, value
 
 
-# SentencePiece's ModelProto: trainer_spec (2) {model_type (3): 1 unigram, 2 BPE; treat_whitespace_as_suffix (24);
-# byte_fallback (35)}, normalizer_spec (3) {name (1), precompiled_charsmap (2), add_dummy_prefix (3),
-# remove_extra_whitespaces (4), escape_whitespaces (5); the last three true unless set}
+# SentencePiece's ModelProto: pieces (1) {piece (1), score (2), type (3): 4 user-defined}, trainer_spec (2)
+# {model_type (3): 1 unigram, 2 BPE; treat_whitespace_as_suffix (24); byte_fallback (35)}, normalizer_spec (3)
+# {name (1), precompiled_charsmap (2), add_dummy_prefix (3), remove_extra_whitespaces (4), escape_whitespaces (5);
+# the last three true unless set}
 _UNIGRAM, _BPE = 1, 2
+_USER_DEFINED = 4
 
 
 def sentencepiece_tokenizer_json(model_path: str | Path) -> str:
@@ -323,10 +325,15 @@ def sentencepiece_tokenizer_json(model_path: str | Path) -> str:
     import sentencepiece
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_path))
-    trainer, normalizer = {}, {}
+    trainer, normalizer, user = {}, {}, []
     for number, value in proto_fields(sp.serialized_model_proto()):
         if number in (2, 3):
             (trainer if number == 2 else normalizer).update(proto_fields(value))
+        elif number == 1 and (piece := dict(proto_fields(value))).get(3) == _USER_DEFINED:
+            user.append(piece[1].decode())
+    if user:  # sentencepiece matches them before BPE: a piece of the view's BPE would be split like any other
+        raise NotApplicable(f"it has user-defined pieces ({', '.join(user[:3])}{', ...' if len(user) > 3 else ''}), "
+                            "which sentencepiece takes whole wherever they occur in a text")
     model_type = trainer.get(3, _UNIGRAM)
     if model_type not in (_UNIGRAM, _BPE):
         raise NotApplicable("it is neither a BPE nor a unigram SentencePiece model")
