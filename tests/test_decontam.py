@@ -616,3 +616,19 @@ def test_report_inspect_and_plan_show_it(planted, monkeypatch):
     notes = [n for n in plan.notes if n.startswith("decontaminate: stream code_py:")]
     assert len(notes) == 1 and plan.contamination["code_py"][2] > 0, plan.notes
     assert all(s.cached_units == s.units > 1 and s.cached_tokens >= s.budget for s in plan.streams.values())
+
+
+def test_trace_source_takes_a_file_as_trace_prints_it(planted, monkeypatch):
+    """trace prints a source file under the working directory relative to it; --source takes it so, as it takes
+    the path the run recorded: a dropped document's items, and a kept one's copies, the same either way."""
+    from tokmix.trace import find_source
+
+    record = read_json(planted["out"] / "contamination.json", sealed=True)
+    place = record["items"][0]["places"][0]
+    monkeypatch.chdir(planted["root"])
+    dropped = f"{place['file']}:row {place['place']}"
+    kept = f"{planted['files']['edu'][0]}:row 20"  # the 12-word near miss
+    for where in (dropped, kept):
+        relative = os.path.relpath(where)
+        assert not relative.startswith(("/", ".."))
+        assert find_source(planted["out"], relative) == find_source(planted["out"], where)

@@ -202,6 +202,13 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
     run, found = RunDocuments(loader.root, index), []
     entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
     entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
+    entry = index.benchmark_decontamination
+    record = (read_json(loader.root / entry["file"], sealed=True) or {"items": []}) if entry is not None else None
+    files = {source.file for *_, sources in entries for source in sources}
+    files |= {p["file"] for item in (record or {"items": []})["items"] for p in item["places"]}
+    if wanted not in files and "://" not in wanted and os.path.abspath(wanted) in files:
+        where = os.path.abspath(wanted) + where[len(wanted):]  # relative to the working directory, as trace prints it
+        wanted = os.path.abspath(wanted)
     for k, entry, sources in entries:
         mine = [i for i, source in enumerate(sources) if source.file == wanted]
         if not mine:
@@ -212,10 +219,8 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
             hits &= docs.records["place"] == place
         found += [_found(loader, k, entry.file, docs, sources, int(i), None) for i in np.flatnonzero(hits)]
     items, action = [], None
-    entry = index.benchmark_decontamination
-    if entry is not None:
-        action = entry["action"]
-        record = read_json(loader.root / entry["file"], sealed=True) or {"items": []}
+    if record is not None:
+        action = index.benchmark_decontamination["action"]
         items = [{"benchmark": item["benchmark"], "index": item["index"], "id": item["id"], "stream": p["stream"],
                   "tokens": p["tokens"]} for item in record["items"] for p in item["places"]
                  if p["file"] == wanted and (place is None or p["place"] == place)]
