@@ -81,3 +81,14 @@ def test_a_sentencepiece_model_with_user_defined_pieces_stays_on_sentencepiece(t
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     ids, _ = make_encoder(path, name).encode_batch(["a <tag> b"])
     assert ids.tolist() == sp.encode("a <tag> b") and sp.piece_to_id("<tag>") in ids.tolist()
+
+
+def test_a_plain_text_benchmark_file_with_a_byte_order_mark(tmp_path):
+    """A text file saved with a UTF-8 byte-order mark (as Windows editors save one): the mark is not part of its
+    first item, whose first word would otherwise be "\\ufeffalpha" (U+FEFF joins words): a short item then never
+    matched, a long one lost its first n-gram."""
+    path = tmp_path / "items.txt"
+    path.write_bytes(b"\xef\xbb\xbfalpha bravo charlie\r\nsecond item\r\n")
+    assert read_items(path, ["text"]) == [("0", "alpha bravo charlie"), ("1", "second item")]
+    path.write_bytes(b"\xef\xbb\xbfalpha\xff")
+    assert read_items(path, ["text"]) == f"benchmark b: file {path}: byte 8 is not UTF-8 text"

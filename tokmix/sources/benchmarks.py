@@ -4,6 +4,7 @@ identity). JSONL (plain, .gz, .zst), parquet, or plain text (one item per non-em
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -112,10 +113,11 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
                 raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: not a JSON object")
             yield f"file {path}: line {i + 1}", row
     else:
+        bom = len(codecs.BOM_UTF8) * data.startswith(codecs.BOM_UTF8)  # an editor's mark, not the first item's
         try:
-            text = data.decode("utf-8")
+            text = str(memoryview(data)[bom:], "utf-8")
         except UnicodeDecodeError as e:
-            raise TokmixError(f"benchmark {name}: file {path}: byte {e.start} is not UTF-8 text") from None
+            raise TokmixError(f"benchmark {name}: file {path}: byte {bom + e.start} is not UTF-8 text") from None
         # lines end at \n (a \r before it goes with it), as a JSONL file's do: str.splitlines would also cut at
         # form feeds, U+2028 and other breaks inside a line, making short items that match as a whole
         for i, line in enumerate(text.split("\n")):
