@@ -7,6 +7,7 @@ collision never drops a document (tokmix.stages.decontam)."""
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,11 +132,13 @@ def _concatenated(parts: list[bytes]) -> tuple[bytearray, np.ndarray]:
     return joined, offsets
 
 
-def _letters(parts: list[bytes], wide: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """_joined's joined parts, whether each byte is one of a word's (an ASCII letter or digit, or a byte of a
-    non-ASCII character), each part's first byte, and where the bytes of non-ASCII characters are, looked for in
-    the parts `wide` only (the others are ASCII). In numpy's loops, which let other threads take the GIL
-    (bytes.translate holds it: its share of the GIL was the first pass's largest, in py-spy --gil)."""
+def _letters(parts: list[bytes], wide: list[int]) -> tuple[bytearray, np.ndarray, np.ndarray, np.ndarray,
+                                                           np.ndarray]:
+    """_joined's joined parts (as they are and as an array), whether each byte is one of a word's (an ASCII letter
+    or digit, or a byte of a non-ASCII character), each part's first byte, and where the bytes of non-ASCII
+    characters are, looked for in the parts `wide` only (the others are ASCII). In numpy's loops, which let other
+    threads take the GIL (bytes.translate holds it: its share of the GIL was the first pass's largest, in py-spy
+    --gil)."""
     joined, offsets = _concatenated(parts)
     raw = np.frombuffer(joined, np.uint8)
     scratch = raw | np.uint8(0x20)  # an ASCII letter lowercase
@@ -146,7 +149,7 @@ def _letters(parts: list[bytes], wide: list[int]) -> tuple[np.ndarray, np.ndarra
     high = [np.flatnonzero(raw[offsets[t]:offsets[t + 1]] >= 0x80) + offsets[t] for t in wide]
     high = np.concatenate(high) if high else np.empty(0, np.int64)
     letter[high] = True
-    return raw, letter, offsets, high
+    return joined, raw, letter, offsets, high
 
 
 def _words_of(raw: np.ndarray, data: np.ndarray, offsets: np.ndarray, non_ascii: bool,
@@ -169,18 +172,107 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
+try:  # the first pass's split in one compiled loop (tokmix/_scan.c, built by setup.py where a C compiler is)
+    from tokmix import _scan as _compiled
+except ImportError:  # not built: numpy computes the same arrays (_scan_numpy)
+    _compiled = None
 
-def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np.ndarray], Links],
+NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
+
+
+def compiled():
+    """tokmix._scan where it is built and TOKMIX_NATIVE is not "0" (read at each call), else None."""
+    return None if os.environ.get(NATIVE_ENV) == "0" else _compiled
+
+
+def first_pass_note() -> str | None:
+    """The one line a run's log and `tokmix plan` say when the first pass runs in numpy on this machine."""
+    if os.environ.get(NATIVE_ENV) == "0":
+        return f"decontaminate: the first pass in numpy ({NATIVE_ENV}=0)"
+    if _compiled is None:
+        return ("decontaminate: the first pass in numpy, about twice the compiled one's CPU: tokmix._scan is not "
+                "built (no C compiler when tokmix was installed; docs/architecture.md)")
+    return None
+
+
+@dataclass
+class RawWords:
+    """A group of texts split as run_candidates splits their raw UTF-8 bytes (scan): `joined`, the texts' UTF-8
+    as _concatenated joins them (a text that does not encode, one with a lone surrogate, `forced`, as no bytes),
+    `raw` the same as an array, each text's first byte in them (`offsets`, one more entry: the end), the runs of
+    the letter mask (`starts`, `ends`), each run's first 8 bytes lowercased (`heads`, _first_bytes' `lower`),
+    the runs with non-ASCII bytes (`wild`) but those holding _JOINT (`held`, in order each), and with a pair
+    table, table_links of the heads (`link`, else None)."""
+
+    joined: bytearray
+    raw: np.ndarray
+    offsets: np.ndarray
+    forced: list[int]
+    starts: np.ndarray
+    ends: np.ndarray
+    heads: np.ndarray
+    wild: np.ndarray
+    held: np.ndarray
+    link: np.ndarray | None
+
+
+PairTable = tuple[np.ndarray, int]  # a pair table of word classes and a class's bits (table_links)
+
+
+def scan(texts: list[str], table: PairTable | None = None) -> RawWords:
+    """run_candidates' split of the texts (and `table`'s links): in tokmix._scan's loop where it is built
+    (compiled()), else numpy's."""
+    native = compiled()
+    return _scan_numpy(texts, table) if native is None else _scan_native(texts, native, table)
+
+
+def _scan_native(texts: list[str], native, table: PairTable | None = None) -> RawWords:
+    joined, offsets, starts, ends, heads, wild, held, forced, link = native.scan(texts, *(
+        () if table is None else (np.ascontiguousarray(table[0], bool), table[1])))
+    whole = [np.frombuffer(b, np.int64) for b in (offsets, starts, ends, wild, held)]
+    return RawWords(joined, np.frombuffer(joined, np.uint8), whole[0], forced, whole[1], whole[2],
+                    np.frombuffer(heads, np.uint64), whole[3], whole[4], None if link is None else
+                    np.frombuffer(link, bool))
+
+
+def _scan_numpy(texts: list[str], table: PairTable | None = None) -> RawWords:
+    """scan in numpy: the reference of tokmix._scan (tests/test_ngrams_native.py compares them)."""
+    forced, parts = [], []
+    for i, text in enumerate(texts):
+        try:
+            parts.append(text.encode())
+        except UnicodeEncodeError:  # a lone surrogate: checked the slow way
+            forced.append(i)
+            parts.append(b"")
+    joined, raw, letter, offsets, high = _letters(parts, [t for t, text in enumerate(texts) if not text.isascii()])
+    if len(high):
+        letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
+        letter[offsets - 1] = False  # never across two texts
+    starts, ends = word_bounds(letter)
+    heads, _ = _first_bytes(raw, starts, ends, True)
+    wild = held = np.empty(0, np.int64)
+    if len(high):
+        wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
+        joints = _joints(raw)
+        if len(joints):  # a run holding _JOINT itself
+            held = _distinct(np.searchsorted(starts, joints, side="right") - 1)
+            wild = np.setdiff1d(wild, held)
+    link = None if table is None else _table_links_numpy(heads, *table)
+    return RawWords(joined, raw, offsets, forced, starts, ends, heads, wild, held, link)
+
+
+def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable,
                    member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
     """The texts that may hold `shortest` consecutive words (after normalization) each two of which may be two
-    consecutive words of an item, and each three three (`pairs(data, starts, ends)`: whether each word
-    data[starts[i]:ends[i]] and the next may be, None: whenever they are two of three that may be, which needs
-    `shortest` >= 3; and whether each word and the next two may be, None: unknown, all may; `data` raw bytes
-    whose plain runs are ASCII letters and digits, see prefix_hashes' `lower`) and each a `member` (of their
-    word hashes), each with the pieces of it
-    that hold every such run of words (its chains, below; None: the whole text); no other text, and no other
-    part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8 bytes are split as split_words splits
-    an ASCII text, and only the runs with non-ASCII characters are normalized.
+    consecutive words of an item, and each three three (`pairs(heads, lengths)`, of each word's first 8 bytes
+    lowercased as prefix_hashes' `lower` says, a plain run's as its mapped bytes', and its length: whether each
+    word and the next may be, None: whenever they are two of three that may be, which needs `shortest` >= 3; and
+    whether each word and the next two may be, None: unknown, all may; or a pair table, PairTable, whose
+    table_links are whether each word and the next may be, no triples) and each a `member` (of their word
+    hashes), each with the pieces of it that hold every such run of words (its chains, below; None: the whole
+    text); no other text, and no other part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8
+    bytes are split as split_words splits an ASCII text (scan: one compiled loop where tokmix._scan is built,
+    numpy's same arrays otherwise), and only the runs with non-ASCII characters are normalized.
 
     Why that is exact: NFKC never changes an ASCII character that no non-ASCII one follows (an ASCII character
     composes with nothing before it, only with combining marks after it), and lowercasing one is ASCII's. So a
@@ -201,31 +293,17 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
     form holds a capital sigma is checked whole."""
     if shortest <= 1:  # an item of one word: any word may be one
         return [(t, None) for t in range(len(texts))]
-    forced, parts = [], []
-    for i, text in enumerate(texts):
-        try:
-            parts.append(text.encode())
-        except UnicodeEncodeError:  # a lone surrogate: checked the slow way
-            forced.append(i)
-            parts.append(b"")
-    raw, letter, offsets, high = _letters(parts, [t for t, text in enumerate(texts) if not text.isascii()])
-    if len(high):
-        letter[high - 1] = True  # a separator before a non-ASCII character may compose with it
-        letter[offsets - 1] = False  # never across two texts
-    starts, ends = word_bounds(letter)
+    words = scan(texts, pairs if isinstance(pairs, tuple) else None)
+    starts, ends, raw, wild = words.starts, words.ends, words.raw, words.wild
+    forced = list(words.forced)
     if not len(starts):
         return [(t, None) for t in forced]
-    first = np.searchsorted(starts, offsets)
-    link, triple = pairs(raw, starts, ends)  # word i and i + 1 may be an item's two words, i to i + 2 three
-    wild, counts = np.empty(0, np.int64), np.empty(0, np.int64)
-    if len(high):
-        wild = _distinct(np.searchsorted(starts, high, side="right") - 1)
-        joints = _joints(raw)
-        if len(joints):  # a run holding _JOINT itself: its text is checked the slow way
-            held = _distinct(np.searchsorted(starts, joints, side="right") - 1)
-            forced += (np.searchsorted(first, held, side="right") - 1).tolist()
-            wild = np.setdiff1d(wild, held)
-    linked = np.empty(0, bool)
+    first = np.searchsorted(starts, words.offsets)
+    # word i and i + 1 may be an item's two words, i to i + 2 three
+    link, triple = (words.link, None) if words.link is not None else pairs(words.heads, ends - starts)
+    if len(words.held):  # a run holding _JOINT itself: its text is checked the slow way
+        forced += (np.searchsorted(first, words.held, side="right") - 1).tolist()
+    linked, counts = np.empty(0, bool), np.empty(0, np.int64)
     if len(wild):
         counts, found = _wild_words(raw, starts[wild], ends[wild], member)
         linked = ~((counts > 0) & ~found)  # its words link to both sides, unless none is a member
@@ -243,7 +321,7 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray, np
     link[heads[(heads > 0) & (heads < len(starts))] - 1] = False  # never across two texts
     heads, lasts = _chains(link, triple, wild, counts, shortest)
     owners = np.searchsorted(first, heads, side="right") - 1
-    return _pieces(parts, forced, owners, starts[heads] - offsets[owners], ends[lasts] - offsets[owners])
+    return _pieces(words.joined, forced, owners, starts[heads], ends[lasts])
 
 
 def _chains(link: np.ndarray, triple: np.ndarray | None, wild: np.ndarray, counts: np.ndarray,
@@ -274,15 +352,15 @@ def _chains(link: np.ndarray, triple: np.ndarray | None, wild: np.ndarray, count
     return heads[good], lasts[good]
 
 
-def _pieces(parts: list[bytes], forced: list[int], owners: np.ndarray, begins: np.ndarray,
+def _pieces(joined: bytearray, forced: list[int], owners: np.ndarray, begins: np.ndarray,
             ends: np.ndarray) -> list[tuple[int, list[str] | None]]:
-    """Each text with chains (`owners`, in order) and their pieces (its UTF-8 bytes begins[i]:ends[i]), the
-    forced ones whole (None), in text order."""
+    """Each text with chains (`owners`, in order) and their pieces (the joined UTF-8 bytes begins[i]:ends[i]),
+    the forced ones whole (None), in text order."""
     found: dict[int, list[str] | None] = {t: None for t in forced}
     for t, a, b in zip(owners.tolist(), begins.tolist(), ends.tolist()):
         pieces = found.setdefault(t, [])
         if pieces is not None:
-            pieces.append(parts[t][a:b].decode())
+            pieces.append(joined[a:b].decode())
     for t, pieces in found.items():
         if pieces is not None and any(not p.isascii() and "\u03a3" in unicodedata.normalize("NFKC", p)
                                       for p in pieces):
@@ -303,7 +381,11 @@ def prefix_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower:
     it: a candidate more, never one less). `data` ends with 8 zero bytes (_joined). `lower`: `data` is raw
     bytes, each byte of a word set its 0x20 bit, which makes an ASCII letter lowercase and keeps a digit: the
     value of a word of ASCII letters and digits as in mapped bytes (and no other word's, which no caller needs)."""
-    heads, lengths = _first_bytes(data, starts, ends, lower)
+    return head_prefixes(*_first_bytes(data, starts, ends, lower))
+
+
+def head_prefixes(heads: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """prefix_hashes of words from their first 8 bytes and lengths (_first_bytes)."""
     with np.errstate(over="ignore"):
         return (heads ^ lengths.astype(np.uint64) * _STEP) * _MIX1
 
@@ -312,11 +394,31 @@ def word_classes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, bits: i
     """A word's class, cheaper than prefix_hashes: the top `bits` bits of its first 8 bytes times one odd
     constant (its length not mixed in: words that differ only after their 8th byte share it, as they share their
     prefix_hashes). `data` and `lower` as for prefix_hashes."""
-    heads, _ = _first_bytes(data, starts, ends, lower)
+    return head_classes(_first_bytes(data, starts, ends, lower)[0], bits)
+
+
+def head_classes(heads: np.ndarray, bits: int) -> np.ndarray:
+    """word_classes of words from their first 8 bytes (_first_bytes)."""
     with np.errstate(over="ignore"):
-        heads *= _MIX1
-    heads >>= np.uint64(64 - bits)
-    return heads.view(np.int64)  # (below 2**bits: the same values)
+        classes = heads * _MIX1
+    classes >>= np.uint64(64 - bits)
+    return classes.view(np.int64)  # (below 2**bits: the same values)
+
+
+def table_links(heads: np.ndarray, table: np.ndarray, bits: int) -> np.ndarray:
+    """For each word and the next (of their first 8 bytes, _first_bytes), `table`'s bool at their classes
+    (head_classes): first << bits | second. In tokmix._scan's loop where it is built, else numpy's."""
+    native = compiled()
+    if native is None or len(heads) < 2:
+        return _table_links_numpy(heads, table, bits)
+    out = np.empty(len(heads) - 1, bool)
+    native.table_links(np.ascontiguousarray(heads, np.uint64), np.ascontiguousarray(table, bool), bits, out)
+    return out
+
+
+def _table_links_numpy(heads: np.ndarray, table: np.ndarray, bits: int) -> np.ndarray:
+    classes = head_classes(heads, bits)
+    return table[(classes[:-1] << bits) | classes[1:]]
 
 
 def _first_bytes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, lower: bool) -> tuple[np.ndarray, np.ndarray]:

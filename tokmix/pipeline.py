@@ -30,7 +30,7 @@ from tokmix.guards import start_memory_guard, watch_supervisor
 from tokmix.identity import load_recorded_recipe
 from tokmix.lock import RunWriter
 from tokmix.manifest import build_index
-from tokmix.ngrams import NORMALIZATION
+from tokmix.ngrams import NORMALIZATION, first_pass_note
 from tokmix.ownership import Ownership
 from tokmix.process import ERROR_EXIT_CODE, RunOptions, interrupt, log
 from tokmix.progress import RunProgress
@@ -163,6 +163,8 @@ def early_benchmarks(ctx: Context) -> Future | None:
     The future gives (the set's record or None, the files' sha256)."""
     if ctx.recipe.decontaminate is None:
         return None
+    if (note := first_pass_note()) is not None:
+        log(note)
 
     def prepare() -> tuple[dict | None, dict]:
         checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)

@@ -32,6 +32,7 @@ from tokmix import identity
 from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
 from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
+from tokmix.ngrams import first_pass_note
 from tokmix.process import default_unit_bytes
 from tokmix.recipe import Recipe
 from tokmix.shards import DamagedFile, Layout, tokens_in_shard
@@ -513,6 +514,7 @@ def _benchmarks(recipe: Recipe, mirrors, cache: str | None, notes: list[str]):
         if cache is None or prepare_set(recipe, Path(folder), mirrors, said.append, build=None, cache=cache) is None:
             build_set(recipe, Path(folder), mirrors)
         notes += [line for line in said if line.startswith("benchmark n-grams:")]
+        notes += [note for note in [first_pass_note()] if note is not None]
         yield BenchmarkSet(folder)
 
 

@@ -28,10 +28,12 @@ from tokmix.ngrams import (
     Links,
     Words,
     gram_hashes_at,
+    head_prefixes,
     pair_hashes,
     prefix_hashes,
     run_candidates,
     split_words,
+    table_links,
     word_bounds,
     word_classes,
     word_ends,
@@ -579,21 +581,26 @@ class BenchmarkSet:
         maybe, lo = maybe[found], at[found]
         return maybe, lo, np.searchsorted(self.grams, hashes[maybe], side="right")
 
-    def linked(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Links:
-        """Whether each word data[starts[i]:ends[i]] and the next may be two consecutive words of an item (True for
-        all such, and for a few others; `data`: raw bytes, ngrams.run_candidates), and whether each word and the
-        next two may be three (None: unknown). A small set: its pair table. A large one: its triple filter, the
-        pairs left to run_candidates (two words of a triple that may be) unless an item has two words."""
+    def linked(self, heads: np.ndarray, lengths: np.ndarray) -> Links:
+        """Whether each word (its first 8 bytes lowercased and its length, ngrams.run_candidates) and the next may
+        be two consecutive words of an item (True for all such, and for a few others), and whether each word and
+        the next two may be three (None: unknown). A small set: its pair table. A large one: its triple filter,
+        the pairs left to run_candidates (two words of a triple that may be) unless an item has two words."""
         if self.pair_table is not None and self.triples is None:
-            classes = word_classes(data, starts, ends, PAIR_TABLE_BITS, lower=True)
-            return self.pair_table[(classes[:-1] << PAIR_TABLE_BITS) | classes[1:]], None
-        prefix = prefix_hashes(data, starts, ends, lower=True)
+            return table_links(heads, self.pair_table, PAIR_TABLE_BITS), None
+        prefix = head_prefixes(heads, lengths)
         pairs = pair_hashes(prefix[:-1], prefix[1:])
         link = None if self.triples is not None and self.lengths[0] >= 3 else (
             in_filter(self.pairs, self.pair_shift, pairs))
         if self.triples is None:
             return link, None
         return link, in_filter(self.triples, self.triple_shift, pair_hashes(pairs[:-1], prefix[2:]))
+
+    def first_pass_pairs(self):
+        """What run_candidates takes as `pairs`: a small set's pair table itself (the compiled first pass looks it
+        up in its loop), else linked."""
+        return (self.pair_table, PAIR_TABLE_BITS) if self.pair_table is not None and self.triples is None else (
+            self.linked)
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
@@ -628,7 +635,8 @@ class BenchmarkSet:
             if self._first_pass_pays():
                 size = sum(map(len, pieces))
                 pieces, owners = [], []
-                for at, spans in run_candidates([texts[i] for i in group], self.linked, self.member, self.lengths[0]):
+                for at, spans in run_candidates([texts[i] for i in group], self.first_pass_pairs(), self.member,
+                                                self.lengths[0]):
                     spans = [texts[group[at]]] if spans is None else spans  # (None: the whole text)
                     pieces += spans
                     owners += [group[at]] * len(spans)

@@ -1,0 +1,160 @@
+"""The first pass's compiled split (tokmix/_scan.c, tokmix.ngrams.scan) against numpy's (_scan_numpy, the
+reference): the same arrays, byte for byte, on fuzzed texts; and the same verdicts of the whole check with the
+compiled path on and forced off (TOKMIX_NATIVE=0) on real training files with HumanEval planted in them.
+
+Under CI (CI=true) a skip fails (tests/conftest.py): CI builds the extension (scripts/test.sh's editable
+install), so there these tests always run against it."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.corpus import make_corpus
+from tests.test_decontam import (
+    NGRAM,
+    ROWS_PER_GROUP,
+    humaneval,
+    oracle_contaminated,
+    oracle_grams,
+    oracle_words,
+    plant,
+    prefiltered,
+)
+from tokmix import ngrams
+
+FIELDS = ("joined", "raw", "offsets", "forced", "starts", "ends", "heads", "wild", "held", "link")
+TABLES = [(np.random.default_rng(bits).random(1 << (2 * bits)) < density, bits)
+          for bits, density in ((10, 1 / 32), (10, 0.5), (3, 0.3), (1, 1.0))]
+
+
+@pytest.fixture(scope="module")
+def native():
+    try:
+        from tokmix import _scan
+    except ImportError:
+        pytest.skip("tokmix._scan is not built (no C compiler at install): the numpy path alone")
+    return _scan
+
+
+def assert_same_scan(native, texts: list[str]) -> None:
+    """The same arrays without a pair table and with each of TABLES (its links looked up in the loop)."""
+    for table in [None, *TABLES]:
+        same_scan(ngrams._scan_numpy(texts, table), ngrams._scan_native(texts, native, table), texts)
+
+
+def same_scan(want, got, texts: list[str]) -> None:
+    for field in FIELDS:
+        a, b = getattr(want, field), getattr(got, field)
+        if a is None:
+            assert b is None, field
+        elif isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), (field, texts)
+        else:
+            assert type(a) is type(b) and a == b, (field, texts)
+
+
+# characters a fuzzed text is made of: ASCII letters, digits and punctuation, NUL and controls, Latin-1, other
+# BMP (Greek sigmas, combining marks, CJK, General Punctuation), _JOINT (U+E000) and near it, astral (emoji)
+ALPHABETS = ("abcXYZ019", " \t\n.,;'_-", "\0\x01\x7f", "\u00e9\u00c9\u00a0\u00bd\u00ff\u0080",
+             "\u03a3\u03c3\u03c2\u0301\u0338\u4e2d\u2014\u201c\u3000\uff0c\ufb01\u212a\u0130",
+             "\ue000\ue001\udfff"[:2], "\U0001f600\U00010000\U0010ffff")
+
+
+def fuzzed_text(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.05:
+        return ""
+    if kind < 0.1:  # a lone huge word, ASCII or not
+        return rng.choice("aZ9\u00e9\u4e2d") * rng.randrange(8, 200_000)
+    if kind < 0.2:  # random bytes as Latin-1 characters (one byte each, 0x00-0xFF)
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))).decode("latin-1")
+    alphabets = rng.sample(ALPHABETS, rng.randrange(1, len(ALPHABETS) + 1))
+    chars = "".join(alphabets)
+    out = []
+    for _ in range(rng.randrange(1, 60)):  # words of 1-30 characters (many over 8 bytes), and separators
+        out.append("".join(rng.choice(chars) for _ in range(rng.randrange(1, 30))))
+        out.append(rng.choice([" ", "", "\0", ".", "\u00e9", "\u2014"]))
+    text = "".join(out)
+    if rng.random() < 0.2:  # ending in non-ASCII, or starting with it
+        text += rng.choice("\u00e9\u4e2d\U0001f600\ue000")
+    if rng.random() < 0.1:
+        text = rng.choice("\u00e9\u0301\ue000") + text
+    if rng.random() < 0.03:  # a lone surrogate: str.encode() refuses it (forced)
+        at = rng.randrange(len(text) + 1)
+        text = text[:at] + rng.choice("\ud800\udfff") + text[at:]
+    return text
+
+
+def test_scan_equals_numpy_on_fuzzed_texts(native):
+    rng = random.Random(4)
+    assert_same_scan(native, [])
+    for group in (["", ""], ["a"], ["\u00e9"], ["\0"], ["\0\u00e9"], ["a\0\u00e9b"], ["\ue000"], ["x\ue000"],
+                  ["\ud800"], ["ab", "\ud800", "\u00e9"], ["abcdefghijklmnop"], ["ABCDEFGH", "abcdefg\u00e9"]):
+        assert_same_scan(native, group)
+    # words across the compiled loop's 64-byte blocks, their one non-ASCII character or _JOINT in any block
+    for at in (0, 1, 62, 63, 64, 65, 127, 128, 200):
+        for char in ("\u00e9", "\ue000", "\u4e2d", " ", "\0"):
+            assert_same_scan(native, ["a" * at + char + "b" * (300 - at), "x" * at + char])
+    for _ in range(400):
+        assert_same_scan(native, [fuzzed_text(rng) for _ in range(rng.randrange(1, 12))])
+
+
+def test_table_links_equal_numpy(native):
+    rng = np.random.default_rng(7)
+    for bits in (1, 4, 10, 12):
+        for n in (0, 1, 2, 3, 1000):
+            heads = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+            for density in (0.0, 0.03, 0.5, 1.0):
+                table = rng.random(1 << (2 * bits)) < density
+                want = ngrams._table_links_numpy(heads, table, bits)
+                out = np.empty(max(0, n - 1), bool)
+                native.table_links(heads, table, bits, out)
+                assert want.dtype == out.dtype and np.array_equal(want, out)
+    # the heads of real words (scan's), as BenchmarkSet.linked looks them up
+    words = ngrams._scan_native(["The quick brown fox; jumps over\u00a0the lazy dog's back " * 50], native)
+    table = rng.random(1 << 20) < 1 / 32
+    out = np.empty(len(words.heads) - 1, bool)
+    native.table_links(words.heads, table, 10, out)
+    assert np.array_equal(out, ngrams._table_links_numpy(words.heads, table, 10))
+
+
+def test_a_mismatched_table_is_refused(native):
+    with pytest.raises(ValueError):
+        native.table_links(np.zeros(3, np.uint64), np.zeros(100, bool), 10, np.empty(2, bool))
+    with pytest.raises(ValueError):
+        native.table_links(np.zeros(3, np.uint64), np.zeros(1 << 20, bool), 10, np.empty(3, bool))
+    with pytest.raises(TypeError):
+        native.scan(["a", b"b"])
+    with pytest.raises(ValueError):
+        native.scan(["a b"], np.zeros(100, bool), 10)
+
+
+def test_run_candidates_and_verdicts_equal_with_the_compiled_path_off(native, tmp_path, monkeypatch):
+    """Real training files (tests/corpus.py's streams) with HumanEval's problems planted as tests/test_decontam.py
+    plants them, plus fuzzed texts: run_candidates' kept texts and pieces, and the check's verdicts, the same with
+    the compiled path and with TOKMIX_NATIVE=0; the verdicts the oracle's."""
+    files = make_corpus(tmp_path / "corpus", doc_limit=600, rows_per_group=ROWS_PER_GROUP)
+    problems = humaneval()
+    plant(files, problems)
+    texts = [t for paths in files.values() for p in paths for t in pq.read_table(p)["text"].to_pylist() if t]
+    rng = random.Random(29)
+    texts += [fuzzed_text(rng) for _ in range(200)]
+    items = [oracle_grams(oracle_words(p["prompt"] + "\n" + p["canonical_solution"]), NGRAM) for p in problems]
+    expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
+    assert sum(map(bool, expected)) >= 15
+    for bench in prefiltered(tmp_path / "sets"):
+        monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+        assert ngrams.compiled() is native
+        kept = ngrams.run_candidates(texts, bench.linked, bench.member, NGRAM)
+        assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
+        verdicts = bench.contaminating(texts)
+        monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+        assert ngrams.compiled() is None
+        assert ngrams.run_candidates(texts, bench.linked, bench.member, NGRAM) == kept
+        assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
+        assert bench.contaminating(texts) == verdicts == expected
+        assert 0 < len(kept) < len(texts)

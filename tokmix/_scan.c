@@ -1,0 +1,454 @@
+/* The first pass of benchmark decontamination in one compiled loop (tokmix.ngrams.run_candidates): a group of
+ * texts encoded to UTF-8 and joined as tokmix.ngrams._concatenated joins them, split into the words of
+ * run_candidates' letter mask, each word's lowercased first 8 bytes, and its kind (non-ASCII, holding _JOINT);
+ * and the pair table's lookup of each two consecutive words. The same arrays as the numpy code of
+ * tokmix.ngrams (_scan_numpy, _table_links_numpy), byte for byte: tests/test_ngrams_native.py compares them.
+ *
+ * Plain C and the buffer protocol (no numpy C API); the loops run without the GIL (the streams stage runs its
+ * check on worker threads beside the encoder); no Python object per word. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+typedef struct {
+    int64_t *data;
+    Py_ssize_t size, cap;
+} Vec;
+
+static int vec_push(Vec *v, int64_t x) {
+    if (v->size == v->cap) {
+        Py_ssize_t cap = v->cap ? 2 * v->cap : 1024;
+        int64_t *data = PyMem_RawRealloc(v->data, (size_t)cap * sizeof(int64_t));
+        if (!data) return -1;
+        v->data = data;
+        v->cap = cap;
+    }
+    v->data[v->size++] = x;
+    return 0;
+}
+
+/* 1: an ASCII letter or digit, or a byte >= 0x80 (a byte of a non-ASCII character) */
+static unsigned char WORD_BYTE[256];
+
+static const uint64_t KEEP[9] = {0, 0xFFull, 0xFFFFull, 0xFFFFFFull, 0xFFFFFFFFull, 0xFFFFFFFFFFull,
+                                 0xFFFFFFFFFFFFull, 0xFFFFFFFFFFFFFFull, 0xFFFFFFFFFFFFFFFFull};
+static const uint64_t LOWER = 0x2020202020202020ull;
+static const uint64_t MIX1 = 0xBF58476D1CE4E5B9ull;
+
+/* up to 8 bytes from p as a little-endian uint64 (the first n, n <= 8; the rest zero) */
+static inline uint64_t load_le(const unsigned char *p, Py_ssize_t n) {
+    uint64_t x = 0;
+    if (n >= 8) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(&x, p, 8);
+        return x;
+#else
+        n = 8;
+#endif
+    }
+    for (Py_ssize_t k = 0; k < n; k++) x |= (uint64_t)p[k] << (8 * k);
+    return x;
+}
+
+typedef struct {
+    int kind;                 /* PyUnicode_KIND */
+    const void *chars;
+    Py_ssize_t length;        /* characters */
+    int ascii;
+} Text;
+
+/* A text's UTF-8 bytes at out (room enough): their count, or -1 for a surrogate (str.encode() refuses it) */
+static Py_ssize_t encode(const Text *t, unsigned char *out) {
+    Py_ssize_t n = t->length, o = 0;
+    if (t->kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *s = t->chars;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t eight;
+            while (i + 8 <= n && (memcpy(&eight, s + i, 8), !(eight & 0x8080808080808080ull))) {  /* ASCII */
+                memcpy(out + o, s + i, 8);
+                o += 8;
+                i += 8;
+            }
+            if (i >= n) break;
+            Py_UCS1 c = s[i];
+            if (c < 0x80) {
+                out[o++] = c;
+            } else {
+                out[o++] = 0xC0 | (c >> 6);
+                out[o++] = 0x80 | (c & 0x3F);
+            }
+        }
+        return o;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t->kind == PyUnicode_2BYTE_KIND) {  /* four ASCII characters at a time */
+            const Py_UCS2 *s = t->chars;
+            uint64_t four;
+            while (i + 4 <= n && (memcpy(&four, s + i, 8), !(four & 0xFF80FF80FF80FF80ull))) {
+                out[o] = (unsigned char)s[i];
+                out[o + 1] = (unsigned char)s[i + 1];
+                out[o + 2] = (unsigned char)s[i + 2];
+                out[o + 3] = (unsigned char)s[i + 3];
+                o += 4;
+                i += 4;
+            }
+            if (i >= n) break;
+        }
+        Py_UCS4 c = t->kind == PyUnicode_2BYTE_KIND ? ((const Py_UCS2 *)t->chars)[i] : ((const Py_UCS4 *)t->chars)[i];
+        if (c < 0x80) {
+            out[o++] = (unsigned char)c;
+        } else if (c < 0x800) {
+            out[o++] = 0xC0 | (c >> 6);
+            out[o++] = 0x80 | (c & 0x3F);
+        } else if (c < 0x10000) {
+            if (c >= 0xD800 && c <= 0xDFFF) return -1;
+            out[o++] = 0xE0 | (c >> 12);
+            out[o++] = 0x80 | ((c >> 6) & 0x3F);
+            out[o++] = 0x80 | (c & 0x3F);
+        } else {
+            out[o++] = 0xF0 | (c >> 18);
+            out[o++] = 0x80 | ((c >> 12) & 0x3F);
+            out[o++] = 0x80 | ((c >> 6) & 0x3F);
+            out[o++] = 0x80 | (c & 0x3F);
+        }
+    }
+    return o;
+}
+
+typedef struct {
+    int64_t *starts, *ends;
+    uint64_t *heads;
+    Py_ssize_t size;          /* words (the three arrays have room for every word of the group) */
+    Vec wild, held;
+    const unsigned char *table;  /* a pair table of word classes (NULL: none), `bits` bits a class */
+    int bits;
+    uint64_t last;               /* the class of the word before */
+    unsigned char *link;         /* link[i]: table's bool at words i and i + 1 */
+} Words;
+
+/* bit k: whether q[k] is one of a word's bytes (an ASCII letter or digit, a byte >= 0x80, or a byte just before
+ * one >= 0x80), k < 64; reads q[0..64]. *high: bit k, whether q[k] >= 0x80. */
+static inline uint64_t letters64(const unsigned char *q, uint64_t *high) {
+    uint64_t mask = 0, h = 0;
+#ifdef __SSE2__
+    const __m128i lower = _mm_set1_epi8(0x20), a = _mm_set1_epi8('a'), z = _mm_set1_epi8(25);
+    const __m128i zero = _mm_set1_epi8('0'), nine = _mm_set1_epi8(9);
+    for (int j = 0; j < 4; j++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(q + 16 * j));
+        __m128i next = _mm_loadu_si128((const __m128i *)(q + 16 * j + 1));
+        __m128i x = _mm_sub_epi8(_mm_or_si128(v, lower), a);
+        __m128i y = _mm_sub_epi8(v, zero);
+        __m128i alnum = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(x, z), x), _mm_cmpeq_epi8(_mm_min_epu8(y, nine), y));
+        unsigned v_high = (unsigned)_mm_movemask_epi8(v);
+        unsigned m = (unsigned)_mm_movemask_epi8(alnum) | v_high | (unsigned)_mm_movemask_epi8(next);
+        mask |= (uint64_t)m << (16 * j);
+        h |= (uint64_t)v_high << (16 * j);
+    }
+#else
+    for (int k = 0; k < 64; k++) {
+        mask |= (uint64_t)(WORD_BYTE[q[k]] | (q[k + 1] >> 7)) << k;
+        h |= (uint64_t)(q[k] >> 7) << k;
+    }
+#endif
+    *high = h;
+    return mask;
+}
+
+static inline int ctz64(uint64_t x) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(x);
+#else
+    int n = 0;
+    while (!(x & 1)) {
+        x >>= 1;
+        n++;
+    }
+    return n;
+#endif
+}
+
+/* word p[s:e] of a text of p[:b] (p[b] is written): its bounds, its first 8 bytes (its own only) with each byte's
+ * 0x20 bit set, and if it holds a byte >= 0x80 (`high`), whether it holds _JOINT's bytes EE 80 80 (held) or not
+ * (wild) */
+static inline int emit(const unsigned char *p, Py_ssize_t s, Py_ssize_t e, Py_ssize_t b, int high, Words *w) {
+    Py_ssize_t n = e - s, k = n < 8 ? n : 8;
+    uint64_t head = s + 8 <= b + 1 ? load_le(p + s, 8) : load_le(p + s, k);  /* (bytes past p[b]: not yet written) */
+    Py_ssize_t word = w->size++;
+    w->starts[word] = s;
+    w->ends[word] = e;
+    w->heads[word] = head = (head | LOWER) & KEEP[k];
+    if (w->table) {
+        uint64_t cls = (head * MIX1) >> (64 - w->bits);
+        if (word) w->link[word - 1] = w->table[(w->last << w->bits) | cls];
+        w->last = cls;
+    }
+    if (!high) return 0;
+    for (Py_ssize_t i = s; i + 2 < e; i++) {
+        if (p[i] == 0xEE && p[i + 1] == 0x80 && p[i + 2] == 0x80) return vec_push(&w->held, word);
+    }
+    return vec_push(&w->wild, word);
+}
+
+/* bits from..to-1 of 64 (from <= to <= 64) */
+static inline uint64_t bits(int from, int to) {
+    return (to == 64 ? ~0ull : (1ull << to) - 1) & ~((1ull << from) - 1);
+}
+
+/* The words of the text p[a:b] (p[b] is the zero byte after it): the maximal runs of its bytes that letters64
+ * marks, 64 bytes at a time (the edges of a block's mask), its last bytes one by one. */
+static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *w) {
+    Py_ssize_t k = a, s = 0;
+    int in = 0, high = 0;  /* in a word (from s); a byte >= 0x80 in it before this block */
+    uint64_t before = 0;   /* the mask's bit of the byte before the block */
+    for (; k + 64 <= b; k += 64) {
+        uint64_t h, mask = letters64(p + k, &h), edges = mask ^ ((mask << 1) | before);
+        before = mask >> 63;
+        while (edges) {
+            int z = ctz64(edges);
+            edges &= edges - 1;
+            if (in) {
+                int from = s > k ? (int)(s - k) : 0;
+                if (emit(p, s, k + z, b, high || (h & bits(from, z)), w)) return -1;
+            } else {
+                s = k + z;
+                high = 0;
+            }
+            in = !in;
+        }
+        if (in) high = high || (h & bits(s > k ? (int)(s - k) : 0, 64));
+    }
+    for (; k < b; k++) {
+        int letter = WORD_BYTE[p[k]] | (p[k + 1] >> 7);
+        if (letter != in) {
+            if (in && emit(p, s, k, b, high, w)) return -1;
+            s = k;
+            in = letter;
+            high = 0;
+        }
+        high |= p[k] >> 7;
+    }
+    return in ? emit(p, s, b, b, high, w) : 0;
+}
+
+static PyObject *vec_bytes(Vec *v) {
+    return PyByteArray_FromStringAndSize((const char *)v->data, v->size * (Py_ssize_t)sizeof(int64_t));
+}
+
+PyDoc_STRVAR(scan_doc,
+"scan(texts, table=None, bits=0) -> (joined, offsets, starts, ends, heads, wild, held, forced, link)\n\n"
+"The texts (a list of str) as UTF-8 end to end with a zero byte before and between them and 9 after them (a\n"
+"text with a lone surrogate as no bytes, its index in `forced`), each text's first byte in them (one more\n"
+"entry: the end), the words of run_candidates' letter mask (first byte, end), each word's first 8 bytes\n"
+"lowercased as ngrams._first_bytes(lower=True), the words with a byte >= 0x80 and no _JOINT (`wild`) and\n"
+"those with _JOINT (`held`): each a bytearray of int64 (heads: uint64) but `forced`, a list; with a pair\n"
+"table (bool, 1 << 2 * bits), `link` as table_links gives it (a bytearray of bools), else None.");
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    PyObject *arg, *table_arg = Py_None;
+    int bits = 0;
+    Py_buffer table = {0};
+    if (!PyArg_ParseTuple(args, "O|Oi", &arg, &table_arg, &bits)) return NULL;
+    if (table_arg != Py_None) {
+        if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
+        if (bits < 1 || bits > 31 || table.len != ((Py_ssize_t)1 << (2 * bits))) {
+            PyBuffer_Release(&table);
+            PyErr_SetString(PyExc_ValueError, "scan(): the table's size is not 1 << (2 * bits)");
+            return NULL;
+        }
+    }
+    if (!PyList_Check(arg)) {
+        PyBuffer_Release(&table);
+        PyErr_SetString(PyExc_TypeError, "scan() takes a list of str");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(arg);
+    PyObject **held_refs = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
+    Text *texts = PyMem_Calloc(count ? count : 1, sizeof(Text));
+    int64_t *offsets = PyMem_Malloc((count + 1) * sizeof(int64_t));
+    char *forced = PyMem_Calloc(count ? count : 1, 1);
+    PyObject *joined = NULL, *result = NULL, *arrays[4] = {NULL, NULL, NULL, NULL};
+    PyObject *offsets_bytes = NULL, *wild = NULL, *held = NULL, *forced_list = NULL;
+    Words w;
+    memset(&w, 0, sizeof w);
+    if (!held_refs || !texts || !offsets || !forced) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t room = 1 + count + (count ? 8 : 9);
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *s = PyList_GET_ITEM(arg, t);
+        if (!PyUnicode_Check(s)) {
+            PyErr_Format(PyExc_TypeError, "scan() takes a list of str, item %zd is %.80s", t, Py_TYPE(s)->tp_name);
+            goto done;
+        }
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(s) < 0) goto done;
+#endif
+        Py_INCREF(s);  /* held while the loop reads it without the GIL (the list may change meanwhile) */
+        held_refs[t] = s;
+        texts[t].kind = PyUnicode_KIND(s);
+        texts[t].chars = PyUnicode_DATA(s);
+        texts[t].length = PyUnicode_GET_LENGTH(s);
+        texts[t].ascii = PyUnicode_IS_ASCII(s);
+        Py_ssize_t most = texts[t].ascii ? 1 : texts[t].kind == PyUnicode_1BYTE_KIND ? 2 :
+                          texts[t].kind == PyUnicode_2BYTE_KIND ? 3 : 4;
+        if (texts[t].length > (PY_SSIZE_T_MAX - room) / most) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        room += most * texts[t].length;
+    }
+    /* the outputs allocated at their largest (a word takes two bytes or more, with its separator) and cut
+     * after the loop: their pages untouched until written */
+    Py_ssize_t most_words = room / 2 + 1;
+    joined = PyByteArray_FromStringAndSize(NULL, room);
+    for (int k = 0; k < 3; k++) arrays[k] = PyByteArray_FromStringAndSize(NULL, most_words * 8);
+    arrays[3] = table.buf ? PyByteArray_FromStringAndSize(NULL, most_words) : Py_NewRef(Py_None);
+    if (!joined || !arrays[0] || !arrays[1] || !arrays[2] || !arrays[3]) goto done;
+    if (table.buf) {
+        w.table = table.buf;
+        w.bits = bits;
+        w.link = (unsigned char *)PyByteArray_AS_STRING(arrays[3]);
+    }
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(joined);
+    w.starts = (int64_t *)PyByteArray_AS_STRING(arrays[0]);
+    w.ends = (int64_t *)PyByteArray_AS_STRING(arrays[1]);
+    w.heads = (uint64_t *)PyByteArray_AS_STRING(arrays[2]);
+    Py_ssize_t at = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    p[at++] = 0;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        offsets[t] = at;
+        Py_ssize_t n;
+        if (texts[t].ascii) {
+            n = texts[t].length;
+            memcpy(p + at, texts[t].chars, n);
+        } else {
+            n = encode(&texts[t], p + at);
+        }
+        if (n < 0) {  /* a lone surrogate: no bytes (run_candidates checks the text the slow way) */
+            forced[t] = 1;
+            n = 0;
+        }
+        p[at + n] = 0;
+        if (scan_text(p, at, at + n, &w)) {
+            failed = 1;
+            break;
+        }
+        at += n + 1;
+    }
+    if (!failed) {
+        offsets[count] = at;
+        Py_ssize_t tail = count ? 8 : 9;
+        memset(p + at, 0, tail);
+        at += tail;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyByteArray_Resize(joined, at) < 0) goto done;
+    for (int k = 0; k < 3; k++) {
+        if (PyByteArray_Resize(arrays[k], w.size * 8) < 0) goto done;
+    }
+    if (table.buf && PyByteArray_Resize(arrays[3], w.size ? w.size - 1 : 0) < 0) goto done;
+    forced_list = PyList_New(0);
+    if (!forced_list) goto done;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        if (forced[t]) {
+            PyObject *i = PyLong_FromSsize_t(t);
+            if (!i || PyList_Append(forced_list, i) < 0) {
+                Py_XDECREF(i);
+                goto done;
+            }
+            Py_DECREF(i);
+        }
+    }
+    offsets_bytes = PyByteArray_FromStringAndSize((const char *)offsets, (count + 1) * sizeof(int64_t));
+    wild = vec_bytes(&w.wild);
+    held = vec_bytes(&w.held);
+    if (offsets_bytes && wild && held)
+        result = PyTuple_Pack(9, joined, offsets_bytes, arrays[0], arrays[1], arrays[2], wild, held, forced_list,
+                              arrays[3]);
+done:
+    if (held_refs) {
+        for (Py_ssize_t t = 0; t < count; t++) Py_XDECREF(held_refs[t]);
+    }
+    Py_XDECREF(joined);
+    for (int k = 0; k < 4; k++) Py_XDECREF(arrays[k]);
+    PyBuffer_Release(&table);
+    Py_XDECREF(offsets_bytes);
+    Py_XDECREF(wild);
+    Py_XDECREF(held);
+    Py_XDECREF(forced_list);
+    PyMem_Free(held_refs);
+    PyMem_Free(texts);
+    PyMem_Free(offsets);
+    PyMem_Free(forced);
+    PyMem_RawFree(w.wild.data);
+    PyMem_RawFree(w.held.data);
+    return result;
+}
+
+PyDoc_STRVAR(table_links_doc,
+"table_links(heads, table, bits, out)\n\n"
+"For each two consecutive words (heads: their first 8 bytes, uint64), out[i] = table[class(i) << bits |\n"
+"class(i + 1)], a word's class the top `bits` bits of its head times ngrams._MIX1 (ngrams.word_classes).\n"
+"`table` and `out` are bool (one byte each); out holds len(heads) - 1.");
+
+static PyObject *table_links(PyObject *self, PyObject *args) {
+    Py_buffer heads, table, out;
+    int bits;
+    if (!PyArg_ParseTuple(args, "y*y*iw*", &heads, &table, &bits, &out)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = heads.len / (Py_ssize_t)sizeof(uint64_t);
+    if (bits < 1 || bits > 31 || table.len != ((Py_ssize_t)1 << (2 * bits)) || heads.len % 8 ||
+        out.len != (n ? n - 1 : 0)) {
+        PyErr_SetString(PyExc_ValueError, "table_links(): sizes of heads, table and out do not agree with bits");
+        goto done;
+    }
+    if (n > 1) {
+        const unsigned char *h = heads.buf, *tab = table.buf;
+        unsigned char *o = out.buf;
+        int shift = 64 - bits;
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t x;
+        memcpy(&x, h, 8);
+        uint64_t prev = (x * MIX1) >> shift;
+        for (Py_ssize_t i = 1; i < n; i++) {
+            memcpy(&x, h + 8 * i, 8);
+            uint64_t cls = (x * MIX1) >> shift;
+            o[i - 1] = tab[(prev << bits) | cls];
+            prev = cls;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&heads);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, scan_doc},
+    {"table_links", table_links, METH_VARARGS, table_links_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "tokmix.ngrams' first pass, compiled.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    for (int c = 0; c < 256; c++)
+        WORD_BYTE[c] = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+    return PyModule_Create(&module);
+}
