@@ -92,3 +92,18 @@ def test_a_plain_text_benchmark_file_with_a_byte_order_mark(tmp_path):
     assert read_items(path, ["text"]) == [("0", "alpha bravo charlie"), ("1", "second item")]
     path.write_bytes(b"\xef\xbb\xbfalpha\xff")
     assert read_items(path, ["text"]) == f"benchmark b: file {path}: byte 8 is not UTF-8 text"
+
+
+def test_a_benchmark_file_that_is_a_fifo_is_named_not_opened(tmp_path):
+    """A benchmark path naming a FIFO (or a device) is refused by its stat, as a source file's is: opening one for
+    reading waits for a writer, forever. (Run in a thread: the code before this hung.)"""
+    import os
+    import threading
+
+    path = tmp_path / "items.jsonl"
+    os.mkfifo(path)
+    said = []
+    reader = threading.Thread(target=lambda: said.append(read_items(path, ["text"])), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert said == [f"benchmark b: file {path}: is a FIFO, not a regular file; tokmix reads only regular files"]

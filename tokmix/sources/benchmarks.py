@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokmix.errors import TokmixError
+from tokmix.mirrors import remap
+from tokmix.shards import check_input_file
 from tokmix.sources import jsonl, parquet
 from tokmix.sources.files import expand, open_file
 from tokmix.text import clean_surrogates
@@ -36,6 +38,7 @@ def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
 
 
 def file_bytes(path: str, name: str, mirrors) -> bytes:
+    check_input_file(remap(path, mirrors), f"benchmark {name}: file")  # stat only: opening a FIFO waits for a writer
     try:
         with open_file(path, mirrors) as f:
             return f.read()
