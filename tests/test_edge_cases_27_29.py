@@ -107,3 +107,26 @@ def test_a_benchmark_file_that_is_a_fifo_is_named_not_opened(tmp_path):
     reader.start()
     reader.join(10)
     assert said == [f"benchmark b: file {path}: is a FIFO, not a regular file; tokmix reads only regular files"]
+
+
+def test_fields_or_an_id_field_for_a_plain_text_benchmark_file_are_refused(tmp_path):
+    """A plain-text file's items are its lines: fields and id_field, which it cannot have, are refused rather than
+    silently not used (a JSONL file named .txt, or with no suffix, would be read as text, its keys words of every
+    item)."""
+    path = tmp_path / "HumanEval"
+    path.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f(): pass"}) + "\n")
+    refusal = (f"benchmark b: file {path}: read as plain text (one item a line), which has no fields: fields and "
+               "id_field are for JSONL and parquet files (.jsonl, .jsonl.gz, .parquet, ...)")
+    assert read_items(path, ["prompt"]) == read_items(path, ["text"], "task_id") == refusal
+    assert read_items(path, ["text"]) == [("0", path.read_text().strip())]
+
+
+def test_an_item_with_fewer_ngrams_than_min_matches_is_never_found(tmp_path):
+    """min_matches counts distinct n-grams of one item: with 2, a short item (one n-gram, its whole) and an item
+    of ngram words (one) are never found, even in a document that is exactly the item; one of ngram + 1 words is
+    found only with both of its n-grams (docs/recipe.md)."""
+    long = " ".join(f"w{i}" for i in range(NGRAM + 1))
+    items = ["alpha bravo charlie", " ".join(long.split()[:NGRAM]), long]
+    _, bench = built_set(tmp_path, items, min_matches=2)
+    docs = [items[0], items[1], long, " ".join(long.split()[1:])]
+    assert bench.contaminating(docs) == [[], [], [2], []]

@@ -153,6 +153,10 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
     the items were read from) put in `checksums` as it is read."""
     index = 0
     for path in benchmark_files(patterns, name, mirrors):
+        if file_format(path) == "text" and (fields != ["text"] or id_field is not None):  # else silently not used
+            raise TokmixError(f"benchmark {name}: file {path}: read as plain text (one item a line), which has no "
+                              "fields: fields and id_field are for JSONL and parquet files (.jsonl, .jsonl.gz, "
+                              ".parquet, ...)")
         data = file_bytes(path, name, mirrors)
         checksums[path] = hashlib.sha256(data).hexdigest()
         for where, row in _rows(path, data, name, fields):
