@@ -43,7 +43,7 @@ from tokmix.shards import CONTAMINATION_NAME, DamagedFile, file_checksum, read_j
 from tokmix.sources import HugeText
 from tokmix.sources import benchmarks as benchmarks_module
 from tokmix.sources.benchmarks import benchmark_files, file_format, file_sha256, iter_items
-from tokmix.stages import cached
+from tokmix.stages import cached, release_memory
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16
@@ -68,19 +68,39 @@ def set_files(directory: Path) -> dict[str, Path]:
 
 def bit_filter(hashes: np.ndarray) -> tuple[int, np.ndarray]:
     """A bit per slot of FILTER_BITS_PER_GRAM per hash (a power of two), set where a hash's top bits fall: (the
-    shift that gives a hash's slot, the bits)."""
-    bits = max(MIN_FILTER_BITS, 1 << int(np.ceil(np.log2(max(1, len(hashes)) * FILTER_BITS_PER_GRAM))))
-    shift = 64 - int(np.log2(bits))
-    filt = np.zeros(bits // 8, np.uint8)
+    shift that gives a hash's slot, the bits). Hashes in order set them ~4x faster (the slots' bytes in cache)."""
+    shift, filt = empty_filter(len(hashes))
     set_bits(filt, shift, hashes)
     return shift, filt
 
 
+def empty_filter(count: int) -> tuple[int, np.ndarray]:
+    bits = max(MIN_FILTER_BITS, 1 << int(np.ceil(np.log2(max(1, count) * FILTER_BITS_PER_GRAM))))
+    return 64 - int(np.log2(bits)), np.zeros(bits // 8, np.uint8)
+
+
 def set_bits(filt: np.ndarray, shift: int, hashes: np.ndarray) -> None:
     for at in range(0, len(hashes), SET_BITS_AT_ONCE):  # bounded: each hash's temporaries are ~40 bytes
-        slots = hashes[at:at + SET_BITS_AT_ONCE] >> np.uint64(shift)
-        np.bitwise_or.at(filt, (slots >> np.uint64(3)).astype(np.int64),
-                         (1 << (slots & np.uint64(7))).astype(np.uint8))
+        set_slots(filt, hashes[at:at + SET_BITS_AT_ONCE] >> np.uint64(shift))
+
+
+def set_slots(filt: np.ndarray, slots: np.ndarray) -> None:
+    """Set the filter's bits `slots` (unsigned integers: uint64, or uint32 for a filter of at most 2**32 bits)."""
+    kind = slots.dtype.type
+    np.bitwise_or.at(filt, slots >> kind(3), np.left_shift(1, (slots & kind(7)).astype(np.uint8), dtype=np.uint8))
+
+
+def top_filter(parts: list[np.ndarray]) -> tuple[int, np.ndarray]:
+    """bit_filter of the hashes whose top 32 bits `parts` hold (uint32: the build holds pairs and triples so,
+    half the memory), from those bits without a uint64 copy of them (0.3 CPU-s and 86 MB for the 100k set's
+    pairs). Sorting them first sets the bits in order, ~4x faster, but the sort costs as much."""
+    tops = np.concatenate(parts) if parts else np.empty(0, np.uint32)
+    shift, filt = empty_filter(len(tops))
+    for at in range(0, len(tops), SET_BITS_AT_ONCE):
+        chunk = tops[at:at + SET_BITS_AT_ONCE]
+        set_slots(filt, chunk >> np.uint32(shift - 32) if shift >= 32 else
+                  chunk.astype(np.uint64) << np.uint64(32 - shift))
+    return shift, filt
 
 
 SET_BITS_AT_ONCE = 1 << 20
@@ -113,13 +133,15 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     lengths = np.full(len(hashes), n, np.uint8)
     lengths[len(at):] = counts[owner[len(at):]]
     places = np.concatenate([at, group.first[owner[len(at):]]]) + out["word_count"]  # each one's first word
-    order = np.argsort(owner, kind="stable")  # the items in order: one stable sort by hash then orders both
-    hashes[order].tofile(out["grams"])
-    (owner[order] + first).astype(np.uint32).tofile(out["owners"])
-    places[order].astype(np.uint32).tofile(out["places"])
-    lengths[order].tofile(out["lengths"])
+    if len(hashes) > len(at):  # the items in order (the n-grams' are): one stable sort by hash then orders both
+        order = np.argsort(owner, kind="stable")
+        hashes, owner, places, lengths = hashes[order], owner[order], places[order], lengths[order]
+    hashes.tofile(out["grams"])
+    (owner + first).astype(np.uint32).tofile(out["owners"])
+    places.astype(np.uint32).tofile(out["places"])
+    lengths.tofile(out["lengths"])
     out["ngrams"] += len(hashes)
-    word_numbers(group, out["vocabulary"]).tofile(out["ids"])
+    out["vocabulary"].numbers(group).tofile(out["ids"])
     out["word_count"] += len(group.starts)
     if out["word_count"] >= 1 << 32:
         raise ValueError("benchmark items of more than 4,294,967,295 words in all")
@@ -141,29 +163,111 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     out["empty"] += int((counts == 0).sum())
 
 
-def word_numbers(group: Words, vocabulary: dict[bytes, int]) -> np.ndarray:
-    """Each word of the group as a number, the same for the same bytes (exact: `vocabulary` numbers each
-    distinct word), to compare n-grams by. The group's distinct words of at most 16 bytes are found by one
-    sort of their first and last 8 bytes and lengths (all of such a word), so the dictionary is consulted once
-    per distinct word; a longer word is looked up alone."""
-    numbers = np.empty(len(group.starts), np.uint32)
-    if not len(numbers):
+class WordNumbers:
+    """Each word as a number, the same for the same bytes (exact), to compare n-grams by. A word of at most 16
+    bytes is looked up by its hash (ngrams.word_hashes) in an open-addressing table of numpy arrays, a whole
+    group at once, and taken only if its first and last 8 bytes and length are the entry's (together all of
+    such a word); a longer word, or one whose hash another word holds there, is numbered in a dictionary of its
+    bytes. (A dictionary lookup per distinct word of each group took 2.5 of the 100k set's 10.7 CPU-s, a
+    searchsorted of sorted arrays more.)"""
+
+    def __init__(self):
+        self.others: dict[bytes, int] = {}
+        self.count = 0
+        self._empty(WORD_TABLE_BITS)
+
+    def _empty(self, bits: int) -> None:
+        self.bits, self.size = bits, 0
+        self.full = np.zeros(1 << bits, bool)
+        self.hashes, self.heads, self.tails = (np.zeros(1 << bits, np.uint64) for _ in range(3))
+        self.lengths = np.zeros(1 << bits, np.uint8)
+        self.values = np.zeros(1 << bits, np.uint32)
+
+    def numbers(self, group: Words) -> np.ndarray:
+        numbers = np.empty(len(group.starts), np.uint32)
+        if not len(numbers):
+            return numbers
+        head, tail, lengths = word_ends(group.data, group.starts, group.ends)
+        key = (group.hashes, head, tail, lengths)
+        short = np.flatnonzero(lengths <= 16)
+        listed, found = self._find(key, short, numbers)
+        fresh = short[~listed]  # hashes not in the table: each one's first word enters it
+        done = [short[found]]
+        if len(fresh):
+            hashes, first = np.unique(group.hashes[fresh], return_index=True)
+            self._add(hashes, *(part[fresh[first]] for part in key[1:]))
+            done.append(fresh[self._find(key, fresh, numbers)[1]])
+        rest = np.ones(len(numbers), bool)
+        rest[np.concatenate(done)] = False
+        data = group.data
+        for w in np.flatnonzero(rest).tolist():  # long words, and words whose hash another word has
+            word = data[group.starts[w]:group.ends[w]].tobytes()
+            if word not in self.others:
+                self.others[word] = self._next(1)
+            numbers[w] = self.others[word]
         return numbers
-    head, tail, lengths = word_ends(group.data, group.starts, group.ends)
-    short = np.flatnonzero(lengths <= 16)
-    order = short[np.lexsort((lengths[short], tail[short], head[short]))]
-    new = np.ones(len(order), bool)
-    new[1:] = (head[order[1:]] != head[order[:-1]]) | (tail[order[1:]] != tail[order[:-1]]) | (
-        lengths[order[1:]] != lengths[order[:-1]])
-    data = group.data
-    distinct = order[new]
-    known = np.fromiter((vocabulary.setdefault(data[s:e].tobytes(), len(vocabulary))
-                         for s, e in zip(group.starts[distinct].tolist(), group.ends[distinct].tolist())),
-                        np.uint32, len(distinct))
-    numbers[order] = known[np.cumsum(new) - 1]
-    for w in np.flatnonzero(lengths > 16).tolist():
-        numbers[w] = vocabulary.setdefault(data[group.starts[w]:group.ends[w]].tobytes(), len(vocabulary))
-    return numbers
+
+    def _find(self, key: tuple, words: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each of `words` has its hash in the table, and whether it is the entry's word (then numbered)."""
+        hashes, head, tail, lengths = (part[words] for part in key)
+        slot, listed = self._probe(hashes)
+        at = slot[listed]
+        found = np.zeros(len(words), bool)
+        found[listed] = ((self.heads[at] == head[listed]) & (self.tails[at] == tail[listed])
+                         & (self.lengths[at] == lengths[listed]))
+        numbers[words[found]] = self.values[slot[found]]
+        return listed, found
+
+    def _probe(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each hash's slot in the table and whether it is there (else the empty slot its probe ended at)."""
+        slot = (hashes >> np.uint64(64 - self.bits)).astype(np.int64)
+        listed = np.zeros(len(hashes), bool)
+        pending = np.arange(len(hashes))
+        while len(pending):  # linear probing, the table at most half full: a few rounds, each on fewer
+            at = slot[pending]
+            full = self.full[at]
+            hit = full & (self.hashes[at] == hashes[pending])
+            listed[pending[hit]] = True
+            pending = pending[full & ~hit]
+            slot[pending] = (slot[pending] + 1) & ((1 << self.bits) - 1)
+        return slot, listed
+
+    def _add(self, hashes: np.ndarray, heads: np.ndarray, tails: np.ndarray, lengths: np.ndarray) -> None:
+        """Enter words of distinct hashes that are not in the table, each with a new number."""
+        if 2 * (self.size + len(hashes)) > len(self.full):  # grown to at most half full
+            full = self.full
+            old = (self.hashes[full], self.heads[full], self.tails[full], self.lengths[full], self.values[full])
+            self._empty(max(self.bits + 1, int(2 * (self.size + len(hashes))).bit_length() + 1))
+            self._put(*old)
+        first = self._next(len(hashes))
+        self._put(hashes, heads, tails, lengths, np.arange(first, first + len(hashes), dtype=np.uint32))
+
+    def _put(self, hashes: np.ndarray, *entry: np.ndarray) -> None:
+        slot = (hashes >> np.uint64(64 - self.bits)).astype(np.int64)
+        pending = np.arange(len(hashes))
+        while len(pending):
+            at = slot[pending]
+            empty = np.flatnonzero(~self.full[at])
+            _, first = np.unique(at[empty], return_index=True)  # one word per empty slot this round
+            won = empty[first]
+            mine, where = pending[won], at[won]
+            self.full[where] = True
+            for table, new in zip((self.hashes, self.heads, self.tails, self.lengths, self.values), (hashes, *entry)):
+                table[where] = new[mine]
+            left = np.ones(len(pending), bool)
+            left[won] = False
+            pending = pending[left]
+            slot[pending] = (slot[pending] + 1) & ((1 << self.bits) - 1)
+        self.size += len(hashes)
+
+    def _next(self, count: int) -> int:
+        first, self.count = self.count, self.count + count
+        if self.count > 1 << 32:
+            raise ValueError("benchmark items of more than 4,294,967,296 distinct words")
+        return first
+
+
+WORD_TABLE_BITS = 16  # the word table's first size (slots); it doubles to stay at most half full
 
 
 # what a build appends to as it reads the items (PART files, then removed): the n-grams' hashes, items, first
@@ -173,9 +277,10 @@ PARTS = ("grams", "owners", "places", "lengths", "words", "ids")
 
 def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = None) -> dict:
     """Read every benchmark file by file, hash its items' n-grams group by group into part files, sort them once
-    (bounded: the n-grams' 12 bytes each, twice, and the texts of one file), write the arrays and the sealed
-    record (`set.json`, the last file written: the commit). `triples`: whether the set gets its triple filter
-    (None: when its items' words take more than TRIPLE_FILTER_WORD_BYTES; else the filter is empty)."""
+    (bounded: the n-grams' hashes twice and their order at the sort, 20 bytes each, and the texts of one file;
+    the 100k set's build peaks at ~340 MiB), write the arrays and the sealed record (`set.json`, the last file
+    written: the commit). `triples`: whether the set gets its triple filter (None: when its items' words take
+    more than TRIPLE_FILTER_WORD_BYTES; else the filter is empty)."""
     spec = recipe.decontaminate
     n = spec.ngram
     directory.mkdir(parents=True, exist_ok=True)
@@ -183,7 +288,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
     out = {kind: open(path, "wb") for kind, path in parts.items()}
     out.update({"word_shift": 64 - WORD_FILTER_LOG2, "word_filter": np.zeros((1 << WORD_FILTER_LOG2) // 8, np.uint8),
                 "starts": [], "bytes": 0, "short_lengths": set(), "short": 0, "empty": 0, "pairs": [], "triples": [],
-                "ngrams": 0, "vocabulary": {}, "word_count": 0})
+                "ngrams": 0, "vocabulary": WordNumbers(), "word_count": 0})
     benchmarks, ids = {}, []
     try:
         for name, bench in spec.benchmarks.items():
@@ -206,18 +311,19 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
         for kind in PARTS:
             out[kind].close()
     files = set_files(directory)
-    pair_shift, pair_filt = bit_filter(_top_bits(out.pop("pairs")))  # before the n-grams are loaded and sorted
+    pair_shift, pair_filt = top_filter(out.pop("pairs"))  # before the n-grams are loaded and sorted
     triple_shift, triple_filt = 0, np.empty(0, np.uint8)
     if triples or (triples is None and out["bytes"] > TRIPLE_FILTER_WORD_BYTES):
-        triple_shift, triple_filt = bit_filter(_top_bits(out["triples"]))
+        triple_shift, triple_filt = top_filter(out["triples"])
     del out["triples"]
     written = {"pairs": _write_npy(files["pairs"], pair_filt), "triples": _write_npy(files["triples"], triple_filt)}
     del pair_filt, triple_filt  # (not held while the n-grams are sorted: 32 MiB each for the 100k set)
     del out["vocabulary"]
+    release_memory()  # the groups' and filters' freed arrays (glibc keeps ~100 MiB of them) before the sort
     hashes = np.fromfile(parts["grams"], np.uint64)
     order, hashes = _stable_order(hashes)  # by hash, then item (the parts are in item order)
     mixed = _mixed(hashes, order, parts)
-    items = np.fromfile(parts["owners"], np.uint32)[order]
+    items = _gather(np.fromfile(parts["owners"], np.uint32), order)
     del order
     distinct = np.ones(len(hashes), bool)  # an n-gram an item has twice is one entry
     distinct[1:] = (hashes[1:] != hashes[:-1]) | (items[1:] != items[:-1])
@@ -247,12 +353,6 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
     return record
 
 
-def _top_bits(parts: list[np.ndarray]) -> np.ndarray:
-    """The filter's input of pairs or triples (each one's top 32 bits, uint32: half the build's memory for them)
-    as hashes whose top bits they are."""
-    return np.concatenate(parts).astype(np.uint64) << np.uint64(32) if parts else np.empty(0, np.uint64)
-
-
 def set_fingerprint(record: dict) -> str:
     """What decides which documents go: the rules and every array (the items' words check the candidates), not
     the arrays that only spare work (PREFILTER)."""
@@ -262,44 +362,67 @@ def set_fingerprint(record: dict) -> str:
 
 
 def _stable_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.argsort(hashes, kind="stable") and the hashes in that order, from numpy's unstable argsort (a few
-    times faster on uint64) with each run of equal hashes then put in position order."""
-    order = np.argsort(hashes)
-    ordered = hashes[order]
-    tie = ordered[1:] == ordered[:-1]
+    """np.argsort(hashes, kind="stable") (uint32 when that holds every index) and the hashes in that order, from
+    numpy's sort of values (vectorized: 0.7 CPU-s for 10M uint64 against 1.9 for its argsort): each hash's top
+    bits with its index in the low ones, then each run of equal top bits put in (hash, index) order."""
+    count = len(hashes)
+    bits = max(1, (count - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    keys = hashes & ~low
+    for at in range(0, count, SET_BITS_AT_ONCE):
+        keys[at:at + SET_BITS_AT_ONCE] |= np.arange(at, min(count, at + SET_BITS_AT_ONCE), dtype=np.uint64)
+    keys.sort()
+    tie = np.empty(max(0, count - 1), bool)  # the same top bits as the next one's (a million at a time: bounded)
+    for at in range(0, len(tie), SET_BITS_AT_ONCE):
+        end = min(count, at + SET_BITS_AT_ONCE + 1)
+        tie[at:end - 1] = (keys[at + 1:end] ^ keys[at:end - 1]) <= low
+    keys &= low
+    order = keys.astype(np.uint32) if count <= 1 << 32 else keys.astype(np.int64)
+    del keys
+    ordered = _gather(hashes, order)
     if tie.any():
-        inside = np.zeros(len(hashes), bool)  # the entries of a run of equal hashes
+        inside = np.zeros(count, bool)  # the entries of a run of equal top bits
         inside[1:] |= tie
         inside[:-1] |= tie
         at = np.flatnonzero(inside)
-        order[at] = order[at][np.lexsort((order[at], ordered[at]))]
+        by = np.lexsort((order[at], ordered[at]))
+        order[at], ordered[at] = order[at][by], ordered[at][by]
     return order, ordered
+
+
+def _gather(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """values[order], a million at a time: numpy makes a uint32 index int64 first (80 MB for 10M n-grams)."""
+    out = np.empty(len(order), values.dtype)
+    for at in range(0, len(order), SET_BITS_AT_ONCE):
+        out[at:at + SET_BITS_AT_ONCE] = values[order[at:at + SET_BITS_AT_ONCE]]
+    return out
 
 
 def _mixed(hashes: np.ndarray, order: np.ndarray, parts: dict[str, Path]) -> np.ndarray:
     """The hashes (sorted) that n-grams of different words share: every n-gram (in `order`, which sorts the
     part files by hash) compared word for word with the first of its hash, as word numbers. Any other hash
-    stands for one sequence of words, so one comparison tells whether a candidate is each item's of the hash."""
-    ids = np.fromfile(parts["ids"], np.uint32)
-    places = np.fromfile(parts["places"], np.uint32)[order]
-    lengths = np.fromfile(parts["lengths"], np.uint8)[order]
+    stands for one sequence of words, so one comparison tells whether a candidate is each item's of the hash.
+    Only the n-grams after another of their hash are read from the part files (mapped)."""
     later = np.flatnonzero(hashes[1:] == hashes[:-1]) + 1  # an n-gram after another of its hash
     if not len(later):
         return np.empty(0, np.uint64)
-    new = np.ones(len(hashes), bool)
-    new[later] = False
-    head = np.maximum.accumulate(np.where(new, np.arange(len(hashes)), 0))  # the first n-gram of each hash
+    run = np.ones(len(later), bool)  # later[i] is the second n-gram of its hash: its first is later[i] - 1
+    run[1:] = later[1:] != later[:-1] + 1
+    head = (later[run] - 1)[np.cumsum(run) - 1]  # the first n-gram of each one's hash
+    ids, places, lengths = (np.memmap(parts[kind], dtype, mode="r") if parts[kind].stat().st_size else
+                            np.zeros(1, dtype) for kind, dtype in (("ids", np.uint32), ("places", np.uint32),
+                                                                   ("lengths", np.uint8)))
     differ = []
-    last = max(0, len(ids) - 1)
+    last = len(ids) - 1
     for at in range(0, len(later), SET_BITS_AT_ONCE):
-        mine = later[at:at + SET_BITS_AT_ONCE]
-        first = head[mine]
-        same = lengths[mine] == lengths[first]
+        mine, first = order[later[at:at + SET_BITS_AT_ONCE]], order[head[at:at + SET_BITS_AT_ONCE]]
+        size = lengths[mine]
+        same = size == lengths[first]
         a, b = places[mine].astype(np.int64), places[first].astype(np.int64)
-        for j in range(int(lengths[mine].max())):
-            inside = j < lengths[mine]
+        for j in range(int(size.max())):
+            inside = j < size
             same &= ~inside | (ids[np.minimum(a + j, last)] == ids[np.minimum(b + j, last)])
-        differ.append(hashes[mine[~same]])
+        differ.append(hashes[later[at:at + SET_BITS_AT_ONCE][~same]])
     return np.unique(np.concatenate(differ))
 
 

@@ -1,0 +1,106 @@
+"""The build of a benchmark set (tokmix.stages.decontam.build_set) against plain code written here: its sorted
+n-grams and items are each item's n-grams sorted by (hash, item); the sort of values that gives their order is
+numpy's stable argsort, ties of the top bits and of whole hashes included; the words' numbers are equal exactly
+when their bytes are, across groups, past the table's growth and when distinct words share a hash; the pair and
+triple filters from their top 32 bits are the bit filter of those hashes."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import random
+
+import numpy as np
+
+from tests.test_decontam import HUMANEVAL, NGRAM, set_recipe
+from tokmix.ngrams import gram_hashes, split_words
+from tokmix.stages.decontam import (
+    WORD_TABLE_BITS,
+    WordNumbers,
+    _stable_order,
+    bit_filter,
+    build_set,
+    top_filter,
+)
+
+
+def test_the_set_holds_each_items_ngrams_sorted_by_hash_then_item(tmp_path):
+    """HumanEval with items added: one of fewer words than ngram, one empty, one twice, one holding an n-gram
+    twice. grams.npy and items.npy are every distinct (hash, item) of the items' n-grams (a short item: the
+    hash of all its words), in (hash, item) order, each computed here one item at a time."""
+    rows = [json.loads(line) for line in gzip.decompress(HUMANEVAL.read_bytes()).splitlines()]
+    texts = [r["prompt"] + "\n" + r["canonical_solution"] for r in rows]
+    texts += ["a few short words", "", texts[3], " ".join(["again and again"] * 10), texts[3]]
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    build_set(set_recipe(tmp_path, [path], ["text"], None), tmp_path / "set", [])
+    expected = set()
+    for item, text in enumerate(texts):
+        words = split_words([text])
+        k = min(NGRAM, len(words.hashes))
+        if k:
+            expected |= {(h, item) for h in gram_hashes(words.hashes, k).tolist()}
+    expected = sorted(expected)
+    grams, items = (np.load(tmp_path / "set" / f"{kind}.npy") for kind in ("grams", "items"))
+    assert grams.tolist() == [h for h, _ in expected]
+    assert items.tolist() == [i for _, i in expected]
+
+
+def test_the_sort_of_values_is_the_stable_argsort():
+    """Hashes that share their top bits and differ below (the sort's index bits), equal hashes at distant
+    places, an empty and a one-element array: the order and the sorted hashes of np.argsort(kind="stable")."""
+    rng = np.random.default_rng(29)
+    hashes = rng.integers(0, 2**64, 50_000, dtype=np.uint64, endpoint=False)
+    hashes[::97] = hashes[5]  # equal hashes, far apart
+    hashes[1000:1300] = (hashes[1000:1300] & ~np.uint64(0xFFFF)) | np.uint64(0xABCD0000)  # ties of the top bits
+    hashes[2000:2100] = np.uint64(0x1234567800000000) + rng.integers(0, 1 << 16, 100, dtype=np.uint64)
+    for values in (hashes, hashes[:1], hashes[:0], np.full(7, 3, np.uint64), hashes[2000:2100][::-1].copy()):
+        order, ordered = _stable_order(values)
+        expected = np.argsort(values, kind="stable")
+        assert order.tolist() == expected.tolist()
+        assert ordered.tolist() == values[expected].tolist()
+
+
+def test_word_numbers_are_equal_exactly_when_the_bytes_are():
+    """Groups of words (short, exactly 8 and 16 bytes, longer ones differing only inside, words with the same first
+    8 bytes, or first and last) numbered by one
+    WordNumbers, more distinct words than its first table has slots; then the same words with hashes
+    that distinct words share (a function of the bytes, as a hash is: the word's length, or one value for all):
+    each number stands for one byte string and each byte string for one number."""
+    rng = random.Random(29)
+    alphabet = "abcdefghij"
+    vocabulary = ["".join(rng.choices(alphabet, k=rng.choice([1, 3, 8, 9, 15, 16, 17, 30]))) for _ in range(200_000)]
+    vocabulary += ["q" * 8 + c + "q" * 8 for c in alphabet] * 1000  # 17 bytes, the same first and last 8
+    vocabulary += ["abcdefgh" + c for c in alphabet] * 1000  # the same first 8 bytes, length
+    vocabulary += ["abcdefgh" + c + "bcdefgh" for c in alphabet] * 1000  # 16 bytes, the same first 8
+    vocabulary += ["a" * k for k in range(8, 17)] * 1000  # the same first and last 8 bytes
+    vocabulary += ["yyyyyyyyabcdefgh", "xxxxxxxxabcdefgh"] * 1000  # the same last 8 bytes, length
+    groups = [split_words([" ".join(rng.choices(vocabulary, k=200)) for _ in range(100)]) for _ in range(10)]
+    by_length = [dataclasses.replace(g, hashes=(g.ends - g.starts).astype(np.uint64)) for g in groups]
+    one = [dataclasses.replace(g, hashes=np.full(len(g.hashes), 7, np.uint64)) for g in groups]
+    # the table's word of the one hash: one that only its length, last 8 bytes or first 8 tell from others
+    led = [[dataclasses.replace(split_words([word]), hashes=np.full(1, 7, np.uint64)), *one]
+           for word in ("a" * 9, "abcdefgha", "zzzzzzzzabcdefgh")]
+    for batch in (groups, by_length, one, *led):
+        numbering = WordNumbers()
+        seen: dict[bytes, int] = {}
+        owner: dict[int, bytes] = {}
+        for group in batch:
+            numbers = numbering.numbers(group).tolist()
+            for w, number in enumerate(numbers):
+                word = group.word(w)
+                assert seen.setdefault(word, number) == number
+                assert owner.setdefault(number, word) == word
+        assert len(seen) > 1 << WORD_TABLE_BITS or batch is not groups  # more than its first slots
+        assert numbering.bits > WORD_TABLE_BITS or batch is not groups  # the table grew
+
+
+def test_the_top_bits_filter_is_the_bit_filter_of_those_hashes():
+    rng = np.random.default_rng(3)
+    for count in (0, 1, 5_000, 300_000):
+        tops = rng.integers(0, 1 << 32, count, dtype=np.uint64).astype(np.uint32)
+        parts = np.array_split(tops, 7) if count else []
+        shift, filt = top_filter(parts)
+        expected_shift, expected = bit_filter(tops.astype(np.uint64) << np.uint64(32))
+        assert shift == expected_shift and filt.tobytes() == expected.tobytes()
