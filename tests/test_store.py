@@ -380,8 +380,9 @@ def test_a_run_to_gcs_writes_what_a_local_run_writes(gcs, finished_run, tmp_path
 
 def test_a_built_benchmark_set_kept_in_a_cache_on_the_store(s3, tmp_path):
     """The benchmark set cache on the store (tokmix.stages.decontam): HumanEval's set built and kept (its
-    arrays uploaded, the entry's record last), taken by the next preparation (each object's sha256 checked) with
-    the fresh build's arrays and record, and an object truncated on the store said and built again."""
+    arrays uploaded, the entry's record last; by the function prepare_set hands `later`, as a run does beside
+    its streams stage), taken by the next preparation (each object's sha256 checked) with the fresh build's
+    arrays and record, and an object truncated on the store said and built again."""
     from tests.test_decontam import HUMANEVAL, set_recipe
     from tokmix.cache import UnitCache
     from tokmix.stages.decontam import prepare_set, set_files
@@ -390,7 +391,10 @@ def test_a_built_benchmark_set_kept_in_a_cache_on_the_store(s3, tmp_path):
     recipe = set_recipe(tmp_path, [HUMANEVAL], ["prompt", "canonical_solution"], "task_id")
     said: list[str] = []
     prepare_set(recipe, tmp_path / "fresh", [], said.append)
-    prepare_set(recipe, tmp_path / "cold", [], said.append, cache=cache)
+    later: list = []  # a run uploads a set it built beside its streams stage (pipeline.run_pipeline)
+    prepare_set(recipe, tmp_path / "cold", [], said.append, cache=cache, later=later.append)
+    assert not any("kept in the token cache" in line for line in said) and not objects(s3, "set-cache")
+    later.pop()()
     assert any("kept in the token cache" in line for line in said)
     for name in ("warm", "again"):
         if name == "again":

@@ -147,12 +147,14 @@ def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None
 
 
 def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | None = None,
-                       checksums: dict[str, dict[str, str]] | None = None) -> dict:
+                       checksums: dict[str, dict[str, str]] | None = None, looked: bool = False,
+                       later=None) -> dict:
     """The run's benchmark n-grams (tokmix.stages.decontam.prepare_set): taken from the token cache `cache` when
-    it holds them, else built (small local files in this process, others in a fresh one, whose arrays leave with
-    it) and kept there."""
+    it holds them (`looked`: early_benchmarks found none there), else built (small local files in this process,
+    others in a fresh one, whose arrays leave with it) and kept there (on a store: by `later`)."""
     build = build_set if small_benchmarks(recipe, mirrors) else lambda *args: in_fresh_process(build_set, *args)
-    return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums)
+    return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums,
+                       looked=looked, later=later)
 
 
 def early_benchmarks(ctx: Context) -> Future | None:
@@ -194,11 +196,17 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
+    uploads = ThreadPoolExecutor(1, thread_name_prefix="benchmarks-upload")  # a built set kept on a store
+    kept: list[Future] = []
     if benchmarks is not None:  # a large set built in a process of its own: its arrays leave with it
         record, checksums = benchmarks.result()
         ctx.benchmarks = record or prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache,
-                                                      checksums)
+                                                      checksums, looked=True,
+                                                      later=lambda keep: kept.append(uploads.submit(keep)))
     metas = run_streams(ctx)
+    for upload in kept:  # beside the stage (its memory: one part of 16 MiB and a read of 8); done before eviction
+        upload.result()
+    uploads.shutdown()
     drop_cached()
     if ctx.cache is not None:
         _report_cache(ctx, metas, options_cap)

@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -482,11 +483,14 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
 
 
 def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
-                checksums: dict[str, dict[str, str]] | None = None) -> dict | None:
+                checksums: dict[str, dict[str, str]] | None = None, looked: bool = False,
+                later: Callable[[Callable[[], None]], None] | None = None) -> dict | None:
     """The run's benchmark set: its own when whole (damaged arrays: made again), else the token cache's set of
-    the same key (`cache`: its root; checked as it is taken), else built (by `build`, which the pipeline runs in a
-    fresh process for large sets; None: not built, None returned) from the files the run's identity pinned
-    (tokmix.identity, "benchmarks": `checksums`) and kept in the cache for the next run."""
+    the same key (`cache`: its root; checked as it is taken; `looked`: this run found none there already), else
+    built (by `build`, which the pipeline runs in a fresh process for large sets; None: not built, None
+    returned) from the files the run's identity pinned (tokmix.identity, "benchmarks": `checksums`) and kept in
+    the cache for the next run: by `later(keep)` when the cache is on a store (`later`: e.g. a thread's, beside
+    the streams stage: the upload of the 100k set's 273 MiB is not waited for), else at once (links)."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
     if record is not None:
@@ -498,13 +502,20 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, 
     if cache is not None:
         checksums = checksums if checksums is not None else benchmark_checksums(recipe, mirrors)
         key, parts = set_key(recipe, checksums, mirrors)
-        record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
+        if not looked:
+            record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
     if record is None:
         if build is None:
             return None
         record = build(recipe, directory, mirrors)
         if cache is not None:
-            _keep_cached(cache, key, parts, record, checksums, directory, log)
+            def keep() -> None:
+                _keep_cached(cache, key, parts, record, checksums, directory, log)
+
+            if later is not None and UnitCache(cache).remote:
+                later(keep)
+            else:
+                keep()
     for name, bench in record["benchmarks"].items():
         log(f"benchmark {name}: {bench['items']:,} items, {bench['ngrams']:,} {record['ngram']}-grams")
     return record
@@ -647,7 +658,8 @@ class BenchmarkSet:
         triples = np.asarray(np.load(files["triples"], mmap_mode="r"))
         self.triples = triples if len(triples) else None  # a large set's triple filter
         self.triple_shift = np.uint64(record["triple_filter_shift"])
-        self.pair_table = pair_table(self.words, self.word_starts) if len(self.words) <= PAIR_TABLE_WORD_BYTES else None
+        self.pair_table = (pair_table(self.words, self.word_starts)  # (linked takes the triple filter over it)
+                           if len(self.words) <= PAIR_TABLE_WORD_BYTES and self.triples is None else None)
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
