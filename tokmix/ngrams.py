@@ -343,9 +343,10 @@ def _chains(link: np.ndarray, triple: np.ndarray | None, wild: np.ndarray, count
         inside = chain >= 0
         inside[inside] = wild[inside] <= lasts[chain[inside]]
         np.add.at(words, chain[inside], counts[inside] - 1)
-        alone = wild[~inside][counts[~inside] >= shortest]  # a wild run of many words, linked to no other
+        lone = ~inside & (counts >= shortest)  # a wild run of many words, linked to no other
+        alone = wild[lone]
         if len(alone):
-            heads, lasts, words = (np.concatenate([a, alone]) for a in (heads, lasts, words))
+            heads, lasts, words = (np.concatenate(a) for a in ((heads, alone), (lasts, alone), (words, counts[lone])))
             order = np.argsort(heads, kind="stable")
             heads, lasts, words = heads[order], lasts[order], words[order]
     good = words >= shortest
