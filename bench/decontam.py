@@ -12,8 +12,10 @@ PATH: a tokenizer.json, or a .tiktoken file (GPT-2's: gunzip -c tests/data/vocab
 Each run is `tokmix run` to the end in a fresh output directory (deleted after); the figures are the streams
 stage's seconds (tokmix-state/timings.json, which includes building the benchmark set; every run with
 --no-cache, so that each tokenizes every unit), their ratio to the
-run without, the peak RSS of the whole process tree (polled every 50 ms), and the documents and tokens the
-benchmarks took (index.json). The load average is printed beside them.
+run without, the CPU seconds of the whole run's process tree (getrusage of the reaped children: what
+decontamination adds, less at the mercy of the machine's load than wall time), the peak RSS of the whole
+process tree (polled every 50 ms), and the documents and tokens the benchmarks took (index.json). The load
+average is printed beside them.
 
 With --warm-sets, every run has a token cache of its own, fresh (so that it still tokenizes every unit, and
 fills the cache as any run with one does, the run without included), holding only the built benchmark set of
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -152,6 +155,7 @@ def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path |
         if seed is not None:
             shutil.copytree(seed, cache, copy_function=os.link)
         flags = ["--cache", str(cache)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe_path), "--out", str(out),
                              "--workers", str(workers), *flags], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -177,6 +181,8 @@ def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path |
     watcher.start()
     output = proc.communicate()[0]
     watcher.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run's whole tree, each process reaped by its parent
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if proc.returncode:
         raise SystemExit(f"{recipe_path.name}: tokmix run failed:\n{output[-3000:]}")
     if seed is not None and recipe_path.stem != "none" and "n-grams: taken from the token cache" not in output:
@@ -184,7 +190,7 @@ def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path |
     timings = json.loads((out / "tokmix-state" / "timings.json").read_text())
     index = json.loads((out / "index.json").read_text())
     entry = index.get("benchmark_decontamination", {})
-    result = {"streams": timings["streams"], "holdout": timings["holdout"], "peak_mib": peak[0] / 2**20,
+    result = {"streams": timings["streams"], "holdout": timings["holdout"], "cpu": cpu, "peak_mib": peak[0] / 2**20,
               "holdout_peak_mib": by_stage.get("holdout", 0) / 2**20, "load": load(),
               "documents": entry.get("documents", 0), "tokens": entry.get("tokens", 0),
               "ngrams": sum(b["ngrams"] for b in entry.get("benchmarks", {}).values()),
@@ -220,7 +226,8 @@ def main() -> None:
             else:
                 got = run(recipes[name], args.workers)
             results[name].append(got)
-            print(f"{name:10s} streams {got['streams']:7.2f} s (holdout {got['holdout']:5.2f} s)  peak tree RSS "
+            print(f"{name:10s} streams {got['streams']:7.2f} s (holdout {got['holdout']:5.2f} s)  run CPU "
+                  f"{got['cpu']:6.2f} s  peak tree RSS "
                   f"{got['peak_mib']:4.0f} MiB (holdout stage {got['holdout_peak_mib']:4.0f})  dropped "
                   f"{got['documents']:,} docs / {got['tokens']:,} tokens  load {got['load']}", flush=True)
     base = statistics.median(g["streams"] for g in results.get("none", [])) if "none" in results else None
@@ -230,6 +237,10 @@ def main() -> None:
         ratio = f"{med / base:.3f}x" if base else "-"
         total = statistics.median(g["streams"] + g["holdout"] for g in got)
         print(f"{name:10s} median holdout + streams {total:.2f} s ({f'{total / both:.3f}x' if both else '-'} of none)")
+        if "none" in results:
+            extra = statistics.median(g["cpu"] for g in got) - statistics.median(g["cpu"] for g in results["none"])
+            print(f"{name:10s} median run CPU {statistics.median(g['cpu'] for g in got):.2f} s ({extra:+.2f} s "
+                  "against none)")
         print(f"{name:10s} median streams {med:.2f} s ({ratio} of none), peak tree RSS "
               f"{max(g['peak_mib'] for g in got):.0f} MiB, n-grams {got[0]['ngrams']:,}, items found "
               f"{got[0]['items_found']:,}, documents {got[0]['documents']:,}, tokens {got[0]['tokens']:,} of "

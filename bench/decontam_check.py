@@ -4,13 +4,16 @@
 100k-item set of bench/decontam.py (run it once first: it writes the items file).
 
     .venv/bin/python bench/decontam_check.py [--set humaneval|100k] [--docs 1500] [--passes 3]
+    .venv/bin/python bench/decontam_check.py --build [--set 100k]
 
 Prints the CPU seconds of the check (time.process_time, the least of --passes passes, each with a fresh
 BenchmarkSet so that what it keeps between groups starts empty as in a run), the documents it finds and the
 sha256 of its verdicts (to compare two versions of the code), and the load average. Compare two versions in
 fresh processes, alternating. With --callgrind, under `valgrind --tool=callgrind --instr-atstart=no`, one pass is
 instrumented alone (callgrind_control turns it on and off around the call): its instruction count does not
-depend on the machine's load.
+depend on the machine's load. With --build, only the set's build (build_set, in this fresh process): its CPU
+seconds, the process's peak RSS (the build is all it did), the set's fingerprint and a digest of the sha256 of
+all its arrays (to compare two versions of the build: the same arrays, byte for byte).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -53,6 +57,20 @@ def built_set(name: str, directory: Path) -> Path:
     return directory / "set"
 
 
+def build_only(name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.process_time()
+        directory = built_set(name, Path(tmp))
+        seconds = time.process_time() - start
+        record = json.loads((directory / "set.json").read_text())
+        arrays = hashlib.sha256(json.dumps({kind: hashlib.sha256((directory / f"{kind}.npy").read_bytes()).hexdigest()
+                                            for kind in sorted(record["arrays"])}).encode()).hexdigest()[:16]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{name}: build {seconds:.2f} CPU-s, peak RSS {peak:.0f} MiB, fingerprint {record['fingerprint'][:16]}, "
+          f"arrays {arrays}, load "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def callgrind(switch: str) -> None:
     subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True, capture_output=True)
 
@@ -63,7 +81,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1500)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--build", action="store_true", help="time the set's build alone")
     args = parser.parse_args()
+    if args.build:
+        build_only(args.set)
+        return
     texts = documents(args.docs)
     with tempfile.TemporaryDirectory() as tmp:
         directory = built_set(args.set, Path(tmp))
