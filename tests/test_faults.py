@@ -82,6 +82,18 @@ def clean(clean_dir) -> dict[str, bytes]:
     return outputs(clean_dir)
 
 
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> Path:
+    """A run killed at its first point, its tokenizer trained (tokenizer:after-train): where every chain but
+    first-hits (which kills a fresh run there itself) starts, each from a copy, instead of training the same
+    tokenizer again in a fresh run of its own (~1.4 CPU-s a chain: two processes and the trainer)."""
+    out = tmp_path_factory.mktemp("trained") / "out"
+    killed = tokmix_run(corpus, out, "tokenizer:after-train:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "tokenizer.json").exists() and not list(out.glob("val_*.bin"))
+    return out
+
+
 def expected_sizes(recipe: Path) -> dict[str, int]:
     """Bytes of every train and val file, from the recipe's numbers alone (uint16 tokens): shard k holds its
     blocks x seq_len + 1 tokens, a holdout its tokens + 1."""
@@ -141,9 +153,10 @@ def _assert_unit_file_whole(path: Path, twin: Path) -> None:
 # Every point of POINTS is killed at its first hit, some at a later one (the token cache's points in
 # tests/test_cache.py, with a cache: this suite runs without one; publish's in test_store.py; the trainer's, the
 # backend check's and report's are where tests/test_leftovers.py stops a run). A chain kills a
-# fresh run at its first point, runs it again until the next point kills it, and so on, in stage order (every
-# resume is itself killed), then resumes it to the end. Hit counts are per process: with 6 units and 4 shards
-# over 2 workers, each resume still has the work its point needs.
+# run at its first point, runs it again until the next point kills it, and so on, in stage order (every
+# resume is itself killed), then resumes it to the end: first-hits from a fresh run, the others from a copy of
+# `trained` (a run killed at tokenizer:after-train, first-hits' first point). Hit counts are per process: with 6
+# units and 4 shards over 2 workers, each resume still has the work its point needs.
 ELSEWHERE = ("runner:before-restart", "publish:before-index", "write:middle",  # the chains below, test_store.py
              "tokenizer:training", "backend:checking", "report:before-write")  # test_leftovers.py
 FIRST_HITS = [f"{p}:1" for p in POINTS if p not in ELSEWHERE and not p.startswith("cache:")]
@@ -163,7 +176,9 @@ CHAINS = {
 
 
 @pytest.mark.parametrize("chain", list(CHAINS))
-def test_kill_anywhere_then_resume_ends_identical(corpus, clean, clean_dir, tmp_path, chain):
+def test_kill_anywhere_then_resume_ends_identical(corpus, clean, clean_dir, trained, tmp_path, chain):
+    if chain != "first-hits":
+        shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
     for fault in CHAINS[chain]:
         killed = tokmix_run(corpus, tmp_path, fault)
         assert killed.returncode == -signal.SIGKILL, (fault, killed.returncode, killed.stderr[-2000:])
