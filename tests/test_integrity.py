@@ -43,11 +43,18 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean(corpus, tmp_path_factory) -> dict[str, bytes]:
-    out = tmp_path_factory.mktemp("clean") / "out"
+def finished(corpus, tmp_path_factory) -> Path:
+    """A finished run, uninterrupted (each test damages a copy of it)."""
+    out = tmp_path_factory.mktemp("finished") / "out"
     proc = run(corpus, out)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return shards(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clean(finished) -> dict[str, bytes]:
+    """The shards of the uninterrupted run: what every damaged run must end with (`finished` is that run)."""
+    return shards(finished)
 
 
 def killed_at(corpus: Path, tmp_path_factory, fault: str) -> Path:
@@ -173,14 +180,6 @@ def test_a_committed_shard_damaged_before_the_resume_is_rewritten(corpus, clean,
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{done[0].name}: damaged (sha256 differs from its record); rewritten" in proc.stdout
     assert shards(out) == clean
-
-
-@pytest.fixture(scope="module")
-def finished(corpus, tmp_path_factory) -> Path:
-    """A finished run (each test damages a copy of it)."""
-    out = tmp_path_factory.mktemp("finished") / "out"
-    assert run(corpus, out).returncode == 0
-    return out
 
 
 @pytest.fixture(scope="module")
