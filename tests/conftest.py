@@ -126,11 +126,16 @@ def ray_local_run(ray_corpus, ray_cache, tmp_path_factory) -> Path:
 # fixtures (real runs) are built once, and modules are handed out in collection order: the heaviest first, so
 # that the short ones fill in at the end. Files listed in SAME_WORKER run in the worker of the file they map
 # to: every Ray test runs where the Ray head is.
-# Measured under pytest -n 2 (wall of the module in its worker, loaded machine): faults 565 s, trust 291,
-# user_errors 272, integrity 265, ray + ray_cluster 203 (first: its head starts while the other worker works),
-# epochs 179, store 170, pipeline 170; every other module under 105 s.
-HEAVY_FIRST = ("test_ray", "test_faults", "test_trust", "test_user_errors", "test_integrity", "test_epochs",
-               "test_store", "test_pipeline")
+# Measured under pytest -n 2 on 30c89e9 (CPU seconds of everything the module's tests started, a cpuacct cgroup
+# per worker; wall of the module in its worker, at load 5-8): faults 78 CPU-s (174 s), store 57 (141),
+# pretrained 46 (201), integrity 45 (112), ray + ray_cluster 55 (98; first: its head starts while the other
+# worker works), trust 37 (94), pipeline 30 (92), decontam_cache 27 (76), untrusted_state 24 (104),
+# user_errors 23 (56), backends 20 (55), leftovers 19 (62), huge_documents 15 (54), epochs 15 (37); every other
+# module under 13 CPU-s and 53 s, so that the last ones handed out end within a few seconds of each other (the
+# two workers ended 48 s apart when untrusted_state and pretrained, unlisted, came late in the order).
+HEAVY_FIRST = ("test_ray", "test_faults", "test_store", "test_pretrained", "test_integrity", "test_trust",
+               "test_pipeline", "test_decontam_cache", "test_untrusted_state", "test_user_errors", "test_backends",
+               "test_leftovers", "test_huge_documents", "test_epochs")
 SAME_WORKER = {"tests/test_ray_cluster.py": "tests/test_ray.py"}
 
 
