@@ -152,3 +152,31 @@ def test_a_text_of_one_run_of_non_ascii_words_first_in_its_group(tmp_path):
         kept = run_candidates([doc], bench.first_pass_pairs(), bench.member, bench.lengths[0])
         assert kept or not expected[i], doc  # the first pass lets every text that may hold an item through
         assert built_set(tmp_path / str(i), items)[1].contaminating([doc]) == [expected[i]]
+
+
+def test_a_tiktoken_file_changed_under_a_resume_is_refused(tmp_path):
+    """A run keeps its own copy of a .tiktoken file's ranks (tokenizer.tiktoken.json) and reads that: a resume
+    finding the recipe's file changed (two ranks swapped) is refused as a changed tokenizer.json is, instead of
+    going on with the first file's ids as if nothing had changed."""
+    import pytest
+
+    from tests.vocab import gpt2_tiktoken
+    from tokmix.errors import TokmixError
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.shards import Layout
+    from tokmix.tokenizer_stage import same_tokenizer_source
+
+    source = gpt2_tiktoken(tmp_path)
+    recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": "gpt2.tiktoken"}, "layout": {"steps": 1,
+                               "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
+                               "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+    layout = Layout(tmp_path / "out")
+    layout.state.mkdir(parents=True)
+    same_tokenizer_source(layout, recipe)
+    same_tokenizer_source(layout, recipe)  # a resume: the same file
+    lines = source.read_bytes().splitlines()
+    (a, x), (b, y) = lines[300].split(), lines[301].split()
+    lines[300:302] = [a + b" " + y, b + b" " + x]
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TokmixError, match=f"tokenizer {source}: changed since this run started"):
+        same_tokenizer_source(layout, recipe)

@@ -116,6 +116,8 @@ PINS = {pin.name: pin for pin in (
         refusal=_recipe_refusal),
     Pin("split", lambda layout: layout.split_record, ("split",), changes=split_changes, refusal=_split_refusal),
     Pin("tokenizer checksum", lambda layout: layout.tokenizer_checksum, ("sha256",), refusal=_tokenizer_refusal),
+    # the local file (a .tiktoken file) that the run's own copy of the tokenizer was made of: the run reads the copy
+    Pin("tokenizer source", lambda layout: layout.tokenizer_source, ("sha256",), refusal=_tokenizer_refusal),
     # units are numbered by how files were cut: a resume keeps the cut the run started with (sealed: a
     # truncated number is still a number)
     Pin("unit size", lambda layout: layout.unit_bytes, ("unit_bytes",), on_change="keep", sealed=True),

@@ -66,7 +66,14 @@ from tokmix.tokenizer import (
     token_dtype,
     tokenizer_file,
 )
-from tokmix.tokenizer_stage import count_sample, in_fresh_process, run_backend, same_tokenizer, train_run_tokenizer
+from tokmix.tokenizer_stage import (
+    count_sample,
+    in_fresh_process,
+    run_backend,
+    same_tokenizer,
+    same_tokenizer_source,
+    train_run_tokenizer,
+)
 
 REPORT_BYTES = 16 << 10  # of a failure message sent to the supervisor: well under a pipe's buffer
 
@@ -97,6 +104,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     split = load_or_create_split(recipe, mirrors)
     _same_split(layout, recipe.splits_path, split)
     tokenizer_path = tokenizer_file(recipe, layout.own_tokenizer(recipe.tokenizer.format))
+    same_tokenizer_source(layout, recipe)
     if tokenizer_path is None:
         progress.stage("tokenizer", f"training a {recipe.tokenizer.train.vocab_size:,}-token BPE on the train files")
         taken = in_fresh_process(count_sample, recipe, layout, split, mirrors)

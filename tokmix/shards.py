@@ -173,6 +173,7 @@ class Layout:
     # the tokenizer libraries' versions and the digests of the oracle's ids (a resume under others re-checks)
     tokenizer_libraries = _In("state", "tokenizer.libraries.json")
     tokenizer_checksum = _In("state", "tokenizer.checksum.json")  # a resume with other tokenizer bytes is refused
+    tokenizer_source = _In("state", "tokenizer.source.json")  # the same, of the local file a run's copy is made of
     split_record = _In("state", "split.json")  # a resume with another split is refused
     provenance_sources = _In("state", "sources.json")  # the train shards' table of sources (tokmix.provenance)
     writers = _In("state", WRITERS_NAME)  # every writing task holds it shared (tokmix.lock)

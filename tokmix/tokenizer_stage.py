@@ -25,7 +25,7 @@ from tokmix.executors import fresh_process
 from tokmix.faults import fault_point
 from tokmix.process import log
 from tokmix.progress import count, read_stage, write_stage
-from tokmix.recipe import Recipe
+from tokmix.recipe import Recipe, is_tiktoken_file
 from tokmix.shards import Layout
 from tokmix.sources import HugeText, iter_file_texts, stream_files
 from tokmix.stages import ENCODER_THREADS, release_memory
@@ -246,3 +246,17 @@ def same_tokenizer(layout: Layout, path: str) -> str:
     recipe, refused before this; a trained tokenizer's path moves with the output directory.)"""
     # damaged: the one line naming it (what it recorded cannot be remade)
     return identity.pinned(layout, "tokenizer checksum", tokenizer_checksum(path), path, path=path)
+
+
+def same_tokenizer_source(layout: Layout, recipe: Recipe) -> None:
+    """The checksum of the local file a run's own copy of its tokenizer is made of (a .tiktoken file, a file://
+    URL), recorded when the run starts: the run reads the copy, so a resume finding that file changed would go
+    on with the first file's ids unsaid; it is refused as for a tokenizer file read where it is. A remote URL is
+    not fetched again for this (its copy is the run's, docs/recipe.md)."""
+    spec = recipe.tokenizer
+    if spec.tiktoken is not None:
+        source = recipe.resolve(spec.tiktoken) if is_tiktoken_file(spec.tiktoken) else None  # (a name: tiktoken's)
+    else:
+        source = recipe.tokenizer_path if spec.fetched else None  # (else read where it is: same_tokenizer)
+    if source is not None and (source.startswith("file://") or "://" not in source):
+        identity.pinned(layout, "tokenizer source", tokenizer_checksum(source), source, path=source)
