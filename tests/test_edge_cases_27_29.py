@@ -53,6 +53,10 @@ def test_benchmark_jsonl_lines_are_read_as_a_streams_lines_are(tmp_path):
         path.write_text(json.dumps({"q": "x", "id": "ok"}) + '\n{"q": "y", "id": ' + value + "}\n")
         assert read_items(path, ["q"], "id") == (f"benchmark b: file {path}: line 2: id field 'id' is a "
                                                  f"{type(json.loads(value)).__name__}, not a string or an integer")
+    path.write_text('{"q": "x", "id": null}\n{"q": "y"}\n')
+    assert read_items(path, ["q"], "id") == f"benchmark b: file {path}: line 1: id field 'id' is null"
+    path.write_text('{"q": "y"}\n')
+    assert read_items(path, ["q"], "id") == f"benchmark b: file {path}: line 1: id field 'id' is missing (it has q)"
 
 
 def test_a_sentencepiece_model_with_user_defined_pieces_stays_on_sentencepiece(tmp_path):

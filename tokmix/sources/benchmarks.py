@@ -166,7 +166,8 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
                 item_id = str(index)
                 if id_field is not None:
                     if row.get(id_field) is None:
-                        raise TokmixError(f"benchmark {name}: {where}: no id field {id_field!r}")
+                        what = "is null" if id_field in row else f"is missing (it has {', '.join(map(str, row))})"
+                        raise TokmixError(f"benchmark {name}: {where}: id field {id_field!r} {what}")
                     item_id = str(document_id(row[id_field], id_field, name, where))
                 yield Item(index, item_id, _field_text(row, fields, name, where))
             index += 1
