@@ -632,3 +632,38 @@ def test_trace_source_takes_a_file_as_trace_prints_it(planted, monkeypatch):
         relative = os.path.relpath(where)
         assert not relative.startswith(("/", ".."))
         assert find_source(planted["out"], relative) == find_source(planted["out"], where)
+
+
+def test_validate_checks_contamination_json(planted, tmp_path):
+    """index.json names contamination.json with its sha256: validate finds it edited (a place moved, its seal
+    made again to match), its seal broken, or missing, as it finds a damaged shard; untouched, the run is valid.
+    A run of the same recipe does not call such a run complete: it makes it again."""
+    import shutil
+
+    from tokmix.shards import write_record
+    from tokmix.stages.validate import validate_dir
+
+    out = tmp_path / "out"
+    shutil.copytree(planted["out"], out, ignore=shutil.ignore_patterns("train_*.bin", "val_*.bin"))
+    for name in [p.name for p in planted["out"].glob("*.bin")]:
+        (out / name).symlink_to(planted["out"] / name)  # read only: the shards need no copy
+    assert validate_dir(out) == []
+    path = out / "contamination.json"
+    record = read_json(path, sealed=True)
+    record["items"][0]["places"][0]["place"] += 1
+    write_record(path, record)
+    assert validate_dir(out) == [f"{path}: sha256 differs from index.json's (benchmark_decontamination)"]
+    path.write_text(path.read_text().replace('"place": ', '"place": 1', 1))
+    assert validate_dir(out) == [f"{path}: damaged (its record was changed)"]
+    path.unlink()
+    assert validate_dir(out) == [f"{path}: missing (index.json names it in benchmark_decontamination)"]
+
+    # `tokmix run` of the finished run: not "already complete"; it runs again, and its units' records give
+    # contamination.json back (checked by hand: the same bytes)
+    from tokmix.recipe import load_recipe
+    from tokmix.shards import Layout
+    from tokmix.stages.finished import verified_complete
+
+    layout = Layout(out)
+    assert layout.done.exists() and verified_complete(layout, load_recipe(planted["recipe"])) is None
+    assert not layout.done.exists()

@@ -51,6 +51,10 @@ def verified_complete(layout: Layout, recipe: Recipe) -> tuple[int, int] | None:
     for name in damaged:
         (layout.root / name).unlink()
         layout.shard_record(name).unlink(missing_ok=True)
+    if (why := _contamination_damage(layout, index)) is not None:  # remade with the streams' unit records
+        log(f"{why}; remaking it")
+        layout.contamination.unlink(missing_ok=True)
+        damaged.append(layout.contamination.name)
     if damaged:
         (layout.done).unlink()
         return None
@@ -69,6 +73,15 @@ def _damage(layout: Layout, entry: TokenFileEntry) -> str | None:
     if ids is not None and first_damage([Part(layout.root / ids.file, ids.checksum)]) is not None:
         return f"{ids.file}: missing or damaged (sha256 differs from index.json)"
     return None
+
+
+def _contamination_damage(layout: Layout, index: Index) -> str | None:
+    """Why a finished run's contamination.json (with [decontaminate]) must be made again: it is not the file
+    index.json names with its sha256."""
+    entry = index.benchmark_decontamination
+    if entry is None or first_damage([Part(layout.root / entry["file"], entry["sha256"])]) is None:
+        return None
+    return f"{entry['file']}: missing or damaged (sha256 differs from index.json)"
 
 
 def _not_derived(layout: Layout, index: Index, damaged: list[str]) -> list[str]:

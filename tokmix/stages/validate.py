@@ -21,6 +21,7 @@ from tokmix.shards import (
     STATE_DIR,
     DamagedFile,
     Layout,
+    file_checksum,
     fingerprints_path,
     open_read,
     read_index,
@@ -249,7 +250,24 @@ def validate_dir(out_dir: str | Path | ObjectPath, vocab_size: int | None = None
     if (changed := tokenizer_change(root, index)) is not None:
         problems.append(changed)
     return (problems + _check_shards(root, index, dtype, vocab, expected) + _check_holdouts(root, index, dtype, vocab)
-            + _check_shares(index) + _check_balance(index) + _check_phases(index))
+            + _check_shares(index) + _check_balance(index) + _check_phases(index) + _check_contamination(root, index))
+
+
+def _check_contamination(root: Path | ObjectPath, index: Index) -> list[str]:
+    """With [decontaminate]: contamination.json, which index.json names with its sha256, there, whole and that
+    one (what inspect, trace and report say was dropped)."""
+    entry = index.benchmark_decontamination
+    if entry is None:
+        return []
+    path = root / entry["file"]
+    try:
+        if read_json(path, sealed=True) is None:
+            return [f"{path}: missing (index.json names it in benchmark_decontamination)"]
+    except DamagedFile as e:
+        return [f"{path}: damaged ({e.why})"]
+    if file_checksum(path) != entry["sha256"]:
+        return [f"{path}: sha256 differs from index.json's (benchmark_decontamination)"]
+    return []
 
 
 def _check_balance(index: Index) -> list[str]:
