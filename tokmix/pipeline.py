@@ -289,6 +289,7 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
     if (complete := verified_complete(layout, recipe)) is not None:
         if (path := tokenizer_file(recipe, layout.tokenizer)) is not None:
             same_tokenizer(layout, path)  # a finished run's tokenizer changed is named, not called complete
+        same_tokenizer_source(layout, recipe)  # (and the local file its own copy was made of)
         log(f"{layout.root}: already complete: sha256 of {complete[0]} shard(s) and {complete[1]} holdout(s) "
             "verified; nothing to do")
         if layout.remote and not layout.published_index.exists():  # stopped between validation and publishing
