@@ -184,3 +184,21 @@ def test_a_tiktoken_file_changed_under_a_resume_is_refused(tmp_path):
     source.write_bytes(b"\n".join(lines) + b"\n")
     with pytest.raises(TokmixError, match=f"tokenizer {source}: changed since this run started"):
         same_tokenizer_source(layout, recipe)
+
+
+def test_plan_names_a_benchmark_that_can_take_nothing(tmp_path):
+    """An empty benchmark file (a failed download), or one whose items hold no word, decontaminates against
+    nothing: plan says so in a note naming it and its files; a benchmark with words gets no such note."""
+    from tokmix.plan import _benchmarks
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "punct.jsonl").write_text(json.dumps({"text": "!!! ... ???"}) + "\n")
+    (tmp_path / "words.jsonl").write_text(json.dumps({"text": "alpha bravo"}) + "\n")
+    for name, note in (("empty", "0 item(s)"), ("punct", "1 item(s)"), ("words", None)):
+        notes: list[str] = []
+        with _benchmarks(set_recipe(tmp_path, [tmp_path / f"{name}.jsonl"], ["text"], None), [], None, notes):
+            pass
+        said = [n for n in notes if n.startswith("decontaminate: benchmark")]
+        assert said == ([] if note is None else [
+            f"decontaminate: benchmark bench: {note} and not one word among them: it takes nothing (its files: "
+            f"{tmp_path / name}.jsonl)"]), name

@@ -511,9 +511,13 @@ def _benchmarks(recipe: Recipe, mirrors, cache: str | None, notes: list[str]):
         return
     with tempfile.TemporaryDirectory(prefix="tokmix-plan-") as folder:
         said: list[str] = []
-        if cache is None or prepare_set(recipe, Path(folder), mirrors, said.append, build=None, cache=cache) is None:
-            build_set(recipe, Path(folder), mirrors)
+        if cache is None or (record := prepare_set(recipe, Path(folder), mirrors, said.append, build=None,
+                                                   cache=cache)) is None:
+            record = build_set(recipe, Path(folder), mirrors)
         notes += [line for line in said if line.startswith("benchmark n-grams:")]
+        notes += [f"decontaminate: benchmark {name}: {bench['items']:,} item(s) and not one word among them: it "
+                  f"takes nothing (its files: {', '.join(bench['files']) or 'none'})"
+                  for name, bench in record["benchmarks"].items() if not bench["ngrams"]]
         notes += [note for note in [first_pass_note()] if note is not None]
         yield BenchmarkSet(folder)
 
