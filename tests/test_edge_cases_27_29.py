@@ -202,3 +202,22 @@ def test_plan_names_a_benchmark_that_can_take_nothing(tmp_path):
         assert said == ([] if note is None else [
             f"decontaminate: benchmark bench: {note} and not one word among them: it takes nothing (its files: "
             f"{tmp_path / name}.jsonl)"]), name
+
+
+def test_a_truncated_compressed_benchmark_file_is_named(tmp_path):
+    """A .jsonl.gz or .jsonl.zst benchmark cut short (a download that stopped) is refused as truncated, as a
+    stream's file is: a zstd file so cut gave no item at all, without a word, and a gzip one cut after a line
+    the items before the cut."""
+    import gzip
+
+    import zstandard
+
+    data = "".join(json.dumps({"text": f"item {i}"}) + "\n" for i in range(100)).encode()
+    whole = {"gz": gzip.compress(data), "zst": zstandard.ZstdCompressor().compress(data)}
+    for codec, packed in whole.items():
+        path = tmp_path / f"items.jsonl.{codec}"
+        path.write_bytes(packed)
+        assert len(read_items(path, ["text"])) == 100
+        path.write_bytes(packed[:-12])
+        said = read_items(path, ["text"])
+        assert said == f"benchmark b: file {path}: truncated: it ends inside a compressed member or frame", codec

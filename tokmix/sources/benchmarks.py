@@ -103,6 +103,8 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             text = decompress(data)
         except Exception as e:  # zlib.error, zstandard.ZstdError
             raise TokmixError(f"benchmark {name}: file {path}: cannot decompress ({e})") from None
+        if decompress.inside:  # a download cut short: not a benchmark of fewer items
+            raise TokmixError(f"benchmark {name}: file {path}: truncated: it ends inside a compressed member or frame")
         for i, line in enumerate(_lines(text)):
             if not line.strip():
                 continue
