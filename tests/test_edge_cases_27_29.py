@@ -221,3 +221,16 @@ def test_a_truncated_compressed_benchmark_file_is_named(tmp_path):
         path.write_bytes(packed[:-12])
         said = read_items(path, ["text"])
         assert said == f"benchmark b: file {path}: truncated: it ends inside a compressed member or frame", codec
+
+
+def test_a_plain_text_benchmark_with_lone_carriage_returns_is_named(tmp_path):
+    """A plain-text file whose lines end with \\r alone (old Mac line ends) was one item: every line's words
+    one run, n-grams across its lines, its short lines no longer matched whole. Refused with the line, as a JSONL
+    file's are; \\r\\n ends are read as before."""
+    path = tmp_path / "items.txt"
+    path.write_bytes(b"first item here\rsecond item\rthird\r")
+    assert read_items(path, ["text"]) == (f"benchmark b: file {path}: line 1: holds a carriage return (\\r) that "
+                                          "no \\n follows: lines end with \\n or \\r\\n only (convert the file's "
+                                          "line ends)")
+    path.write_bytes(b"first item here\r\nsecond item\r\n")
+    assert read_items(path, ["text"]) == [("0", "first item here"), ("1", "second item")]

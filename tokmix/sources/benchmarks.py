@@ -127,6 +127,9 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
         # form feeds, U+2028 and other breaks inside a line, making short items that match as a whole
         for i, line in enumerate(text.split("\n")):
             line = line.removesuffix("\r")
+            if "\r" in line:  # line ends of \r alone: the whole file would be one item
+                raise TokmixError(f"benchmark {name}: file {path}: line {i + 1}: holds a carriage return (\\r) that "
+                                  "no \\n follows: lines end with \\n or \\r\\n only (convert the file's line ends)")
             if line.strip():
                 yield f"file {path}: line {i + 1}", line
 
