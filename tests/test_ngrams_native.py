@@ -27,8 +27,8 @@ from tests.test_decontam import (
 from tokmix import ngrams
 
 FIELDS = ("joined", "raw", "offsets", "forced", "starts", "ends", "heads", "wild", "held", "link")
-TABLES = [(np.random.default_rng(bits).random(1 << (2 * bits)) < density, bits)
-          for bits, density in ((10, 1 / 32), (10, 0.5), (3, 0.3), (1, 1.0))]
+TABLES = [ngrams.PairTable.of(np.random.default_rng(bits).random(1 << (2 * bits)) < density, bits)
+          for bits, density in ((10, 1 / 32), (10, 0.5), (3, 0.3), (1, 1.0), (1, 0.5))]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_a_mismatched_table_is_refused(native):
     with pytest.raises(TypeError):
         native.scan(["a", b"b"])
     with pytest.raises(ValueError):
-        native.scan(["a b"], np.zeros(100, bool), 10)
+        native.scan(["a b"], np.zeros(1 << 20, bool), 10)  # (a bool table: its bits are asked for)
 
 
 def test_run_candidates_and_verdicts_equal_with_the_compiled_path_off(native, tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ typedef struct {
     uint64_t *heads;
     Py_ssize_t size;          /* words (the three arrays have room for every word of the group) */
     Vec wild, held;
-    const unsigned char *table;  /* a pair table of word classes (NULL: none), `bits` bits a class */
+    const unsigned char *table;  /* a pair table of word classes, a bit each (NULL: none), `bits` bits a class */
     int bits;
     uint64_t last;               /* the class of the word before */
     unsigned char *link;         /* link[i]: table's bool at words i and i + 1 */
@@ -184,7 +184,10 @@ static inline int emit(const unsigned char *p, Py_ssize_t s, Py_ssize_t e, Py_ss
     w->heads[word] = head = (head | LOWER) & KEEP[k];
     if (w->table) {
         uint64_t cls = (head * MIX1) >> (64 - w->bits);
-        if (word) w->link[word - 1] = w->table[(w->last << w->bits) | cls];
+        if (word) {
+            uint64_t at = (w->last << w->bits) | cls;
+            w->link[word - 1] = (w->table[at >> 3] >> (at & 7)) & 1;
+        }
         w->last = cls;
     }
     if (!high) return 0;
@@ -235,18 +238,28 @@ static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *
     return in ? emit(p, s, b, b, high, w) : 0;
 }
 
+/* the word arrays' buffers (bytearrays; arrays[3], the links, may be None) */
+static void words_at(Words *w, PyObject **arrays) {
+    w->starts = (int64_t *)PyByteArray_AS_STRING(arrays[0]);
+    w->ends = (int64_t *)PyByteArray_AS_STRING(arrays[1]);
+    w->heads = (uint64_t *)PyByteArray_AS_STRING(arrays[2]);
+    if (arrays[3] != Py_None) w->link = (unsigned char *)PyByteArray_AS_STRING(arrays[3]);
+}
+
 static PyObject *vec_bytes(Vec *v) {
     return PyByteArray_FromStringAndSize((const char *)v->data, v->size * (Py_ssize_t)sizeof(int64_t));
 }
 
 PyDoc_STRVAR(scan_doc,
-"scan(texts, table=None, bits=0) -> (joined, offsets, starts, ends, heads, wild, held, forced, link)\n\n"
+"scan(texts, bits_table=None, bits=0) -> (joined, offsets, starts, ends, heads, wild, held, forced, link)\n\n"
 "The texts (a list of str) as UTF-8 end to end with a zero byte before and between them and 9 after them (a\n"
 "text with a lone surrogate as no bytes, its index in `forced`), each text's first byte in them (one more\n"
 "entry: the end), the words of run_candidates' letter mask (first byte, end), each word's first 8 bytes\n"
 "lowercased as ngrams._first_bytes(lower=True), the words with a byte >= 0x80 and no _JOINT (`wild`) and\n"
 "those with _JOINT (`held`): each a bytearray of int64 (heads: uint64) but `forced`, a list; with a pair\n"
-"table (bool, 1 << 2 * bits), `link` as table_links gives it (a bytearray of bools), else None.");
+"table as bits (numpy.packbits(table, bitorder='little'): 1 << 2 * bits of them, 1/8 of the bool table's\n"
+"bytes, which stay in cache beside the encoder's), `link` as table_links gives it (a bytearray of bools), else\n"
+"None.");
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *arg, *table_arg = Py_None;
@@ -255,9 +268,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O|Oi", &arg, &table_arg, &bits)) return NULL;
     if (table_arg != Py_None) {
         if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
-        if (bits < 1 || bits > 31 || table.len != ((Py_ssize_t)1 << (2 * bits))) {
+        if (bits < 1 || bits > 31 || table.len != (((Py_ssize_t)1 << (2 * bits)) + 7) / 8) {
             PyBuffer_Release(&table);
-            PyErr_SetString(PyExc_ValueError, "scan(): the table's size is not 1 << (2 * bits)");
+            PyErr_SetString(PyExc_ValueError, "scan(): the table's size is not 1 << (2 * bits) bits");
             return NULL;
         }
     }
@@ -303,22 +316,19 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         room += most * texts[t].length;
     }
-    /* the outputs allocated at their largest (a word takes two bytes or more, with its separator) and cut
-     * after the loop: their pages untouched until written */
-    Py_ssize_t most_words = room / 2 + 1;
+    /* the word arrays sized for a word every 4 bytes (text has one every ~6), grown before a text that may not
+     * fit (a word takes two bytes or more, with its separator), cut after the loop */
+    Py_ssize_t cap = room / 4 + 64;
     joined = PyByteArray_FromStringAndSize(NULL, room);
-    for (int k = 0; k < 3; k++) arrays[k] = PyByteArray_FromStringAndSize(NULL, most_words * 8);
-    arrays[3] = table.buf ? PyByteArray_FromStringAndSize(NULL, most_words) : Py_NewRef(Py_None);
+    for (int k = 0; k < 3; k++) arrays[k] = PyByteArray_FromStringAndSize(NULL, cap * 8);
+    arrays[3] = table.buf ? PyByteArray_FromStringAndSize(NULL, cap) : Py_NewRef(Py_None);
     if (!joined || !arrays[0] || !arrays[1] || !arrays[2] || !arrays[3]) goto done;
     if (table.buf) {
         w.table = table.buf;
         w.bits = bits;
-        w.link = (unsigned char *)PyByteArray_AS_STRING(arrays[3]);
     }
+    words_at(&w, arrays);
     unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(joined);
-    w.starts = (int64_t *)PyByteArray_AS_STRING(arrays[0]);
-    w.ends = (int64_t *)PyByteArray_AS_STRING(arrays[1]);
-    w.heads = (uint64_t *)PyByteArray_AS_STRING(arrays[2]);
     Py_ssize_t at = 0;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -337,6 +347,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             n = 0;
         }
         p[at + n] = 0;
+        if (w.size + (n + 1) / 2 + 1 > cap) {
+            Py_ssize_t need = w.size + (n + 1) / 2 + 1;
+            Py_BLOCK_THREADS
+            cap = 2 * cap > need ? 2 * cap : need;
+            for (int k = 0; k < 4 && !failed; k++) {
+                if (arrays[k] != Py_None && PyByteArray_Resize(arrays[k], k < 3 ? cap * 8 : cap) < 0) failed = 1;
+            }
+            if (!failed) words_at(&w, arrays);
+            PyErr_Clear();  /* (failed: MemoryError below) */
+            Py_UNBLOCK_THREADS
+            if (failed) break;
+        }
         if (scan_text(p, at, at + n, &w)) {
             failed = 1;
             break;

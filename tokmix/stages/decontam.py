@@ -27,6 +27,7 @@ from tokmix.format.commit import commit, tmp_name
 from tokmix.ngrams import (
     NORMALIZATION,
     Links,
+    PairTable,
     Words,
     gram_hashes_at,
     head_prefixes,
@@ -660,6 +661,7 @@ class BenchmarkSet:
         self.triple_shift = np.uint64(record["triple_filter_shift"])
         self.pair_table = (pair_table(self.words, self.word_starts)  # (linked takes the triple filter over it)
                            if len(self.words) <= PAIR_TABLE_WORD_BYTES and self.triples is None else None)
+        self._pair_lookup: PairTable | None = None  # (first_pass_pairs)
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
@@ -734,8 +736,11 @@ class BenchmarkSet:
     def first_pass_pairs(self):
         """What run_candidates takes as `pairs`: a small set's pair table itself (the compiled first pass looks it
         up in its loop), else linked."""
-        return (self.pair_table, PAIR_TABLE_BITS) if self.pair_table is not None and self.triples is None else (
-            self.linked)
+        if self.pair_table is None or self.triples is not None:
+            return self.linked
+        if self._pair_lookup is None or self._pair_lookup.table is not self.pair_table:
+            self._pair_lookup = PairTable.of(self.pair_table, PAIR_TABLE_BITS)
+        return self._pair_lookup
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
