@@ -621,7 +621,7 @@ PAIR_TABLE_BITS = 10  # a word's class (ngrams.word_classes): a table of 1 MiB, 
 PAIR_TABLE_DENSEST = 1 / 32  # a table with more pairs set lets more through than the set's pair filter
 
 
-def pair_table(words: np.ndarray, word_starts: np.ndarray) -> np.ndarray | None:
+def pair_table(words: np.ndarray, word_starts: np.ndarray) -> PairTable | None:
     """For each two classes of words, whether an item has a word of the first and a word of the second one after
     the other: one bool per pair of classes (its index: first << PAIR_TABLE_BITS | second), from the items'
     words as the set holds them (each between zero bytes; item i's from byte word_starts[i]). A lookup there costs
@@ -632,7 +632,7 @@ def pair_table(words: np.ndarray, word_starts: np.ndarray) -> np.ndarray | None:
     item = np.searchsorted(word_starts, starts - 1, side="right")  # (data has a byte before the words)
     table = np.zeros(1 << (2 * PAIR_TABLE_BITS), bool)
     table[((classes[:-1] << PAIR_TABLE_BITS) | classes[1:])[item[1:] == item[:-1]]] = True
-    return table if table.mean() <= PAIR_TABLE_DENSEST else None
+    return PairTable.of(table, PAIR_TABLE_BITS) if table.mean() <= PAIR_TABLE_DENSEST else None
 
 
 _SEPARATORS = re.compile(b"\0+")
@@ -661,7 +661,6 @@ class BenchmarkSet:
         self.triple_shift = np.uint64(record["triple_filter_shift"])
         self.pair_table = (pair_table(self.words, self.word_starts)  # (linked takes the triple filter over it)
                            if len(self.words) <= PAIR_TABLE_WORD_BYTES and self.triples is None else None)
-        self._pair_lookup: PairTable | None = None  # (first_pass_pairs)
         self.mixed = set(np.load(files["mixed"]).tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
@@ -723,8 +722,8 @@ class BenchmarkSet:
         be two consecutive words of an item (True for all such, and for a few others), and whether each word and
         the next two may be three (None: unknown). A small set: its pair table. A large one: its triple filter,
         the pairs left to run_candidates (two words of a triple that may be) unless an item has two words."""
-        if self.pair_table is not None and self.triples is None:
-            return table_links(heads, self.pair_table, PAIR_TABLE_BITS), None
+        if self.pair_table is not None:  # (a set with a triple filter has none)
+            return table_links(heads, self.pair_table.table, PAIR_TABLE_BITS), None
         prefix = head_prefixes(heads, lengths)
         pairs = pair_hashes(prefix[:-1], prefix[1:])
         link = None if self.triples is not None and self.lengths[0] >= 3 else (
@@ -736,11 +735,7 @@ class BenchmarkSet:
     def first_pass_pairs(self):
         """What run_candidates takes as `pairs`: a small set's pair table itself (the compiled first pass looks it
         up in its loop), else linked."""
-        if self.pair_table is None or self.triples is not None:
-            return self.linked
-        if self._pair_lookup is None or self._pair_lookup.table is not self.pair_table:
-            self._pair_lookup = PairTable.of(self.pair_table, PAIR_TABLE_BITS)
-        return self._pair_lookup
+        return self.linked if self.pair_table is None else self.pair_table
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
