@@ -1,13 +1,23 @@
 """The first pass's compiled split (tokmix/_scan.c, tokmix.ngrams.scan) against numpy's (_scan_numpy, the
 reference): the same arrays, byte for byte, on fuzzed texts; and the same verdicts of the whole check with the
-compiled path on and forced off (TOKMIX_NATIVE=0) on real training files with HumanEval planted in them.
+compiled path on and forced off (TOKMIX_NATIVE=0) on real training files with HumanEval planted in them. And a
+stale or broken .so (an editable install does not rebuild it after _scan.c changes), compiled for real into a
+copy of the package: the numpy first pass, the same verdicts, and the one line that says why.
 
 Under CI (CI=true) a skip fails (tests/conftest.py): CI builds the extension (scripts/test.sh's editable
 install), so there these tests always run against it."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,8 +26,11 @@ import pytest
 from tests.corpus import make_corpus
 from tests.test_decontam import (
     NGRAM,
+    ROOT,
     ROWS_PER_GROUP,
+    changed,
     humaneval,
+    humaneval_set,
     oracle_contaminated,
     oracle_grams,
     oracle_words,
@@ -158,3 +171,100 @@ def test_run_candidates_and_verdicts_equal_with_the_compiled_path_off(native, tm
         assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
         assert bench.contaminating(texts) == verdicts == expected
         assert 0 < len(kept) < len(texts)
+
+
+# In a process whose tokmix is a copy with its own tokmix/_scan*.so: which tokmix.ngrams, whether it runs the
+# compiled first pass, its note, and run_candidates' (n-grams of argv[3] words) and the check's verdicts on the
+# texts of argv[2] against the set of argv[1] (argv[1] "": the import alone).
+CHILD = """
+import json, sys, warnings
+warnings.simplefilter("always")
+from tokmix import ngrams
+out = {"file": ngrams.__file__, "compiled": ngrams.compiled() is not None, "note": ngrams.first_pass_note()}
+if sys.argv[1]:
+    from tokmix.stages.decontam import BenchmarkSet
+    bench, texts = BenchmarkSet(sys.argv[1]), json.loads(open(sys.argv[2]).read())
+    out["kept"] = ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, int(sys.argv[3]))
+    out["verdicts"] = bench.contaminating(texts)
+print(json.dumps(out))
+"""
+
+
+def compile_scan(source: Path, package: Path, *flags: str) -> None:
+    """source built as the extension tokmix._scan into the package copy, with this Python's compiler and
+    headers (as setup.py's build_ext builds it, -O1 for speed)."""
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    target = package / f"_scan{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run([*cc, "-shared", "-fPIC", "-O1", f"-I{sysconfig.get_paths()['include']}", *flags, str(source),
+                    "-o", str(target)], check=True)
+
+
+def in_copy(tmp_path: Path, name: str, build, *args: str) -> tuple[dict, str]:
+    """A copy of the tokmix package under tmp_path/name (no .so of its own), `build(package)` putting one in,
+    and CHILD run with it first on sys.path (this clone's tests after it): CHILD's output and its stderr."""
+    package = tmp_path / name / "tokmix"
+    shutil.copytree(ROOT / "tokmix", package, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    build(package)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent), str(ROOT)])}
+    env.pop(ngrams.NATIVE_ENV, None)
+    done = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, check=True)
+    out = json.loads(done.stdout)
+    assert Path(out["file"]).resolve() == (package / "ngrams.py").resolve()
+    return out, done.stderr
+
+
+def test_a_stale_or_broken_extension_falls_back_to_numpy_and_says_why(native, tmp_path, monkeypatch):
+    """tokmix/_scan.c compiled for real with another ABI number (a .so older than the tokmix.ngrams beside it),
+    a module tokmix._scan of the days before the ABI constant, and a .so that does not load (a missing symbol):
+    each process runs the numpy first pass, warns once and its run's note says why in one line; the stale one's
+    candidates and verdicts are those of the compiled path here (and the oracle's) on HumanEval planted in
+    texts."""
+    monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+    assert native.ABI == ngrams.SCAN_ABI and ngrams.compiled() is native and ngrams.first_pass_note() is None
+    problems = humaneval()
+    rng = random.Random(31)
+    filler = "the cat sat on a mat and then it ran away from the dog " * 20
+    texts = [fuzzed_text(rng) for _ in range(120)] + [filler] * 30
+    texts += [p["prompt"] + p["canonical_solution"] for p in problems[:8]]
+    texts += [changed(p["prompt"] + "\n" + p["canonical_solution"]) for p in problems[8:16]]
+    for p in problems[16:24]:  # one 13-gram of an item inside a long document
+        words = oracle_words(p["prompt"] + "\n" + p["canonical_solution"])
+        texts.append(filler + " ".join(words[5:5 + NGRAM]) + " " + filler)
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    items = [oracle_grams(oracle_words(p["prompt"] + "\n" + p["canonical_solution"]), NGRAM) for p in problems]
+    bench = humaneval_set(tmp_path / "set")
+    kept = [list(map(json.loads, map(json.dumps, k))) for k in ngrams.run_candidates(
+        texts, bench.first_pass_pairs(), bench.member, NGRAM)]
+    verdicts = bench.contaminating(texts)
+    assert verdicts == [oracle_contaminated(t, items, {NGRAM}) for t in texts] and sum(map(bool, verdicts)) >= 24
+
+    stale = ngrams.SCAN_ABI + 1
+    out, err = in_copy(tmp_path, "stale", lambda package: compile_scan(
+        package / "_scan.c", package, f"-DTOKMIX_SCAN_ABI={stale}"), str(tmp_path / "set" / "set"),
+        str(tmp_path / "texts.json"), str(NGRAM))
+    why = (f"tokmix._scan is stale (ABI {stale}, expected {ngrams.SCAN_ABI}): rebuild it with `python setup.py "
+           f"build_ext --inplace`")
+    assert not out["compiled"] and why in out["note"] and out["note"].startswith("decontaminate: the first pass in")
+    assert "\n" not in out["note"] and err.count(why) == 1 and "using the numpy first pass" in err
+    assert out["kept"] == kept and out["verdicts"] == verdicts
+
+    def pre_abi(package: Path) -> None:  # a module as every .so built before the ABI constant: no ABI
+        (package.parent / "old.c").write_text(
+            '#include <Python.h>\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, NULL};\n'
+            "PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&m); }\n")
+        compile_scan(package.parent / "old.c", package)
+
+    out, err = in_copy(tmp_path, "pre-abi", pre_abi, "")
+    why = f"tokmix._scan is stale (ABI none, expected {ngrams.SCAN_ABI})"
+    assert not out["compiled"] and why in out["note"] and err.count(why) == 1
+
+    def broken(package: Path) -> None:  # a .so that needs a symbol this Python does not have: it does not load
+        (package.parent / "broken.c").write_text(
+            "#include <Python.h>\nPyObject *PyTokmix_Missing(void);\n"
+            "PyMODINIT_FUNC PyInit__scan(void) { return PyTokmix_Missing(); }\n")
+        compile_scan(package.parent / "broken.c", package)
+
+    out, err = in_copy(tmp_path, "broken", broken, "")
+    assert not out["compiled"] and "tokmix._scan does not load (" in out["note"] and "\n" not in out["note"]
+    assert err.count("tokmix._scan does not load (") == 1

@@ -4,8 +4,18 @@
  * and the pair table's lookup of each two consecutive words. The same arrays as the numpy code of
  * tokmix.ngrams (_scan_numpy, _table_links_numpy), byte for byte: tests/test_ngrams_native.py compares them.
  *
+ * ABI: the version of scan's and table_links' arguments and results, which tokmix.ngrams checks on import
+ * (its SCAN_ABI) before it uses this module: bump both on any change to them. An editable install does not
+ * rebuild this file's .so, and a stale one is then left to numpy's first pass with a one-line note, not
+ * called with arguments it does not take. (-DTOKMIX_SCAN_ABI=N overrides it: tests/test_ngrams_native.py
+ * builds a stale one.)
+ *
  * Plain C and the buffer protocol (no numpy C API); the loops run without the GIL (the streams stage runs its
  * check on worker threads beside the encoder); no Python object per word. */
+
+#ifndef TOKMIX_SCAN_ABI
+#define TOKMIX_SCAN_ABI 1
+#endif
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -472,5 +482,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "tokmix.ngra
 PyMODINIT_FUNC PyInit__scan(void) {
     for (int c = 0; c < 256; c++)
         WORD_BYTE[c] = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "ABI", TOKMIX_SCAN_ABI) < 0)
+        Py_CLEAR(m);
+    return m;
 }

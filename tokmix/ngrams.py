@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -172,16 +173,39 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
-try:  # the first pass's split in one compiled loop (tokmix/_scan.c, built by setup.py where a C compiler is)
-    from tokmix import _scan as _compiled
-except ImportError:  # not built: numpy computes the same arrays (_scan_numpy)
-    _compiled = None
-
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
+SCAN_ABI = 1  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to scan's or table_links'
+REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
+
+
+def _load_compiled():
+    """The first pass's split in one compiled loop (tokmix/_scan.c, built by setup.py where a C compiler is) and
+    None, or None and why not (not built, or a .so that does not load or is stale: an editable install does not
+    rebuild it after _scan.c changes, and one whose ABI is not SCAN_ABI would take other arguments); numpy then
+    computes the same arrays (_scan_numpy). A stale or broken one also warns, once, at import."""
+    try:
+        from tokmix import _scan
+    except ModuleNotFoundError as e:
+        if e.name != "tokmix._scan":
+            raise
+        return None, "tokmix._scan is not built (no C compiler when tokmix was installed; docs/architecture.md)"
+    except ImportError as e:
+        why = f"tokmix._scan does not load ({str(e).splitlines()[0] if str(e) else type(e).__name__}): {REBUILD}"
+    else:
+        abi = getattr(_scan, "ABI", None)
+        if abi == SCAN_ABI:
+            return _scan, None
+        why = f"tokmix._scan is stale (ABI {'none' if abi is None else abi}, expected {SCAN_ABI}): {REBUILD}"
+    warnings.warn(f"{why}; using the numpy first pass", RuntimeWarning, stacklevel=2)
+    return None, why
+
+
+_compiled, _not_compiled = _load_compiled()
 
 
 def compiled():
-    """tokmix._scan where it is built and TOKMIX_NATIVE is not "0" (read at each call), else None."""
+    """tokmix._scan where it is built (and its ABI is SCAN_ABI) and TOKMIX_NATIVE is not "0" (read at each call),
+    else None."""
     return None if os.environ.get(NATIVE_ENV) == "0" else _compiled
 
 
@@ -190,8 +214,7 @@ def first_pass_note() -> str | None:
     if os.environ.get(NATIVE_ENV) == "0":
         return f"decontaminate: the first pass in numpy ({NATIVE_ENV}=0)"
     if _compiled is None:
-        return ("decontaminate: the first pass in numpy, about 1.5x the compiled check's CPU: tokmix._scan is not "
-                "built (no C compiler when tokmix was installed; docs/architecture.md)")
+        return f"decontaminate: the first pass in numpy, about 1.5x the compiled check's CPU: {_not_compiled}"
     return None
 
 
