@@ -9,11 +9,19 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
-from tests.test_decontam import HUMANEVAL, NGRAM, set_recipe
+from tests.corpus import make_inputs
+from tests.test_decontam import HUMANEVAL, NGRAM, ROOT, set_recipe
 from tokmix.ngrams import gram_hashes, split_words
 from tokmix.stages.decontam import (
     WORD_TABLE_BITS,
@@ -104,3 +112,63 @@ def test_the_top_bits_filter_is_the_bit_filter_of_those_hashes():
         shift, filt = top_filter(parts)
         expected_shift, expected = bit_filter(tops.astype(np.uint64) << np.uint64(32))
         assert shift == expected_shift and filt.tobytes() == expected.tobytes()
+
+
+# ---------------------------------------------------------------------------- a bad benchmark file, early
+def run_cli(recipe: Path, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "4000"}
+    env.pop("TOKMIX_CACHE", None)
+    return subprocess.run([sys.executable, "-m", "tokmix", "run", str(recipe), "--out", str(out), "--workers", "2",
+                           "--no-cache"], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A real corpus, split file, tokenizer and recipe (no [decontaminate] yet)."""
+    root = tmp_path_factory.mktemp("bad-benchmarks")
+    return make_inputs(root, doc_limit=200, rows_per_group=8)
+
+
+def bad_gzip(path: Path) -> None:
+    path.write_bytes(b"this is not gzip data\n")
+
+
+def jsonl_lines(*lines: str):
+    return lambda path: path.write_text("".join(line + "\n" for line in lines))
+
+
+def parquet_of(**columns):
+    return lambda path: pq.write_table(pa.table(columns), path)
+
+
+GOOD = json.dumps({"prompt": "def add(a, b): return a + b"})
+BAD_FILES = [  # (file name, how it is written (None: not at all), the line the run must end with, after the path)
+    ("missing.jsonl", None, ": not found"),
+    ("broken.jsonl.gz", bad_gzip, ": cannot decompress"),
+    ("no-field.jsonl", jsonl_lines(GOOD, GOOD, json.dumps({"question": "x"})), ": line 3: no field 'prompt'"),
+    ("number.jsonl", jsonl_lines(GOOD, json.dumps({"prompt": 7})), ": line 2: field 'prompt' is int, not text"),
+    ("not-json.jsonl", jsonl_lines(GOOD, '{"prompt": "unclosed'), ": line 2: not JSON"),
+    ("number.parquet", parquet_of(prompt=[1, 2]), ": row 0: field 'prompt' is int, not text"),
+]
+
+
+@pytest.mark.parametrize("name, write, said", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_a_bad_benchmark_file_ends_the_run_before_any_stage_writes(corpus, tmp_path, name, write, said):
+    """Through the CLI: a benchmark file that cannot be read, or a row whose field is missing or not text, or a
+    line that is not JSON, ends the run before the holdout stage, in one line naming the benchmark, the file
+    and the row or line: a non-zero exit, no traceback, no shard or holdout file in the output folder."""
+    bench = tmp_path / name
+    if write is not None:
+        write(bench)
+    recipe = corpus.with_name(f"bad-{name}.toml")  # (the recipe's paths are its folder's)
+    recipe.write_text(corpus.read_text() + '\n[decontaminate]\n[decontaminate.benchmarks.evalset]\n'
+                      f'files = ["{bench}"]\nfields = ["prompt"]\n')
+    out = tmp_path / "out"
+    failed = run_cli(recipe, out)
+    assert failed.returncode != 0
+    lines = [line for line in failed.stderr.splitlines() if "benchmark evalset" in line]
+    assert len(lines) == 1 and str(bench) in lines[0] and said in lines[0], failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    written = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not [p for p in written if p.suffix in (".bin", ".idx", ".npy", ".part") or "holdout" in p.name
+                or "unit" in p.name or p.name == "benchmarks.json"], written  # (benchmarks.json: the files pinned)

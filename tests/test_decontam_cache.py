@@ -216,7 +216,7 @@ def test_the_cap_evicts_a_set_as_it_does_a_unit(inputs, tmp_path):
 
 
 def test_a_bad_benchmark_file_ends_the_run_with_its_line(inputs, tmp_path):
-    """The set is prepared on a thread beside the holdout stage: a benchmark file the build cannot read still
+    """The set is prepared before the holdout stage, the token cache on: a benchmark file the build cannot read
     ends the run with one line naming the file and line, no traceback."""
     recipe = inputs["root"] / "bad.toml"  # (its paths are the recipe folder's)
     recipe.write_text(inputs["recipe"].read_text().replace('"canonical_solution"', '"solution"'))

@@ -165,36 +165,38 @@ def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | No
                        looked=looked, later=later)
 
 
-def early_benchmarks(ctx: Context) -> Future | None:
-    """On a thread of its own while the holdout stage runs: the run's benchmark files pinned (tokmix.identity,
-    "benchmarks"), then the run's own set, or the token cache's, or a small set built in this process (a few MiB).
-    A large set is not built beside the holdout stage: its build's ~0.6 GiB and the stage's tree would not fit in
-    the default 1 GiB together at every layout (docs/benchmarks.md); a None set leaves it to the streams stage.
-    The future gives (the set's record or None, the files' sha256)."""
+def early_benchmarks(ctx: Context, later) -> dict | None:
+    """Before the holdout stage writes anything: the run's benchmark files read (each once: a small set's bytes
+    are kept for its build) and pinned (tokmix.identity, "benchmarks"), then the run's own set, or the token
+    cache's, or one built (prepare_benchmarks; a large set in a fresh process, nothing beside it). A bad
+    benchmark file (missing, unreadable, a row without its field) ends the run here, in one line, with nothing
+    of the stages written. `later`: what keeps a built set on a store, beside the stages."""
     if ctx.recipe.decontaminate is None:
         return None
     if (note := first_pass_note()) is not None:
         log(note)
-
-    def prepare() -> tuple[dict | None, dict]:
-        checksums = benchmark_checksums(ctx.recipe, ctx.mirrors)
-        identity.pinned(ctx.layout, "benchmarks", (NORMALIZATION, checksums))
-        build = build_set if small_benchmarks(ctx.recipe, ctx.mirrors) else None
-        return prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log, build, ctx.cache,
-                           checksums), checksums
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="benchmarks")
-    future = pool.submit(prepare)
-    pool.shutdown(wait=False)
-    return future
+    data: dict[str, bytes] | None = {} if small_benchmarks(ctx.recipe, ctx.mirrors) else None
+    checksums = benchmark_checksums(ctx.recipe, ctx.mirrors, data)
+    pin = (NORMALIZATION, checksums)
+    identity.check(ctx.layout, "benchmarks", pin, "")  # a resume over a changed file: refused, naming it
+    if data is None:
+        record = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache, checksums,
+                                    later=later)
+    else:
+        record = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
+                             lambda *args: build_set(*args, data=data), ctx.cache, checksums, later=later)
+    identity.pinned(ctx.layout, "benchmarks", pin)  # recorded once the files read whole: a fixed file may follow
+    return record
 
 
 def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None) -> Index:
     """holdout -> streams -> assemble -> index -> validate; each stage skips what is already committed.
     `options_cap`: the token cache's cap (RunOptions.cache_size)."""
     t0 = time.perf_counter()
+    uploads = ThreadPoolExecutor(1, thread_name_prefix="benchmarks-upload")  # a built set kept on a store
+    kept: list[Future] = []
+    ctx.benchmarks = early_benchmarks(ctx, lambda keep: kept.append(uploads.submit(keep)))
     ctx.progress.stage("holdout", f"{len(ctx.recipe.domains)} domain(s)")
-    benchmarks = early_benchmarks(ctx)
     with holdout_threads(ctx.workers) as threads:
         val = run_holdout(ctx, threads)
     if ctx.executor == "local":
@@ -204,13 +206,6 @@ def run_pipeline(ctx: Context, timings: Timings, options_cap: int | None = None)
     timings.add("holdout", time.perf_counter() - t0)
     t0 = time.perf_counter()
     ctx.progress.stage("streams", f"{len(ctx.recipe.streams)} stream(s)")
-    uploads = ThreadPoolExecutor(1, thread_name_prefix="benchmarks-upload")  # a built set kept on a store
-    kept: list[Future] = []
-    if benchmarks is not None:  # a large set built in a process of its own: its arrays leave with it
-        record, checksums = benchmarks.result()
-        ctx.benchmarks = record or prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache,
-                                                      checksums, looked=True,
-                                                      later=lambda keep: kept.append(uploads.submit(keep)))
     metas = run_streams(ctx)
     for upload in kept:  # beside the stage (its memory: one part of 16 MiB and a read of 8); done before eviction
         upload.result()

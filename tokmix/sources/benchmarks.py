@@ -48,10 +48,6 @@ def file_bytes(path: str, name: str, mirrors) -> bytes:
         raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e}") from None
 
 
-def file_sha256(path: str, name: str, mirrors) -> str:
-    return hashlib.sha256(file_bytes(path, name, mirrors)).hexdigest()
-
-
 def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
     parts = []
     for field in fields:
@@ -153,18 +149,20 @@ def _lines(data: bytes) -> Iterator[bytes]:
 
 
 def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str | None, mirrors,
-               checksums: dict[str, str]) -> Iterator[Item]:
+               checksums: dict[str, str], data: dict[str, bytes] | None = None) -> Iterator[Item]:
     """The benchmark's items in file order, one file's bytes held at a time; each file's sha256 (of the bytes
-    the items were read from) put in `checksums` as it is read."""
+    the items were read from) put in `checksums` as it is read. `data`: files' bytes read already (by
+    tokmix.stages.decontam.benchmark_checksums: a file is read once per run), by path."""
     index = 0
     for path in benchmark_files(patterns, name, mirrors):
         if file_format(path) == "text" and (fields != ["text"] or id_field is not None):  # else silently not used
             raise TokmixError(f"benchmark {name}: file {path}: read as plain text (one item a line), which has no "
                               "fields: fields and id_field are for JSONL and parquet files (.jsonl, .jsonl.gz, "
                               ".parquet, ...)")
-        data = file_bytes(path, name, mirrors)
-        checksums[path] = hashlib.sha256(data).hexdigest()
-        for where, row in _rows(path, data, name, fields):
+        held = data.get(path) if data is not None else None
+        held = held if held is not None else file_bytes(path, name, mirrors)
+        checksums[path] = hashlib.sha256(held).hexdigest()
+        for where, row in _rows(path, held, name, fields):
             if isinstance(row, str):
                 yield Item(index, str(index), row)
             else:
@@ -176,4 +174,4 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
                     item_id = str(document_id(row[id_field], id_field, name, where))
                 yield Item(index, item_id, _field_text(row, fields, name, where))
             index += 1
-        del data
+        del held

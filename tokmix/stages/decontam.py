@@ -44,7 +44,7 @@ from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, file_checksum, read_json, write_record
 from tokmix.sources import HugeText
 from tokmix.sources import benchmarks as benchmarks_module
-from tokmix.sources.benchmarks import benchmark_files, file_format, file_sha256, iter_items
+from tokmix.sources.benchmarks import benchmark_files, file_bytes, file_format, iter_items
 from tokmix.stages import cached, release_memory
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
@@ -277,12 +277,14 @@ WORD_TABLE_BITS = 16  # the word table's first size (slots); it doubles to stay 
 PARTS = ("grams", "owners", "places", "lengths", "words", "ids")
 
 
-def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = None) -> dict:
+def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = None,
+              data: dict[str, bytes] | None = None) -> dict:
     """Read every benchmark file by file, hash its items' n-grams group by group into part files, sort them once
     (bounded: the n-grams' hashes twice and their order at the sort, 20 bytes each, and the texts of one file;
     the 100k set's build peaks at ~340 MiB), write the arrays and the sealed record (`set.json`, the last file
     written: the commit). `triples`: whether the set gets its triple filter (None: when its items' words take
-    more than TRIPLE_FILTER_WORD_BYTES; else the filter is empty)."""
+    more than TRIPLE_FILTER_WORD_BYTES; else the filter is empty). `data`: the files' bytes read already, by path
+    (benchmark_checksums' `keep`: not read twice)."""
     spec = recipe.decontaminate
     n = spec.ngram
     directory.mkdir(parents=True, exist_ok=True)
@@ -298,7 +300,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
             first, out["short"], out["empty"] = len(ids), 0, 0
             group: list[str] = []
             for item in iter_items(name, [recipe.resolve(f) for f in bench.files], bench.fields, bench.id_field,
-                                   mirrors, checksums):
+                                   mirrors, checksums, data):
                 ids.append(item.id)
                 group.append(item.text)
                 if len(group) == ITEMS_PER_GROUP:
@@ -309,6 +311,11 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
             benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
                                 "items": len(ids) - first, "first_item": first, "short_items": out["short"],
                                 "empty_items": out["empty"]}
+    except BaseException:  # a bad benchmark file: none of the build left behind
+        for kind in PARTS:
+            out[kind].close()
+            parts[kind].unlink(missing_ok=True)
+        raise
     finally:
         for kind in PARTS:
             out[kind].close()
@@ -467,11 +474,18 @@ def small_benchmarks(recipe: Recipe, mirrors) -> bool:
     return total <= SMALL_BENCHMARK_BYTES
 
 
-def benchmark_checksums(recipe: Recipe, mirrors) -> dict[str, dict[str, str]]:
-    """Every benchmark's files and the sha256 of each: with NORMALIZATION, the run identity's "benchmarks" key."""
-    return {name: {path: file_sha256(path, name, mirrors)
-                   for path in benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors)}
-            for name, bench in recipe.decontaminate.benchmarks.items()}
+def benchmark_checksums(recipe: Recipe, mirrors, keep: dict[str, bytes] | None = None) -> dict[str, dict[str, str]]:
+    """Every benchmark's files and the sha256 of each: with NORMALIZATION, the run identity's "benchmarks" key.
+    `keep`: a dict given the bytes of each file, for build_set's `data` (small sets: each file read once)."""
+    checksums: dict[str, dict[str, str]] = {}
+    for name, bench in recipe.decontaminate.benchmarks.items():
+        checksums[name] = {}
+        for path in benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors):
+            data = keep[path] if keep is not None and path in keep else file_bytes(path, name, mirrors)
+            checksums[name][path] = hashlib.sha256(data).hexdigest()
+            if keep is not None:
+                keep[path] = data
+    return checksums
 
 
 def arrays_damage(directory: Path, record: dict) -> str | None:
