@@ -12,7 +12,7 @@ import numpy as np
 from tokmix.data import TrainBlocks
 from tokmix.errors import TokmixError
 from tokmix.provenance import RunDocuments, Source, file_documents, read_ids, sources_of, text_crc32
-from tokmix.shards import read_json
+from tokmix.shards import INDEX_NAME, read_json
 
 PREVIEW_CHARS = 60  # of a document's text shown by --text
 
@@ -101,6 +101,8 @@ def trace_blocks(out_dir: str | os.PathLike, blocks: list[int], text: bool = Fal
                  mirrors: list[tuple[str, str]] | None = None) -> list[TracedBlock]:
     """Each block's documents, in the order of its tokens."""
     loader = TrainBlocks(out_dir)
+    if loader.index.provenance is None:
+        _needs_provenance(loader, "a block's documents")
     run = RunDocuments(loader.root, loader.index)
     traced = []
     for j in blocks:
@@ -150,7 +152,9 @@ def find_id(out_dir: str | os.PathLike, wanted: str) -> list[FoundDocument]:
     repeated over passes is found once per copy, a holdout document in its holdout."""
     loader = TrainBlocks(out_dir)
     index = loader.index
-    if index.provenance is None or not index.provenance.id_fields:
+    if index.provenance is None:
+        _needs_provenance(loader, "where a document's id is")
+    if not index.provenance.id_fields:
         raise TokmixError(f"{loader.root}: the run kept no documents' ids (give a stream id_field = \"...\" in "
                           "the recipe)")
     keys = {wanted} | ({int(wanted)} if wanted.lstrip("-").isdigit() else set())
@@ -178,6 +182,7 @@ class SourceDocument:
     found: list[FoundDocument]
     items: list[dict]
     action: str | None = None  # the run's [decontaminate] action: "drop" (not in the shards) or "report"
+    provenance: bool = True  # False: the run has no provenance index, `found` is empty whatever the shards hold
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -199,10 +204,14 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
     wanted, place = parse_where(where)
     loader = TrainBlocks(out_dir)
     index = loader.index
-    run, found = RunDocuments(loader.root, index), []
-    entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
-    entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
     entry = index.benchmark_decontamination
+    if index.provenance is None and entry is None:
+        _needs_provenance(loader, "where a source document is")
+    run, found, entries = None, [], []
+    if index.provenance is not None:  # without it: only what contamination.json says of the document
+        run = RunDocuments(loader.root, index)
+        entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
+        entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
     record = (read_json(loader.root / entry["file"], sealed=True) or {"items": []}) if entry is not None else None
     files = {source.file for *_, sources in entries for source in sources}
     files |= {p["file"] for item in (record or {"items": []})["items"] for p in item["places"]}
@@ -225,11 +234,23 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
                   "tokens": p["tokens"]} for item in record["items"] for p in item["places"]
                  if p["file"] == wanted and (place is None or p["place"] == place)]
     shown = found[0].where if found else where
+    if run is None and not items:
+        raise TokmixError(f"{where}: no benchmark item took it (contamination.json); where it is in the shards, if "
+                          f"it is, trace cannot show: {loader.root / INDEX_NAME} has no provenance index ([layout] "
+                          "provenance = false)")
     if not found and not items:
         raise TokmixError(f"{where}: in no train shard or holdout of {loader.root}, and no benchmark item took it "
                           "(a file or row the run did not read, an empty text, a copy of a holdout document, or "
                           "past its stream's budget)")
-    return SourceDocument(shown, found, items, action)
+    return SourceDocument(shown, found, items, action, run is not None)
+
+
+def _needs_provenance(loader: TrainBlocks, what: str):
+    """Refuse, in one line, what only a provenance index shows, saying what trace shows of the run without one."""
+    left = ("only why a document benchmark decontamination took is not in the shards (--source FILE:row N, from "
+            "contamination.json)" if loader.index.benchmark_decontamination is not None else "nothing")
+    raise TokmixError(f"{loader.root / INDEX_NAME}: no provenance index (the run was made with [layout] provenance "
+                      f"= false, or by a tokmix before it): trace cannot show {what}; without it, it shows {left}")
 
 
 def _found(loader: TrainBlocks, k: int | None, file: str, docs, sources: list[Source], i: int,
@@ -265,6 +286,9 @@ def render_source(doc: SourceDocument) -> list:
             table.add_row(item["benchmark"], str(item["index"]), str(item["id"]), item["stream"],
                           f"{item['tokens']:,}")
         shown.append(table)
+        if not doc.provenance and doc.action != "drop":
+            shown.append("where it is in the shards: not shown (the run has no provenance index: [layout] "
+                         "provenance = false)")
     if doc.found:
         shown.append(render_found(doc.found, f"{_shown_where(doc.where)}: in the run"))
     return shown
