@@ -21,7 +21,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.corpus import make_inputs
-from tests.test_decontam import HUMANEVAL, NGRAM, ROOT, set_recipe
+from tests.test_decontam import (
+    HUMANEVAL,
+    NGRAM,
+    ROOT,
+    oracle_contaminated,
+    oracle_grams,
+    oracle_words,
+    set_recipe,
+)
 from tokmix.ngrams import gram_hashes, split_words
 from tokmix.stages.decontam import (
     WORD_TABLE_BITS,
@@ -147,6 +155,8 @@ BAD_FILES = [  # (file name, how it is written (None: not at all), the line the 
     ("broken.jsonl.gz", bad_gzip, ": cannot decompress"),
     ("no-field.jsonl", jsonl_lines(GOOD, GOOD, json.dumps({"question": "x"})), ": line 3: no field 'prompt'"),
     ("number.jsonl", jsonl_lines(GOOD, json.dumps({"prompt": 7})), ": line 2: field 'prompt' is int, not text"),
+    ("mixed-list.jsonl", jsonl_lines(json.dumps({"prompt": ["a b", 3]})),
+     ": line 1: field 'prompt' is a list holding int (element 1), not a list of texts"),
     ("not-json.jsonl", jsonl_lines(GOOD, '{"prompt": "unclosed'), ": line 2: not JSON"),
     ("number.parquet", parquet_of(prompt=[1, 2]), ": row 0: field 'prompt' is int, not text"),
 ]
@@ -172,3 +182,93 @@ def test_a_bad_benchmark_file_ends_the_run_before_any_stage_writes(corpus, tmp_p
     written = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
     assert not [p for p in written if p.suffix in (".bin", ".idx", ".npy", ".part") or "holdout" in p.name
                 or "unit" in p.name or p.name == "benchmarks.json"], written  # (benchmarks.json: the files pinned)
+
+
+# ---------------------------------------------------------------------------- fields that are lists of texts
+def oracle_items(rows: list[dict], fields: list[str], n: int) -> list[set]:
+    """docs/recipe.md's rule, written again: an item's segments are each run of its text fields (joined by
+    newlines) and each element of a list field; its n-grams are those inside one segment; an item of one segment
+    shorter than n words is its whole word sequence."""
+    items = []
+    for row in rows:
+        segments, run = [], []
+        for field in fields:
+            value = row.get(field)
+            if isinstance(value, list):
+                segments += ["\n".join(run)] if run else []
+                segments += [e for e in value if e is not None]
+                run = []
+            elif value is not None:
+                run.append(value)
+        segments += ["\n".join(run)] if run else []
+        words = [oracle_words(s) for s in segments]
+        if len(words) == 1:
+            items.append(oracle_grams(words[0], n))
+        else:
+            items.append({g for w in words if len(w) >= n for g in oracle_grams(w, n)})
+    return items
+
+
+def list_rows(rng: random.Random, vocabulary: list[str], count: int) -> list[dict]:
+    def text(low: int, high: int) -> str:
+        return " ".join(rng.choice(vocabulary) for _ in range(rng.randint(low, high)))
+
+    rows = [{"id": f"q{i}", "question": text(5, 30), "choices": [text(1, 25) for _ in range(4)]}
+            for i in range(count)]
+    rows[0]["choices"][1] = None  # skipped
+    rows[1]["choices"] = []  # the question alone, one segment
+    rows[2]["question"] = None  # the choices alone
+    return rows
+
+
+def test_list_fields_give_each_element_as_a_segment_of_its_own(tmp_path):
+    """A parquet list<string> column and a JSONL array field (MMLU-like questions and choices, of HumanEval's
+    words): the documents the set takes are the oracle's, on documents planted with n-grams inside a question,
+    inside a choice, across the question and a choice, across two choices, and a short item whole; the n-grams
+    across segments are kept (the oracle joining the segments would drop them); the set's fingerprint is not the
+    one of the same texts joined into one string."""
+    from tokmix.stages.decontam import BenchmarkSet
+
+    rng = random.Random(29)
+    rows = [json.loads(line) for line in gzip.decompress(HUMANEVAL.read_bytes()).splitlines()]
+    vocabulary = sorted({w for r in rows for w in oracle_words(r["prompt"])})
+    parquet_rows, jsonl_rows = list_rows(rng, vocabulary, 40), list_rows(rng, vocabulary, 40)
+    pq.write_table(pa.table({"id": [r["id"] for r in parquet_rows],
+                             "question": pa.array([r["question"] for r in parquet_rows], pa.string()),
+                             "choices": pa.array([r["choices"] for r in parquet_rows], pa.list_(pa.string()))}),
+                   tmp_path / "mmlu.parquet")
+    (tmp_path / "mmlu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in jsonl_rows))
+    fields = ["question", "choices"]
+    recipe = set_recipe(tmp_path, [tmp_path / "mmlu.parquet", tmp_path / "mmlu.jsonl"], fields, "id")
+    record = build_set(recipe, tmp_path / "set", [])
+    bench = BenchmarkSet(str(tmp_path / "set"))
+    all_rows = parquet_rows + jsonl_rows
+    items = oracle_items(all_rows, fields, NGRAM)
+    joined = oracle_items([{"q": "\n".join([r["question"] or "", *[c for c in r["choices"] if c]])}
+                           for r in all_rows], ["q"], NGRAM)
+    noise = lambda k: " ".join(rng.choice(["zebra", "quartz", "violin", "ember"]) for _ in range(k))  # noqa: E731
+    docs, crossing = [], []
+    for row in all_rows:
+        segments = [s for s in [row["question"], *row["choices"]] if s]
+        words = [s.split() for s in segments]
+        for a, b in zip(words, words[1:]):  # across two segments: 6 words of one, 7 of the next
+            if len(a) >= 6 and len(b) >= 7:
+                crossing.append(len(docs))
+                docs.append(f"{noise(20)} {' '.join(a[-6:] + b[:7])}. {noise(20)}")
+        for w in words:  # inside one segment
+            if len(w) >= NGRAM:
+                at = rng.randrange(len(w) - NGRAM + 1)
+                docs.append(f"{noise(30)} {' '.join(w[at:at + NGRAM]).upper()}, {noise(5)}")
+        docs.append(f"{noise(10)} {' '.join(words[0])} {noise(10)}")  # a short question whole
+    docs += [noise(200) for _ in range(20)]
+    expected = [oracle_contaminated(d, items, {NGRAM, *record["short_lengths"]}) for d in docs]
+    assert bench.contaminating(docs) == expected
+    assert sum(map(bool, expected)) > 40 and sum(not e for e in expected) > 40
+    assert len(crossing) > 40 and not any(expected[d] for d in crossing)
+    assert all(oracle_contaminated(docs[d], joined, {NGRAM}) for d in crossing)  # (joined, they would drop)
+    assert record["benchmarks"]["bench"]["items"] == 80 and bench.item_words(2)  # the choices alone
+    (tmp_path / "joined.jsonl").write_text("".join(json.dumps({"id": r["id"], "q": "\n".join(
+        [r["question"] or "", *[c for c in r["choices"] if c]])}) + "\n" for r in jsonl_rows))
+    as_lists = build_set(set_recipe(tmp_path, [tmp_path / "mmlu.jsonl"], fields, "id"), tmp_path / "lists", [])
+    as_text = build_set(set_recipe(tmp_path, [tmp_path / "joined.jsonl"], ["q"], "id"), tmp_path / "text", [])
+    assert as_lists["fingerprint"] != as_text["fingerprint"]

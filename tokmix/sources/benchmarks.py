@@ -27,7 +27,7 @@ from tokmix.text import clean_surrogates
 class Item:
     index: int  # in the benchmark, over its files in order, from 0
     id: str  # the item's own id (id_field) or its index
-    text: str  # its fields' texts, joined by newlines
+    text: str | tuple[str, ...]  # its fields' texts joined by newlines; its segments (a list field: _field_text)
 
 
 def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
@@ -48,18 +48,36 @@ def file_bytes(path: str, name: str, mirrors) -> bytes:
         raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e}") from None
 
 
-def _field_text(row: dict, fields: list[str], name: str, where: str) -> str:
-    parts = []
+def _field_text(row: dict, fields: list[str], name: str, where: str) -> str | tuple[str, ...]:
+    """An item's text: its fields' texts joined by newlines in the recipe's order (n-grams run across them). A
+    field holding a list of strings (a JSON array, a parquet list<string>, e.g. MMLU's choices) gives each
+    element as a segment of its own, and the fields after it start another: the item is then the tuple of its
+    segments, and no n-gram runs across two of them (docs/recipe.md, [decontaminate])."""
+    segments: list[str] = []
+    parts: list[str] = []
     for field in fields:
         if field not in row:
             raise TokmixError(f"benchmark {name}: {where}: no field {field!r} (it has {', '.join(map(str, row))})")
         value = row[field]
         if value is None:
             continue
-        if not isinstance(value, str):
-            raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {type(value).__name__}, not text")
-        parts.append(clean_surrogates(value))  # a JSON escape \ud800: U+FFFD, as in the documents
-    return "\n".join(parts)
+        if isinstance(value, str):
+            parts.append(clean_surrogates(value))  # a JSON escape \ud800: U+FFFD, as in the documents
+            continue
+        if not isinstance(value, list):
+            raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {type(value).__name__}, not text "
+                              "or a list of texts")
+        for k, element in enumerate(value):
+            if element is not None and not isinstance(element, str):
+                raise TokmixError(f"benchmark {name}: {where}: field {field!r} is a list holding "
+                                  f"{type(element).__name__} (element {k}), not a list of texts")
+        if parts:
+            segments.append("\n".join(parts))
+            parts = []
+        segments += [clean_surrogates(element) for element in value if element is not None]
+    if parts:
+        segments.append("\n".join(parts))
+    return tuple(segments) if len(segments) > 1 else "".join(segments)
 
 
 def document_id(value: object, field: str, name: str, where: str) -> str | int:

@@ -122,19 +122,21 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     hash of all of them), appended to the build's part files; their word hashes and each two consecutive words'
     and three into the filters' inputs; their mapped bytes (the words, separated by zeros) to the words part, and where
     each starts."""
-    group = split_words(texts)
-    counts = np.diff(group.first)
-    hashes, at = group.grams(n)
-    owner = group.text_of(at)
-    short = (counts > 0) & (counts < n)
+    segments, item_of = _segments(texts)
+    group = split_words(segments)
+    counts = np.bincount(item_of, np.diff(group.first), len(texts)).astype(np.int64)  # each item's words
+    first_word = group.first[np.searchsorted(item_of, np.arange(len(texts)))]  # each item's first
+    hashes, at = group.grams(n)  # (inside one segment each)
+    owner = item_of[group.text_of(at)]
+    short = (counts > 0) & (counts < n) & (np.bincount(item_of, minlength=len(texts)) == 1)
     for k in np.unique(counts[short]).tolist():  # the short items of k words: the hash of all of them
         out["short_lengths"].add(k)
-        mine = np.flatnonzero(counts == k)
-        hashes = np.concatenate([hashes, gram_hashes_at(group.hashes, group.first[mine], k)])
+        mine = np.flatnonzero(short & (counts == k))
+        hashes = np.concatenate([hashes, gram_hashes_at(group.hashes, first_word[mine], k)])
         owner = np.concatenate([owner, mine])
     lengths = np.full(len(hashes), n, np.uint8)
     lengths[len(at):] = counts[owner[len(at):]]
-    places = np.concatenate([at, group.first[owner[len(at):]]]) + out["word_count"]  # each one's first word
+    places = np.concatenate([at, first_word[owner[len(at):]]]) + out["word_count"]  # each one's first word
     if len(hashes) > len(at):  # the items in order (the n-grams' are): one stable sort by hash then orders both
         order = np.argsort(owner, kind="stable")
         hashes, owner, places, lengths = hashes[order], owner[order], places[order], lengths[order]
@@ -156,13 +158,52 @@ def _hash_items(texts: list[str], n: int, first: int, out: dict) -> None:
     out["pairs"].append((pairs[inside] >> np.uint64(32)).astype(np.uint32))  # (the filter's top bits)
     three = inside[:-1] & inside[1:]  # each three
     out["triples"].append((pair_hashes(pairs[:-1], prefix[2:])[three] >> np.uint64(32)).astype(np.uint32))
-    data = group.data[:group.offsets[-1]]  # without the padding after the last zero
+    data, starts = _item_words(group, item_of, len(texts))
     base = out["bytes"]
     data.tofile(out["words"])
-    out["starts"].append(base + group.offsets[:-1])
+    out["starts"].append(base + starts)
     out["bytes"] = base + len(data)
     out["short"] += int(short.sum())
-    out["empty"] += int((counts == 0).sum())
+    matched = np.zeros(len(texts), bool)
+    matched[owner] = True
+    out["empty"] += int((~matched).sum())  # no words, or segments all shorter than ngram
+
+
+SEGMENT_MARK = b"\x01"  # between two segments of an item in its mapped words: no text's word (it separates)
+
+
+def _segments(texts: list) -> tuple[list[str], np.ndarray]:
+    """The items' segments (an item of list fields: a tuple of them, tokmix.sources.benchmarks._field_text;
+    else its text) and the item of each."""
+    segments: list[str] = []
+    item_of: list[int] = []
+    for i, text in enumerate(texts):
+        if isinstance(text, tuple):
+            segments += text
+            item_of += [i] * len(text)
+        else:
+            segments.append(text)
+            item_of.append(i)
+    return segments, np.array(item_of, np.int64)
+
+
+def _item_words(group: Words, item_of: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The group's mapped bytes (its words separated by zeros) and where each item's start in them: an item's
+    segments with SEGMENT_MARK between them, so that an n-gram across two is never one of its (the check
+    compares a candidate's words with the item's)."""
+    if len(item_of) == count:
+        return group.data[:group.offsets[-1]], group.offsets[:-1]  # one segment each: without the padding
+    data = bytearray(b"\0")
+    starts = np.empty(count, np.int64)
+    raw = group.data.tobytes()
+    offsets = group.offsets.tolist()
+    for s, item in enumerate(item_of.tolist()):
+        if s and item_of[s - 1] == item:
+            data += SEGMENT_MARK + b"\0"
+        else:
+            starts[item] = len(data)
+        data += raw[offsets[s]:offsets[s + 1]]
+    return np.frombuffer(bytes(data), np.uint8), starts
 
 
 class WordNumbers:
