@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 
@@ -352,17 +353,47 @@ def ids(path: str, field: str, stream: str, mirrors, lines: list[int]) -> list[s
                 try:
                     record = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    record = json.loads(line)
+                    record = None
+                if not isinstance(record, dict) or isinstance(record.get(field), float):
+                    record = _exact_record(line)  # (orjson makes an integer outside 64 bits a float)
                 if not isinstance(record, dict) or field not in record:
                     fields = list(record)[:20] if isinstance(record, dict) else []
                     raise bad(stream, path, f"line {n + 1}", f"no id field {field!r} (fields: {fields})")
-                found[n] = document_id(record[field], field, stream, path, f"line {n + 1}")
+                value = record[field]
+                if isinstance(value, _LongInteger):
+                    raise bad(stream, path, f"line {n + 1}", f"id field {field!r} is an integer of {value.digits:,} "
+                              f"digits: over the {_int_digits_limit():,} Python reads and writes (a "
+                              "string id has no such limit)")
+                found[n] = document_id(value, field, stream, path, f"line {n + 1}")
                 if len(found) == len(wanted):
                     break
     missing = sorted(wanted - found.keys())
     if missing:
         raise bad(stream, path, f"line {missing[0] + 1}", "not in the file any more (it holds fewer lines)")
     return [found[n] for n in lines]
+
+
+class _LongInteger:
+    """A JSON integer with more digits than Python converts (sys.get_int_max_str_digits()), kept to be named."""
+
+    def __init__(self, literal: str):
+        self.digits = len(literal.lstrip("-"))
+
+
+def _int_digits_limit() -> int:
+    """The most digits Python converts an integer from or to (0: no limit; a Python before 3.10.7 has none)."""
+    return getattr(sys, "get_int_max_str_digits", lambda: 0)()
+
+
+def _parse_int(literal: str) -> int | _LongInteger:
+    limit = _int_digits_limit()
+    return _LongInteger(literal) if limit and len(literal.lstrip("-")) > limit else int(literal)
+
+
+def _exact_record(line: bytes):
+    """A JSONL line as json reads it: every integer exactly, whatever its size (orjson makes one outside 64 bits a
+    float), one too long for Python to convert a _LongInteger."""
+    return json.loads(line, parse_int=_parse_int)
 
 
 def _line_number(piece: Piece, mirrors, offset: int) -> int:
