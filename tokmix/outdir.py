@@ -81,13 +81,20 @@ def _check_ours(layout: Layout) -> None:
     """A directory tokmix may write: new, empty (but for the locks of a run killed before its first record),
     or a tokmix run."""
     root = layout.root
-    if not root.is_dir() or layout.is_run():
+    if not root.is_dir():
         return
     state = layout.state
-    # a run that took the lock and is writing its first record right now, or was killed doing so
+    # A run that took the lock and is writing its first record right now, or was killed doing so, leaves only
+    # its locks and the record's temporary file: a starting run creates nothing else, in the state folder or
+    # beside it, before its record is committed (tokmix.runner: the lock, then _claim). So the folder is listed
+    # first and the record looked for after: anything else the listings saw, a run made after its record, which
+    # the look finds. (Looked for first, a run starting at the same moment could commit its record and write
+    # beside it in between: "not empty and not a tokmix run" for a run of tokmix, not "another tokmix run".)
     leftover = state.is_dir() and not state.is_symlink() and all(
         p.name in (LOCK_NAME, WRITERS_NAME) or ".tmp-" in p.name for p in state.iterdir())
     foreign = sorted(p.name for p in root.iterdir() if not (p == state and leftover))
+    if layout.is_run():
+        return
     if foreign and not state.is_symlink() and layout.done.is_file():  # a finished run, of a tokmix before the record
         raise TokmixError(f"output directory {root}: a run of an earlier tokmix version, which kept no record of "
                           "what it created, so tokmix cannot tell its files from others: remove it yourself or "
