@@ -7,7 +7,6 @@ from __future__ import annotations
 import codecs
 import hashlib
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,7 +64,8 @@ def _field_text(row: dict, fields: list[str], name: str, where: str) -> str | tu
             parts.append(clean_surrogates(value))  # a JSON escape \ud800: U+FFFD, as in the documents
             continue
         if not isinstance(value, list):
-            raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {type(value).__name__}, not text "
+            kind = "int" if isinstance(value, jsonl._LongInteger) else type(value).__name__  # (json: 4,300+ digits)
+            raise TokmixError(f"benchmark {name}: {where}: field {field!r} is {kind}, not text "
                               "or a list of texts")
         for k, element in enumerate(value):
             if element is not None and not isinstance(element, str):
@@ -98,7 +98,7 @@ def file_format(path: str) -> str:
     return "text"
 
 
-def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tuple[str, dict | str]]:
+def _rows(path: str, data: bytes, name: str, id_field: str | None) -> Iterator[tuple[str, dict | str]]:
     """(where, row) of every item of one file, one at a time: a dict of its columns, or a plain-text line."""
     kind = file_format(path)
     if kind == "parquet":
@@ -123,7 +123,7 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
             if not line.strip():
                 continue
             try:
-                row = _json_row(line)
+                row = _json_row(line, id_field)
             except (ValueError, RecursionError) as e:  # (json: at Python's recursion limit)
                 alone = ("; it holds a carriage return (\\r) that no \\n follows: JSONL lines end with \\n or \\r\\n "
                          "only (convert the file's line ends)" if b"\r" in line else "")
@@ -148,13 +148,18 @@ def _rows(path: str, data: bytes, name: str, fields: list[str]) -> Iterator[tupl
                 yield f"file {path}: line {i + 1}", line
 
 
-def _json_row(line: bytes) -> object:
+def _json_row(line: bytes, id_field: str | None) -> object:
     """A JSONL line as json.loads reads it, as a stream's lines are (tokmix.sources.jsonl.json_text): orjson
-    first (faster), json for what orjson refuses (a byte-order mark, NaN, a lone surrogate escape)."""
+    first (faster), json for what orjson refuses (a byte-order mark, NaN, a lone surrogate escape) and for a line
+    whose id orjson gives as a float: it makes an integer outside 64 bits one (2**64 -> 1.8446744073709552e+19),
+    which json reads exactly (one of more digits than Python converts: a jsonl._LongInteger, named by iter_items)."""
     try:
-        return orjson.loads(line)
+        row = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return json.loads(line)
+        return jsonl._exact_record(line)
+    if id_field is not None and isinstance(row, dict) and isinstance(row.get(id_field), float):
+        return jsonl._exact_record(line)
+    return row
 
 
 ROWS_AT_ONCE = 1024  # parquet rows made Python objects together
@@ -180,7 +185,7 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
         held = data.get(path) if data is not None else None
         held = held if held is not None else file_bytes(path, name, mirrors)
         checksums[path] = hashlib.sha256(held).hexdigest()
-        for where, row in _rows(path, held, name, fields):
+        for where, row in _rows(path, held, name, id_field):
             if isinstance(row, str):
                 yield Item(index, str(index), row)
             else:
@@ -189,6 +194,10 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
                     if row.get(id_field) is None:
                         what = "is null" if id_field in row else f"is missing (it has {', '.join(map(str, row))})"
                         raise TokmixError(f"benchmark {name}: {where}: id field {id_field!r} {what}")
+                    if isinstance(row[id_field], jsonl._LongInteger):
+                        raise TokmixError(f"benchmark {name}: {where}: id field {id_field!r} is an integer of "
+                                          f"{row[id_field].digits:,} digits: over the {jsonl._int_digits_limit():,} "
+                                          "Python reads and writes (a string id has no such limit)")
                     item_id = str(document_id(row[id_field], id_field, name, where))
                 yield Item(index, item_id, _field_text(row, fields, name, where))
             index += 1
