@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WORK = HERE / "work" / "fullscale"
+# bench/fullscale.py's folder; a worktree without bench/work/ names the main checkout's (--work or TOKMIX_BENCH_WORK)
+WORK = Path(os.environ.get("TOKMIX_BENCH_WORK", HERE / "work" / "fullscale"))
 
 
 def units(per_stream: dict[str, int]):
@@ -77,6 +78,40 @@ def full_units():
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def _user_sys() -> tuple[float, float, int]:
+    import resource
+
+    t = os.times()
+    return t.user, t.system, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _thread_stats() -> dict[int, tuple[float, float]]:
+    """Each thread of this process: (seconds on a CPU, seconds waiting for one), from Linux's schedstat."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, delay, _ = f.read().split()
+            found[int(tid)] = (int(run) / 1e9, int(delay) / 1e9)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _worker_tids() -> list[int]:
+    import threading
+
+    return [t.native_id for t in threading.enumerate() if t.name.startswith("tokmix-worker")]
+
+
+def _blocked(before: dict, after: dict, tids: list[int], seconds: float) -> dict:
+    """The workers' thread-seconds of the timed pass: on a CPU, waiting for one (the machine's load), and neither
+    (blocked: the GIL, the disk, an empty queue)."""
+    run = sum(after[t][0] - before.get(t, (0, 0))[0] for t in tids if t in after)
+    delay = sum(after[t][1] - before.get(t, (0, 0))[1] for t in tids if t in after)
+    return {"on_cpu": run, "runqueue": delay, "blocked": max(0.0, len(tids) * seconds - run - delay)}
 
 
 def measure_full(kind: str, workers: int) -> dict:
@@ -140,16 +175,20 @@ def measure(kind: str, total: int, workers: int) -> dict:
     huge = huge_doc_chars(tokenizer)
     encoder = shared_encoder(tokenizer, "fastokens")
     if kind == "bare":
-        with ThreadPoolExecutor(workers) as pool:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker") as pool:
             for _ in range(2):  # the first pass warms the encoder's caches, as the stage's below
                 # read again for the timed pass: fresh str objects, as the stage makes (an encoder that has
                 # read a str keeps its UTF-8 in it, which a second encode of the same object skips)
                 work = [b for u in chosen for b in batches(read_texts(u, "text", u.stream, [], huge), huge)]
+                threads, (u0, s0, f0) = _thread_stats(), _user_sys()
                 t0, cpu = time.perf_counter(), _cpu()
                 tokens = sum(pool.map(lambda b: int(encoder.encode_batch(b)[0].size) + len(b), work))
                 seconds, cpu = time.perf_counter() - t0, _cpu() - cpu
+                u1, s1, f1 = _user_sys()
+                stats = _blocked(threads, _thread_stats(), _worker_tids(), seconds)
                 del work
-        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu}
+        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu, "user": u1 - u0, "sys": s1 - s0,
+                "page_faults": f1 - f0, **stats}
     out = Path(tempfile.mkdtemp(prefix="streams-share-"))
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker") as pool:
@@ -160,23 +199,31 @@ def measure(kind: str, total: int, workers: int) -> dict:
                     folder.mkdir(parents=True, exist_ok=True)
                     tasks.append(UnitTask(u, "text", tokenizer, "fastokens", "<u2", str(folder), None, (), huge,
                                           provenance=True))
+                threads, (u0, s0, f0) = _thread_stats(), _user_sys()
                 t0, cpu = time.perf_counter(), _cpu()
                 tokens = sum(r["tokens"] for r in pool.map(tokenize_unit, tasks))
                 seconds, cpu = time.perf_counter() - t0, _cpu() - cpu
+                u1, s1, f1 = _user_sys()
+                stats = _blocked(threads, _thread_stats(), _worker_tids(), seconds)
                 shutil.rmtree(out / str(timed))
-        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu}
+        return {"kind": kind, "tokens": tokens, "seconds": seconds, "cpu": cpu, "user": u1 - u0, "sys": s1 - s0,
+                "page_faults": f1 - f0, **stats}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
 def main() -> None:
+    global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--units", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--full", action="store_true", help="the full layout's texts, once (see above)")
+    ap.add_argument("--work", type=Path, default=WORK, help="bench/fullscale.py's folder (default: %(default)s)")
     ap.add_argument("--only", choices=("stage", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    os.environ["TOKMIX_BENCH_WORK"] = str(args.work.resolve())  # for the measures' processes
+    WORK = args.work.resolve()
     if args.only:
         done = measure_full(args.only, args.workers) if args.full else measure(args.only, args.units, args.workers)
         print(json.dumps(done))
@@ -192,9 +239,14 @@ def main() -> None:
             m = json.loads(done.stdout)
             rates[kind].append(m["tokens"] / m["seconds"])
             cpu_per_token[kind].append(m["cpu"] / m["tokens"])
+            threads = (f"; workers' thread-s on a CPU {m['on_cpu']:.2f}, waiting for one {m['runqueue']:.2f}, "
+                       f"blocked {m['blocked']:.2f}" if "on_cpu" in m else "")
+            split = (f" (user {m['user']:.2f}, sys {m['sys']:.2f}, {m['page_faults'] / 1e3:,.0f}k page faults)"
+                     if "user" in m else "")
             print(f"round {r}: {kind:5s} {m['tokens'] / 1e6:8.1f}M tokens {m['seconds']:6.2f} s "
-                  f"{rates[kind][-1] / 1e6:6.2f}M tok/s, CPU {m['cpu'] / m['seconds']:.2f} cores "
-                  f"(load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+                  f"{rates[kind][-1] / 1e6:6.2f}M tok/s, CPU {m['cpu']:.2f} s{split}, "
+                  f"{m['cpu'] / m['seconds']:.2f} cores{threads} (load {load:.2f} -> {os.getloadavg()[0]:.2f})",
+                  flush=True)
     pairs = [s / b for s, b in zip(rates["stage"], rates["bare"])]
     print(f"stage / bare: median {100 * statistics.median(pairs):.1f}% (pairs: "
           f"{', '.join(f'{100 * p:.1f}' for p in pairs)}); medians {statistics.median(rates['stage']) / 1e6:.2f}M / "
