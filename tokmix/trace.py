@@ -5,14 +5,16 @@ the block; with `text`, each document read again from its source and checked aga
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from tokmix.data import TrainBlocks
 from tokmix.errors import TokmixError
 from tokmix.provenance import RunDocuments, Source, file_documents, read_ids, sources_of, text_crc32
-from tokmix.shards import INDEX_NAME, read_json
+from tokmix.shards import INDEX_NAME, DamagedFile, file_checksum, read_json
 
 PREVIEW_CHARS = 60  # of a document's text shown by --text
 
@@ -169,7 +171,11 @@ def find_id(out_dir: str | os.PathLike, wanted: str) -> list[FoundDocument]:
         docs = run.shard(k) if k is not None else file_documents(loader.root, entry, sources)
         found += [_found(loader, k, entry.file, docs, sources, i, ids[i]) for i in hits]
     if not found:
-        raise TokmixError(f"{loader.root}: no document has the id {wanted!r}")
+        entry = index.benchmark_decontamination
+        dropped = entry["documents"] if entry is not None and entry["action"] == "drop" else 0
+        why = (f" in the shards or holdouts; benchmark decontamination dropped {dropped:,} document(s), whose ids the "
+               f"run does not keep: `tokmix inspect {loader.root} --contamination` lists them by file and row")
+        raise TokmixError(f"{loader.root}: no document has the id {wanted!r}" + (why if dropped else ""))
     return found
 
 
@@ -212,7 +218,7 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
         run = RunDocuments(loader.root, index)
         entries = [(k, entry, run.sources) for k, entry in enumerate(index.shards)]
         entries += [(None, entry, sources_of(entry.provenance.sources)) for entry in index.val.values()]
-    record = (read_json(loader.root / entry["file"], sealed=True) or {"items": []}) if entry is not None else None
+    record = contamination_record(loader.root, entry) if entry is not None else None
     files = {source.file for *_, sources in entries for source in sources}
     files |= {p["file"] for item in (record or {"items": []})["items"] for p in item["places"]}
     if wanted not in files and "://" not in wanted and os.path.abspath(wanted) in files:
@@ -243,6 +249,30 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
                           "(a file or row the run did not read, an empty text, a copy of a holdout document, or "
                           "past its stream's budget)")
     return SourceDocument(shown, found, items, action, run is not None)
+
+
+# what a reader tells the user of a damaged contamination.json: the run remakes it (tokmix.stages.finished), from
+# its units' records, when it finds it missing or not the file index.json names; --restart would redo the whole run
+CONTAMINATION_REMEDY = "the run's `tokmix run` command, run again, remakes it"
+
+
+def contamination_record(root, entry: dict) -> dict:
+    """contamination.json as index.json's benchmark_decontamination names it (`entry`): whole, sealed and the file
+    of its sha256; missing or not that file, one line naming it, with how to get it back."""
+    path = root / entry["file"]
+    try:
+        record = read_json(path, sealed=True, remedy=CONTAMINATION_REMEDY)
+    except DamagedFile as e:
+        if isinstance(path, Path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO, a folder: the run stops
+            raise DamagedFile(path, e.why, f"remove it: {CONTAMINATION_REMEDY}") from None
+        raise
+    if record is None:
+        raise TokmixError(f"{path}: missing (index.json names it in benchmark_decontamination); "
+                          f"{CONTAMINATION_REMEDY}")
+    if file_checksum(path) != entry["sha256"]:
+        raise DamagedFile(path, "sha256 differs from index.json's benchmark_decontamination",
+                          CONTAMINATION_REMEDY)
+    return record
 
 
 def _needs_provenance(loader: TrainBlocks, what: str):
