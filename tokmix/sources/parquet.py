@@ -59,6 +59,28 @@ def ids(path: str, field: str, stream: str, mirrors, rows: list[int]) -> list[st
 def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
           skip_huge: bool = False, places: Places | None = None) -> Iterator[str | HugeText]:
     """The piece's documents, row by row; with `huge`, see tokmix.sources.units.read_texts."""
+    lists = text_lists(piece, field, stream, mirrors, huge, skip_huge, places)
+    try:
+        for documents in lists:
+            yield from documents
+    finally:
+        lists.close()
+
+
+def unit_text_lists(pieces: tuple[Piece, ...], field: str, stream: str, mirrors, huge: int | None,
+                    places: Places | None = None) -> Iterator[list[str | HugeText]]:
+    """A unit's parquet pieces' documents (units.read_texts' order and errors), an Arrow batch at a time."""
+    for i, piece in enumerate(pieces):
+        if places is not None:
+            places.piece = i
+        with reading(piece.path, stream, mirrors):
+            yield from text_lists(piece, field, stream, mirrors, huge, False, places)
+
+
+def text_lists(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
+               skip_huge: bool = False, places: Places | None = None) -> Iterator[list[str | HugeText]]:
+    """texts(), an Arrow batch at a time (empty texts included): the streams stage batches them for the
+    tokenizer without a Python step per document."""
     with open_file(piece.path, mirrors) as f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
@@ -93,7 +115,7 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                     offsets, data = _offsets(column)
                     places.add(row, len(column), None if places.checksums is None else _crc32s(offsets, data),
                                empty=np.diff(offsets) == 0)
-                yield from _column_texts(column, piece, field, stream, huge, row)
+                yield _column_texts(column, piece, field, stream, huge, row)
                 row += len(column)
 
 
@@ -149,7 +171,7 @@ def _longest(column: pa.Array) -> int:
 
 
 def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None,
-                  row: int) -> Iterator[str | HugeText]:
+                  row: int) -> list[str | HugeText]:
     """One batch's documents; `row` is the file's row number of its first."""
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
@@ -157,12 +179,12 @@ def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge:
         first = column.is_null().index(True).as_py()
         raise bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
     if huge is None or _longest(column) <= huge:
-        yield from column.to_pylist()
-    else:  # documents past `huge` bytes stay Arrow bytes, never one Python string: a slice of the column's buffer
-        # (a scalar of the column, `for value in column`, held a copy of its 300 MB value: docs/benchmarks.md)
-        offsets, data = _offsets(column)
-        for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist())):
-            yield HugeText(data.slice(a, b - a), piece.path, stream) if b - a > huge else column[i].as_py()
+        return column.to_pylist()
+    # documents past `huge` bytes stay Arrow bytes, never one Python string: a slice of the column's buffer
+    # (a scalar of the column, `for value in column`, held a copy of its 300 MB value: docs/benchmarks.md)
+    offsets, data = _offsets(column)
+    return [HugeText(data.slice(a, b - a), piece.path, stream) if b - a > huge else column[i].as_py()
+            for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist()))]
 
 
 def sample(path: str, field: str, stream: str, mirrors, limit: int) -> Sample:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,8 @@ from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.shards import DamagedFile, read_json, write_record
 from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
+from tokmix.sources.parquet import unit_text_lists
+from tokmix.sources.units import BATCH_BYTES, BATCH_DOCS
 from tokmix.stages import (
     UNITS_IN_FLIGHT_PER_WORKER,
     Context,
@@ -146,6 +150,54 @@ def _batch_chars(task: UnitTask, writer: TokenFileWriter, chars: Callable[[], in
         return max(int(task.limit * per_token * 1.1) - read, TAIL_BATCH_CHARS)
 
     return size
+
+
+def list_batches(lists: Iterator[list], huge: int = 1 << 62, max_chars: Callable[[int], int] | None = None
+                 ) -> Iterator[list]:
+    """sources.batches (the same batches) of texts that come a list at a time (a parquet reader's Arrow batches):
+    each batch cut out of the lists by their lengths' running sums, where batches takes a Python step per
+    document (~1.3 us, holding the GIL that the other worker thread waits for)."""
+    batch, size, limit, yielded = [], 0, BATCH_BYTES, 0
+    for texts in lists:
+        texts = list(filter(None, texts))
+        if not texts:
+            continue
+        lens = list(map(len, texts))
+        ends = list(accumulate(lens))  # ends[j]: the characters of texts[:j + 1]
+        over = [j for j, n in enumerate(lens) if n > huge] if max(lens) > huge else []
+        over.append(len(texts))
+        i = 0
+        for stop in over:  # texts[i:stop] are within `huge`; texts[stop], if any, is a batch alone
+            while i < stop:
+                if not batch and max_chars is not None:
+                    limit = min(BATCH_BYTES, max(1, max_chars(yielded)))
+                before = ends[i - 1] if i else 0
+                # the first text that takes the batch to its limit, or its last room, or the run's end
+                j = min(bisect_left(ends, before + limit - size, i, stop) + 1, i + BATCH_DOCS - len(batch), stop)
+                batch += texts[i:j]
+                size += ends[j - 1] - before
+                i = j
+                if len(batch) >= BATCH_DOCS or size >= limit:
+                    yield batch
+                    batch, size, yielded = [], 0, yielded + size
+            if stop < len(texts):
+                if batch:
+                    yield batch
+                yield [texts[stop]]
+                batch, size, yielded = [], 0, yielded + size + lens[stop]
+                i = stop + 1
+    if batch:
+        yield batch
+
+
+def _unit_batches(task: UnitTask, places: Places | None, max_chars: Callable[[int], int] | None) -> Iterator[list]:
+    """The unit's non-empty documents in tokenizer batches; a unit of parquet pieces an Arrow batch at a time."""
+    unit = task.unit
+    if all(piece.kind == "parquet" for piece in unit.pieces):
+        lists = unit_text_lists(unit.pieces, task.text_field, unit.stream, task.mirrors, task.huge, places)
+        return list_batches(lists, task.huge, max_chars)
+    texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, task.huge, places=places)
+    return batches(texts, task.huge, max_chars)
 
 
 def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminated: list, task: UnitTask,
@@ -279,7 +331,6 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     kept_hashes = [] if task.cache_key is not None and hashes is not None else None
     dropped_hashes: list[int] = []
     replay = _Replay(*prefix) if prefix is not None else None
-    texts = read_texts(unit, task.text_field, unit.stream, task.mirrors, huge, places=places)
 
     def add_kept(batch: list, where: np.ndarray, lens: np.ndarray) -> None:
         nonlocal kept
@@ -291,8 +342,9 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         kept += len(batch)
         chars[0] += sum(map(len, batch))
 
+    unit_batches = _unit_batches(task, places, _batch_chars(task, writer, lambda: chars[0]))
     try:
-        for batch in batches(texts, huge, _batch_chars(task, writer, lambda: chars[0])):
+        for batch in unit_batches:
             where = places.take_kept(len(batch)) if places is not None else nowhere
             if hashes is not None and len(hashes):
                 is_copy = holdout_copies(batch, hashes, held_lengths)
@@ -332,7 +384,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         writer.abort()
         raise
     finally:
-        texts.close()  # the source file, also when the unit stops at its limit
+        unit_batches.close()  # the source file, also when the unit stops at its limit
     tokens_sha256 = writer.close(before_commit=lambda: fault_point("streams:unit-before-rename"))
     lengths = np.concatenate(lengths) if lengths else np.empty(0, LENGTH_DTYPE)
     lengths_sha256 = files.write_lengths(lengths.tobytes())
