@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,56 @@ def test_scan_equals_numpy_on_fuzzed_texts(native):
             assert_same_scan(native, ["a" * at + char + "b" * (300 - at), "x" * at + char])
     for _ in range(400):
         assert_same_scan(native, [fuzzed_text(rng) for _ in range(rng.randrange(1, 12))])
+
+
+def member_of(seed: int):
+    """A member test of word hashes: all (seed 0), or about half of them, by a bit of the hash."""
+    return (lambda hashes: np.ones(len(hashes), bool)) if not seed else (
+        lambda hashes: ((hashes >> np.uint64(seed)) & np.uint64(1)).astype(bool))
+
+
+def long_text(rng: random.Random) -> str:
+    """Fuzzed texts between plain English runs of 0-1,500 bytes: wild runs far apart and near each other (the
+    compiled pass merges two of a text's pieces with wild runs within 512 bytes), texts over many 64-byte blocks."""
+    filler = "the cat sat on a mat and then it ran away from the dog while we "
+    out = []
+    for _ in range(rng.randrange(1, 8)):
+        out.append(fuzzed_text(rng)[:400])
+        out.append(filler * rng.randrange(0, 24) + filler[:rng.randrange(len(filler))])
+    return " ".join(out)
+
+
+def test_compiled_candidates_equal_numpy(native, monkeypatch):
+    """run_candidates with a pair table: tokmix._scan.candidates' one loop (no array per word; the pieces with
+    wild runs split by _chained) gives numpy's kept texts and pieces exactly (TOKMIX_NATIVE=0), for every table
+    of TABLES, n-grams of 2, 3 or 13 words and members all or half the words (two of the four each): fuzzed
+    texts, ASCII texts read where they are (lengths around the 64-byte blocks), lone surrogates and _JOINT (the
+    text whole)."""
+    rng = random.Random(12)
+    groups = [[], [""], ["a b"], ["\ue000 a b c"], ["a b \ud800 c d"], ["\u00e9"], ["a " * 40 + "\u03a3 " + "b " * 40]]
+    groups += [["ab " * (n // 3) + "x" * (n % 3) for n in range(60, 70)], ["w" * 64, "v " * 32, "u " * 33]]
+    groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(50)]
+    groups += [[long_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(25)]
+    for texts in groups:
+        for table in TABLES:
+            for shortest, seed in rng.sample([(2, 0), (3, 3), (13, 0), (13, 5)], 2):
+                monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+                got = ngrams.run_candidates(texts, table, member_of(seed), shortest)
+                monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+                want = ngrams.run_candidates(texts, table, member_of(seed), shortest)
+                assert got == want, (texts, table.bits, shortest, seed)
+
+
+def test_a_no_break_space_is_made_a_space_before_nfkc():
+    """ngrams._nfkc (NFKC where the quick check says a text is not in NFKC form, a no-break space made a space
+    first) is unicodedata's NFKC beside every character that composes, decomposes or is a combining mark, and a
+    sample of the others, before, after and between no-break spaces."""
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000 and (
+        unicodedata.combining(chr(c)) or unicodedata.decomposition(chr(c)) or c % 97 == 0)]
+    assert len(chars) > 8000
+    for ch in chars:
+        for text in (ch + "\u00a0", "\u00a0" + ch, "a" + ch + "\u00a0" + ch + "\u0301", "\u00a0\u0301" + ch, ch):
+            assert ngrams._nfkc(text) == unicodedata.normalize("NFKC", text), (hex(ord(ch)), text)
 
 
 def test_table_links_equal_numpy(native):

@@ -3,9 +3,11 @@
  * run_candidates' letter mask, each word's lowercased first 8 bytes, and its kind (non-ASCII, holding _JOINT);
  * and the pair table's lookup of each two consecutive words. The same arrays as the numpy code of
  * tokmix.ngrams (_scan_numpy, _table_links_numpy), byte for byte: tests/test_ngrams_native.py compares them.
+ * candidates(): run_candidates' first pass with a pair table in one loop, no array per word (the same pieces
+ * as numpy's, compared by the same tests).
  *
- * ABI: the version of scan's and table_links' arguments and results, which tokmix.ngrams checks on import
- * (its SCAN_ABI) before it uses this module: bump both on any change to them. An editable install does not
+ * ABI: the version of scan's, candidates' and table_links' arguments and results, which tokmix.ngrams checks on
+ * import (its SCAN_ABI) before it uses this module: bump both on any change to them. An editable install does not
  * rebuild this file's .so, and a stale one is then left to numpy's first pass with a one-line note, not
  * called with arguments it does not take. (-DTOKMIX_SCAN_ABI=N overrides it: tests/test_ngrams_native.py
  * builds a stale one.)
@@ -14,7 +16,7 @@
  * check on worker threads beside the encoder); no Python object per word. */
 
 #ifndef TOKMIX_SCAN_ABI
-#define TOKMIX_SCAN_ABI 1
+#define TOKMIX_SCAN_ABI 2
 #endif
 
 #define PY_SSIZE_T_CLEAN
@@ -212,40 +214,158 @@ static inline uint64_t bits(int from, int to) {
     return (to == 64 ? ~0ull : (1ull << to) - 1) & ~((1ull << from) - 1);
 }
 
-/* The words of the text p[a:b] (p[b] is the zero byte after it): the maximal runs of its bytes that letters64
- * marks, 64 bytes at a time (the edges of a block's mask), its last bytes one by one. */
+/* The runs of the text p[a:b] (p[b] is the zero byte after it): the maximal runs of its bytes that letters64
+ * marks, 64 bytes at a time (the edges of a block's mask), its last bytes one by one; RUN(s, e, high) for each
+ * run p[s:e] in order (high: nonzero if it holds a byte >= 0x80). Reads p[a..b], nothing before p[a]. A macro:
+ * each caller's loop keeps its state in registers. */
+#define FOR_EACH_RUN(p, a, b, RUN)                                                                              \
+    do {                                                                                                        \
+        Py_ssize_t k_ = (a), s_ = 0;                                                                           \
+        int in_ = 0, high_ = 0; /* in a word (from s_); a byte >= 0x80 in it before this block */              \
+        uint64_t before_ = 0;   /* the mask's bit of the byte before the block */                              \
+        for (; k_ + 64 <= (b); k_ += 64) {                                                                     \
+            uint64_t h_, mask_ = letters64((p) + k_, &h_), edges_ = mask_ ^ ((mask_ << 1) | before_);          \
+            before_ = mask_ >> 63;                                                                              \
+            while (edges_) {                                                                                    \
+                int z_ = ctz64(edges_);                                                                         \
+                edges_ &= edges_ - 1;                                                                           \
+                if (in_) {                                                                                      \
+                    int from_ = s_ > k_ ? (int)(s_ - k_) : 0;                                                  \
+                    RUN(s_, k_ + z_, high_ || (h_ & bits(from_, z_)));                                         \
+                } else {                                                                                        \
+                    s_ = k_ + z_;                                                                               \
+                    high_ = 0;                                                                                  \
+                }                                                                                               \
+                in_ = !in_;                                                                                     \
+            }                                                                                                   \
+            if (in_) high_ = high_ || (h_ & bits(s_ > k_ ? (int)(s_ - k_) : 0, 64));                           \
+        }                                                                                                       \
+        for (; k_ < (b); k_++) {                                                                               \
+            int letter_ = WORD_BYTE[(p)[k_]] | ((p)[k_ + 1] >> 7);                                             \
+            if (letter_ != in_) {                                                                               \
+                if (in_) RUN(s_, k_, high_);                                                                    \
+                s_ = k_;                                                                                        \
+                in_ = letter_;                                                                                  \
+                high_ = 0;                                                                                      \
+            }                                                                                                   \
+            high_ |= (p)[k_] >> 7;                                                                              \
+        }                                                                                                       \
+        if (in_) RUN(s_, (b), high_);                                                                           \
+    } while (0)
+
+/* The words of the text p[a:b] into w (scan) */
 static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *w) {
-    Py_ssize_t k = a, s = 0;
-    int in = 0, high = 0;  /* in a word (from s); a byte >= 0x80 in it before this block */
-    uint64_t before = 0;   /* the mask's bit of the byte before the block */
-    for (; k + 64 <= b; k += 64) {
-        uint64_t h, mask = letters64(p + k, &h), edges = mask ^ ((mask << 1) | before);
-        before = mask >> 63;
-        while (edges) {
-            int z = ctz64(edges);
-            edges &= edges - 1;
-            if (in) {
-                int from = s > k ? (int)(s - k) : 0;
-                if (emit(p, s, k + z, b, high || (h & bits(from, z)), w)) return -1;
-            } else {
-                s = k + z;
-                high = 0;
-            }
-            in = !in;
+#define EMIT(S, E, HIGH)                                                                                        \
+    do {                                                                                                        \
+        if (emit(p, (S), (E), b, (HIGH) != 0, w)) return -1;                                                   \
+    } while (0)
+    FOR_EACH_RUN(p, a, b, EMIT);
+#undef EMIT
+    return 0;
+}
+
+/* candidates(): a text's runs folded into segments as they come, no array per run. A segment is a maximal
+ * sequence of runs each linked to the next, where two plain runs are linked by the pair table and a wild run
+ * (a byte >= 0x80, no _JOINT) to both its neighbours (what ngrams.run_candidates decides for it after NFKC is
+ * never more than that). A segment without a wild run is one of run_candidates' chains, exactly (kept if it
+ * has `shortest` runs); one with a wild run is left to run_candidates (its bounds are unlinked pairs of plain
+ * runs there too, so its chains are the text's chains there), merged with the next one of its text within
+ * MERGE_GAP bytes (the chains between them are the same from either). */
+#define MERGE_GAP 512
+
+typedef struct {
+    const unsigned char *table;  /* the pair table as bits, `bits` bits a class */
+    int bits;
+    Py_ssize_t shortest;
+    Vec spans;                   /* (text, kind, begin, end) each: kind 0 a chain of an ASCII text (its offsets in
+                                    the str), 1 a chain in joined, 2 a segment with a wild run in joined */
+    int64_t text, exact;         /* the text, and the kind of its chains (0 or 1) */
+    int seg_wild;                /* the segment to close (chain_text's): with a wild run, its first byte, end */
+    Py_ssize_t seg_start, last_end;
+    Py_ssize_t pending;          /* the index in spans of the text's last wild segment's entry, or -1 */
+} Chains;
+
+static int push4(Vec *v, int64_t a, int64_t b, int64_t c, int64_t d) {
+    return vec_push(v, a) || vec_push(v, b) || vec_push(v, c) || vec_push(v, d);
+}
+
+/* a segment kept (one with a wild run, or a chain of `shortest` runs) into c->spans */
+static __attribute__((noinline)) int close_segment(Chains *c) {
+    if (c->seg_wild) {
+        if (c->pending >= 0 && c->seg_start - c->spans.data[c->pending + 3] <= MERGE_GAP) {
+            c->spans.size = c->pending + 4;  /* the chains since are inside the merged segment */
+            c->spans.data[c->pending + 3] = c->last_end;
+            return 0;
         }
-        if (in) high = high || (h & bits(s > k ? (int)(s - k) : 0, 64));
+        c->pending = c->spans.size;
+        return push4(&c->spans, c->text, 2, c->seg_start, c->last_end);
     }
-    for (; k < b; k++) {
-        int letter = WORD_BYTE[p[k]] | (p[k + 1] >> 7);
-        if (letter != in) {
-            if (in && emit(p, s, k, b, high, w)) return -1;
-            s = k;
-            in = letter;
-            high = 0;
-        }
-        high |= p[k] >> 7;
+    return push4(&c->spans, c->text, c->exact, c->seg_start, c->last_end);
+}
+
+/* The segments of the text p[a:b] (text number t, its chains of kind `exact`) into c->spans, runs_of's loop
+ * with the segment's state in locals: 0, 1 when it holds _JOINT (nothing of it kept in spans), -1 for no
+ * memory */
+static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
+    const Py_ssize_t mark = c->spans.size, shortest = c->shortest;
+    const unsigned char *table = c->table;
+    const int cbits = c->bits, shift = 64 - c->bits;
+    int any = 0, prev_wild = 0, seg_wild = 0;
+    uint64_t prev_cls = 0;
+    Py_ssize_t seg_start = 0, seg_runs = 0, last_end = 0;
+    c->text = t;
+    c->exact = exact;
+    c->pending = -1;
+/* one run p[S:E] (HIGH: it holds a byte >= 0x80) */
+#define RUN(S, E, HIGH)                                                                                         \
+    do {                                                                                                        \
+        const Py_ssize_t rs = (S), re = (E);                                                                   \
+        const int rhigh = (HIGH) != 0;                                                                          \
+        uint64_t rcls = 0;                                                                                      \
+        if (rhigh) {                                                                                            \
+            for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
+                if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) {                                 \
+                    c->spans.size = mark;                                                                       \
+                    return 1;                                                                                   \
+                }                                                                                               \
+            }                                                                                                   \
+        } else {                                                                                                \
+            const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
+            const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
+            rcls = (((rhead | LOWER) & KEEP[rk]) * MIX1) >> shift;                                              \
+        }                                                                                                       \
+        int rlink = rhigh | prev_wild;                                                                          \
+        if (!rlink && any) {                                                                                    \
+            const uint64_t rat = (prev_cls << cbits) | rcls;                                                    \
+            rlink = (table[rat >> 3] >> (rat & 7)) & 1;                                                         \
+        }                                                                                                       \
+        if (!rlink || !any) {                                                                                   \
+            if (any && (seg_wild || seg_runs >= shortest)) {                                                    \
+                c->seg_start = seg_start;                                                                       \
+                c->last_end = last_end;                                                                         \
+                c->seg_wild = seg_wild;                                                                         \
+                if (close_segment(c)) return -1;                                                                \
+            }                                                                                                   \
+            any = 1;                                                                                            \
+            seg_start = rs;                                                                                     \
+            seg_runs = 0;                                                                                       \
+            seg_wild = 0;                                                                                       \
+        }                                                                                                       \
+        seg_runs++;                                                                                             \
+        seg_wild |= rhigh;                                                                                      \
+        last_end = re;                                                                                          \
+        prev_cls = rcls;                                                                                        \
+        prev_wild = rhigh;                                                                                      \
+    } while (0)
+    FOR_EACH_RUN(p, a, b, RUN);
+#undef RUN
+    if (any && (seg_wild || seg_runs >= shortest)) {
+        c->seg_start = seg_start;
+        c->last_end = last_end;
+        c->seg_wild = seg_wild;
+        if (close_segment(c)) return -1;
     }
-    return in ? emit(p, s, b, b, high, w) : 0;
+    return 0;
 }
 
 /* the word arrays' buffers (bytearrays; arrays[3], the links, may be None) */
@@ -429,6 +549,133 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(candidates_doc,
+"candidates(texts, bits_table, bits, shortest) -> (joined, spans, forced)\n\n"
+"ngrams.run_candidates' first pass with a pair table in one loop, no array per word: the texts' runs (as scan\n"
+"splits them) folded into segments of linked runs (the pair table between plain runs; a wild run linked to both\n"
+"its neighbours). `joined`: the UTF-8 of the texts that are not ASCII, each after a zero byte; `spans`: a\n"
+"bytearray of int64 quadruples (text, kind, begin, end) in text order: kind 0 a chain of `shortest` runs or\n"
+"more in an ASCII text (offsets in the str itself), 1 the same in joined, 2 a piece of joined holding wild runs\n"
+"for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of theirs).");
+
+static PyObject *candidates(PyObject *self, PyObject *args) {
+    PyObject *arg, *table_arg;
+    int bits;
+    Py_ssize_t shortest;
+    Py_buffer table = {0};
+    if (!PyArg_ParseTuple(args, "OOin", &arg, &table_arg, &bits, &shortest)) return NULL;
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "candidates() takes a list of str");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
+    if (bits < 1 || bits > 31 || table.len != (((Py_ssize_t)1 << (2 * bits)) + 7) / 8) {
+        PyBuffer_Release(&table);
+        PyErr_SetString(PyExc_ValueError, "candidates(): the table's size is not 1 << (2 * bits) bits");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(arg);
+    PyObject **held_refs = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
+    Text *texts = PyMem_Calloc(count ? count : 1, sizeof(Text));
+    char *forced = PyMem_Calloc(count ? count : 1, 1);
+    PyObject *joined = NULL, *result = NULL, *spans = NULL, *forced_list = NULL;
+    Chains c;
+    memset(&c, 0, sizeof c);
+    c.table = table.buf;
+    c.bits = bits;
+    c.shortest = shortest;
+    if (!held_refs || !texts || !forced) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t room = 9;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *s = PyList_GET_ITEM(arg, t);
+        if (!PyUnicode_Check(s)) {
+            PyErr_Format(PyExc_TypeError, "candidates() takes a list of str, item %zd is %.80s", t,
+                         Py_TYPE(s)->tp_name);
+            goto done;
+        }
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(s) < 0) goto done;
+#endif
+        Py_INCREF(s);  /* held while the loop reads it without the GIL */
+        held_refs[t] = s;
+        texts[t].kind = PyUnicode_KIND(s);
+        texts[t].chars = PyUnicode_DATA(s);
+        texts[t].length = PyUnicode_GET_LENGTH(s);
+        texts[t].ascii = PyUnicode_IS_ASCII(s);
+        if (texts[t].ascii) continue;  /* read where it is (its data ends with a zero, as a compact str's does) */
+        Py_ssize_t most = texts[t].kind == PyUnicode_1BYTE_KIND ? 2 : texts[t].kind == PyUnicode_2BYTE_KIND ? 3 : 4;
+        if (texts[t].length > (PY_SSIZE_T_MAX - room - 1) / most) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        room += 1 + most * texts[t].length;
+    }
+    joined = PyByteArray_FromStringAndSize(NULL, room);
+    if (!joined) goto done;
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(joined);
+    Py_ssize_t at = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    p[at++] = 0;
+    for (Py_ssize_t t = 0; t < count && !failed; t++) {
+        int r;
+        if (texts[t].ascii) {
+            r = chain_text(texts[t].chars, 0, texts[t].length, t, 0, &c);
+        } else {
+            Py_ssize_t n = encode(&texts[t], p + at);
+            if (n < 0) {  /* a lone surrogate: checked whole (run_candidates' forced) */
+                forced[t] = 1;
+                continue;
+            }
+            p[at + n] = 0;
+            r = chain_text(p, at, at + n, t, 1, &c);
+            at += n + 1;
+        }
+        if (r < 0) failed = 1;
+        else if (r == 1) forced[t] = 1;
+    }
+    if (!failed) {
+        memset(p + at, 0, 8);
+        at += 8;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyByteArray_Resize(joined, at) < 0) goto done;
+    forced_list = PyList_New(0);
+    if (!forced_list) goto done;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        if (forced[t]) {
+            PyObject *i = PyLong_FromSsize_t(t);
+            if (!i || PyList_Append(forced_list, i) < 0) {
+                Py_XDECREF(i);
+                goto done;
+            }
+            Py_DECREF(i);
+        }
+    }
+    spans = vec_bytes(&c.spans);
+    if (spans) result = PyTuple_Pack(3, joined, spans, forced_list);
+done:
+    if (held_refs) {
+        for (Py_ssize_t t = 0; t < count; t++) Py_XDECREF(held_refs[t]);
+    }
+    Py_XDECREF(joined);
+    Py_XDECREF(spans);
+    Py_XDECREF(forced_list);
+    PyBuffer_Release(&table);
+    PyMem_Free(held_refs);
+    PyMem_Free(texts);
+    PyMem_Free(forced);
+    PyMem_RawFree(c.spans.data);
+    return result;
+}
+
 PyDoc_STRVAR(table_links_doc,
 "table_links(heads, table, bits, out)\n\n"
 "For each two consecutive words (heads: their first 8 bytes, uint64), out[i] = table[class(i) << bits |\n"
@@ -473,6 +720,7 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"table_links", table_links, METH_VARARGS, table_links_doc},
+    {"candidates", candidates, METH_VARARGS, candidates_doc},
     {NULL, NULL, 0, NULL},
 };
 

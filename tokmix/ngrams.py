@@ -58,9 +58,18 @@ def normalized_bytes(text: str) -> bytes:
     lowercased by the map)."""
     if text.isascii():
         return text.encode()
-    if not unicodedata.is_normalized("NFKC", text):  # the quick check: most text is in NFKC form already
-        text = unicodedata.normalize("NFKC", text)
-    return text.lower().encode("utf-8", "replace")
+    return _nfkc(text).lower().encode("utf-8", "replace")
+
+
+def _nfkc(text: str) -> str:
+    """unicodedata.normalize("NFKC", text), only where the quick check says the text is not in NFKC form (most
+    text is), a no-break space made a space first: NFKC makes it one, and it is a starter that composes with
+    nothing on either side, so the form is the same (NFKD's is, character by character, and NFC composes the
+    same pairs); a text whose only character out of NFKC form was one (the corpus's most common) then passes
+    the quick check."""
+    if "\u00a0" in text:
+        text = text.replace("\u00a0", " ")
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
 
 
 @dataclass
@@ -174,7 +183,7 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
-SCAN_ABI = 1  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to scan's or table_links'
+SCAN_ABI = 2  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
 REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
 
 
@@ -327,6 +336,44 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], L
     form holds a capital sigma is checked whole."""
     if shortest <= 1:  # an item of one word: any word may be one
         return [(t, None) for t in range(len(texts))]
+    native = compiled()
+    if native is not None and isinstance(pairs, PairTable):
+        return _candidates_native(texts, native, pairs, member, shortest)
+    return _chained(texts, pairs, member, shortest)
+
+
+def _candidates_native(texts: list[str], native, table: PairTable, member: Callable[[np.ndarray], np.ndarray],
+                       shortest: int) -> list[tuple[int, list[str] | None]]:
+    """run_candidates with a pair table in tokmix._scan's one loop (candidates): the chains of plain runs come
+    out of it whole; each piece of a text holding wild runs (a segment of runs linked as their NFKC may link
+    them, with the plain runs beside them: an unlinked pair of plain runs at both ends, where the text's chains
+    end too) is split by _chained as a text of its own, and its pieces are the text's there. No array per
+    word for the rest (most of a corpus)."""
+    joined, spans, forced = native.candidates(texts, table.packed, table.bits, shortest)
+    spans = np.frombuffer(spans, np.int64).reshape(-1, 4).tolist()
+    view = memoryview(joined)
+    wild = [i for i, span in enumerate(spans) if span[1] == 2]
+    refined = {wild[at]: pieces for at, pieces in _chained(
+        [str(view[spans[i][2]:spans[i][3]], "utf-8") for i in wild], table, member, shortest)} if wild else {}
+    found: dict[int, list[str] | None] = {t: None for t in forced}
+    for i, (t, kind, a, b) in enumerate(spans):
+        if kind == 2 and i not in refined:  # a segment without chains
+            continue
+        pieces = found.setdefault(t, [])
+        if pieces is None:
+            continue
+        if kind != 2:
+            pieces.append(texts[t][a:b] if kind == 0 else str(view[a:b], "utf-8"))
+        elif refined[i] is None:  # a run that needs the whole text (a capital sigma)
+            found[t] = None
+        else:
+            pieces += refined[i]
+    return sorted(found.items())
+
+
+def _chained(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable,
+             member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
+    """run_candidates from scan's arrays (numpy's chains and pieces)."""
     words = scan(texts, pairs if isinstance(pairs, PairTable) else None)
     starts, ends, raw, wild = words.starts, words.ends, words.raw, words.wild
     forced = list(words.forced)
@@ -516,12 +563,12 @@ def _normalized_runs(text: str) -> bytes:
     while at < len(text):
         cut = text.find(_JOINT, at + RUNS_CHARS)
         piece = text[at:cut] if cut >= 0 else text[at:]
-        pieces.append(piece if unicodedata.is_normalized("NFKC", piece) else unicodedata.normalize("NFKC", piece))
+        pieces.append(_nfkc(piece))
         at += len(piece)
     return "".join(pieces).lower().encode("utf-8", "replace")
 
 
-RUNS_CHARS = 1024
+RUNS_CHARS = 256
 
 
 def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
