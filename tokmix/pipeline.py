@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -50,7 +51,11 @@ from tokmix.stages.decontam import (
     benchmark_checksums,
     build_set,
     prepare_set,
+    remove_set,
+    say_set,
+    set_checksums,
     small_benchmarks,
+    whole_set,
     write_contamination,
 )
 from tokmix.stages.expected import record_expected
@@ -155,36 +160,63 @@ def _report_cache(ctx: Context, metas: dict[str, dict], cap: int | None) -> None
 
 
 def prepare_benchmarks(recipe: Recipe, directory: Path, mirrors, cache: str | None = None,
-                       checksums: dict[str, dict[str, str]] | None = None, looked: bool = False,
-                       later=None) -> dict:
+                       checksums: dict[str, dict[str, str]] | None = None, later=None,
+                       data: dict[str, bytes | Path] | None = None) -> dict:
     """The run's benchmark n-grams (tokmix.stages.decontam.prepare_set): taken from the token cache `cache` when
-    it holds them (`looked`: early_benchmarks found none there), else built (small local files in this process,
-    others in a fresh one, whose arrays leave with it) and kept there (on a store: by `later`)."""
-    build = build_set if small_benchmarks(recipe, mirrors) else lambda *args: in_fresh_process(build_set, *args)
-    return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums,
-                       looked=looked, later=later)
+    it holds them, else built (small local files in this process, others in a fresh one, whose arrays leave with
+    it; `data`: the files read already, build_set's) and kept there (on a store: by `later`)."""
+    def build(*args):
+        if small_benchmarks(recipe, mirrors):
+            return build_set(*args, data=data)
+        return in_fresh_process(partial(build_set, data=data), *args)
+
+    return prepare_set(recipe, directory, mirrors, log, build=build, cache=cache, checksums=checksums, later=later)
 
 
 def early_benchmarks(ctx: Context, later) -> dict | None:
-    """Before the holdout stage writes anything: the run's benchmark files read (each once: a small set's bytes
-    are kept for its build) and pinned (tokmix.identity, "benchmarks"), then the run's own set, or the token
-    cache's, or one built (prepare_benchmarks; a large set in a fresh process, nothing beside it). A bad
-    benchmark file (missing, unreadable, a row without its field) ends the run here, in one line, with nothing
-    of the stages written. `later`: what keeps a built set on a store, beside the stages."""
-    if ctx.recipe.decontaminate is None:
+    """Before the holdout stage writes anything: the run's set of benchmark n-grams (prepare_benchmarks: its own,
+    or the token cache's, or built: a large set in a fresh process, nothing beside it) and its benchmark files
+    pinned (tokmix.identity, "benchmarks"), each file read once. A cold build without a token cache pins the
+    bytes the build read (hashed as it reads them); otherwise they are read and hashed first (a resume checks
+    them; a cache's key is made of them) and kept for the build (a small set's bytes, copies of remote files).
+    A bad benchmark file (missing, unreadable, a row without its field) ends the run here, in one line, with
+    nothing of the stages written; so does one changed since the run pinned it, and one changed between the two
+    reads of a local file. `later`: what keeps a built set on a store, beside the stages."""
+    recipe, directory = ctx.recipe, ctx.layout.benchmark_set
+    if recipe.decontaminate is None:
         return None
     if (note := first_pass_note()) is not None:
         log(note)
-    data: dict[str, bytes] | None = {} if small_benchmarks(ctx.recipe, ctx.mirrors) else None
-    checksums = benchmark_checksums(ctx.recipe, ctx.mirrors, data)
-    pin = (NORMALIZATION, checksums)
-    identity.check(ctx.layout, "benchmarks", pin, "")  # a resume over a changed file: refused, naming it
-    if data is None:
-        record = prepare_benchmarks(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, ctx.cache, checksums,
-                                    later=later)
+    record = whole_set(directory, log)
+    if record is None and ctx.cache is None:
+        record = prepare_benchmarks(recipe, directory, ctx.mirrors)
+        pin = (NORMALIZATION, set_checksums(record))
+        try:
+            identity.check(ctx.layout, "benchmarks", pin, "")  # a resume over a changed file: refused, naming it
+        except TokmixError:
+            remove_set(directory)  # (a set of the changed files: not one a resume over the first ones takes)
+            raise
     else:
-        record = prepare_set(ctx.recipe, ctx.layout.benchmark_set, ctx.mirrors, log,
-                             lambda *args: build_set(*args, data=data), ctx.cache, checksums, later=later)
+        data: dict[str, bytes | Path] = {}
+        copies = None if small_benchmarks(recipe, ctx.mirrors) else directory
+        if copies is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+        try:
+            checksums = benchmark_checksums(recipe, ctx.mirrors, data if record is None else None, copies)
+            pin = (NORMALIZATION, checksums)
+            identity.check(ctx.layout, "benchmarks", pin, "")
+            if record is not None and set_checksums(record) != checksums:  # built, then killed before the pin
+                log("benchmark n-grams: built from other bytes of the benchmark files than they hold now; built again")
+                remove_set(directory)
+                record = None
+            if record is None:
+                record = prepare_benchmarks(recipe, directory, ctx.mirrors, ctx.cache, checksums, later, data)
+            else:
+                say_set(record, log)
+        finally:
+            for held in data.values():
+                if isinstance(held, Path):
+                    held.unlink(missing_ok=True)
     identity.pinned(ctx.layout, "benchmarks", pin)  # recorded once the files read whole: a fixed file may follow
     return record
 

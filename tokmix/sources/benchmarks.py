@@ -7,8 +7,11 @@ from __future__ import annotations
 import codecs
 import hashlib
 import io
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -36,15 +39,37 @@ def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
     return files
 
 
-def file_bytes(path: str, name: str, mirrors) -> bytes:
+@contextmanager
+def _opened(path: str, name: str, mirrors) -> Iterator:
+    """A benchmark file open for reading its bytes; a missing or unreadable one (also while it is read) named."""
     check_input_file(remap(path, mirrors), f"benchmark {name}: file")  # stat only: opening a FIFO waits for a writer
     try:
         with open_file(path, mirrors) as f:
-            return f.read()
+            yield f
     except FileNotFoundError:
         raise TokmixError(f"benchmark {name}: file {path}: not found") from None
     except OSError as e:
         raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e}") from None
+
+
+def file_bytes(path: str, name: str, mirrors) -> bytes:
+    with _opened(path, name, mirrors) as f:
+        return f.read()
+
+
+def file_sha256(path: str, name: str, mirrors, copy_to: Path | None = None) -> str:
+    """The sha256 of a benchmark file's bytes, read a few MiB at a time, each copied to the local file `copy_to`
+    (when given) as it is read."""
+    digest = hashlib.sha256()
+    with _opened(path, name, mirrors) as f, open(copy_to if copy_to is not None else os.devnull, "wb") as out:
+        while chunk := f.read(COPY_BYTES):
+            digest.update(chunk)
+            if copy_to is not None:
+                out.write(chunk)
+    return digest.hexdigest()
+
+
+COPY_BYTES = 8 << 20
 
 
 def _field_text(row: dict, fields: list[str], name: str, where: str) -> str | tuple[str, ...]:
@@ -172,10 +197,11 @@ def _lines(data: bytes) -> Iterator[bytes]:
 
 
 def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str | None, mirrors,
-               checksums: dict[str, str], data: dict[str, bytes] | None = None) -> Iterator[Item]:
+               checksums: dict[str, str], data: dict[str, bytes | Path] | None = None) -> Iterator[Item]:
     """The benchmark's items in file order, one file's bytes held at a time; each file's sha256 (of the bytes
-    the items were read from) put in `checksums` as it is read. `data`: files' bytes read already (by
-    tokmix.stages.decontam.benchmark_checksums: a file is read once per run), by path."""
+    the items were read from) put in `checksums` as it is read. `data`: files read already (by
+    tokmix.stages.decontam.benchmark_checksums: a file is read once per run), by path: their bytes, or a local
+    copy of them."""
     index = 0
     for path in benchmark_files(patterns, name, mirrors):
         if file_format(path) == "text" and (fields != ["text"] or id_field is not None):  # else silently not used
@@ -183,7 +209,8 @@ def iter_items(name: str, patterns: list[str], fields: list[str], id_field: str 
                               "fields: fields and id_field are for JSONL and parquet files (.jsonl, .jsonl.gz, "
                               ".parquet, ...)")
         held = data.get(path) if data is not None else None
-        held = held if held is not None else file_bytes(path, name, mirrors)
+        held = held.read_bytes() if isinstance(held, Path) else held if held is not None else (
+            file_bytes(path, name, mirrors))
         checksums[path] = hashlib.sha256(held).hexdigest()
         for where, row in _rows(path, held, name, id_field):
             if isinstance(row, str):

@@ -22,8 +22,9 @@ import numpy as np
 
 from tokmix import ngrams as ngrams_module
 from tokmix.cache import UnitCache
-from tokmix.errors import os_error_message
+from tokmix.errors import TokmixError, os_error_message
 from tokmix.format.commit import commit, tmp_name
+from tokmix.mirrors import remap
 from tokmix.ngrams import (
     NORMALIZATION,
     Links,
@@ -44,7 +45,7 @@ from tokmix.recipe import Recipe
 from tokmix.shards import CONTAMINATION_NAME, DamagedFile, file_checksum, read_json, write_record
 from tokmix.sources import HugeText
 from tokmix.sources import benchmarks as benchmarks_module
-from tokmix.sources.benchmarks import benchmark_files, file_bytes, file_format, iter_items
+from tokmix.sources.benchmarks import benchmark_files, file_bytes, file_format, file_sha256, iter_items
 from tokmix.stages import cached, release_memory
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
@@ -515,18 +516,56 @@ def small_benchmarks(recipe: Recipe, mirrors) -> bool:
     return total <= SMALL_BENCHMARK_BYTES
 
 
-def benchmark_checksums(recipe: Recipe, mirrors, keep: dict[str, bytes] | None = None) -> dict[str, dict[str, str]]:
-    """Every benchmark's files and the sha256 of each: with NORMALIZATION, the run identity's "benchmarks" key.
-    `keep`: a dict given the bytes of each file, for build_set's `data` (small sets: each file read once)."""
+def benchmark_checksums(recipe: Recipe, mirrors, keep: dict[str, bytes | Path] | None = None,
+                        copies: Path | None = None) -> dict[str, dict[str, str]]:
+    """Every benchmark's files and the sha256 of each: with NORMALIZATION, the run identity's "benchmarks" key;
+    each file read once (a file matched twice is hashed once). `keep`: a dict given, for build_set's `data`, the
+    bytes of each file (a small set, built in this process: read once), or with `copies` (a local folder) a
+    copy made there as it is read of each file not on this machine (a large set's build, in a process of its own,
+    reads the copy: one download); a local file is then read again by the build, which tells if it changed
+    (prepare_set)."""
     checksums: dict[str, dict[str, str]] = {}
+    read: dict[str, str] = {}
     for name, bench in recipe.decontaminate.benchmarks.items():
         checksums[name] = {}
         for path in benchmark_files([recipe.resolve(f) for f in bench.files], name, mirrors):
-            data = keep[path] if keep is not None and path in keep else file_bytes(path, name, mirrors)
-            checksums[name][path] = hashlib.sha256(data).hexdigest()
-            if keep is not None:
-                keep[path] = data
+            if path in read:
+                pass
+            elif keep is not None and copies is None:
+                keep[path] = file_bytes(path, name, mirrors)
+                read[path] = hashlib.sha256(keep[path]).hexdigest()
+            elif keep is not None and "://" in remap(path, mirrors):
+                keep[path] = tmp_name(copies / f"file-{len(keep)}")
+                read[path] = file_sha256(path, name, mirrors, keep[path])
+            else:
+                read[path] = file_sha256(path, name, mirrors)
+            checksums[name][path] = read[path]
     return checksums
+
+
+def set_checksums(record: dict) -> dict[str, dict[str, str]]:
+    """A built set's benchmark files and the sha256 of the bytes it was built from (benchmark_checksums' form)."""
+    return {name: bench["files"] for name, bench in record["benchmarks"].items()}
+
+
+def changed_while_read(record: dict, checksums: dict[str, dict[str, str]]) -> str | None:
+    """The one line naming a benchmark file whose bytes the set was built from are not those `checksums` pinned
+    (it changed between the two reads), None when none."""
+    built = set_checksums(record)
+    for name, files in checksums.items():
+        for path, digest in files.items():
+            now = built.get(name, {}).get(path)
+            if now != digest:
+                return (f"benchmark {name}: file {path}: changed while this run read it (sha256 {digest[:12]}... "
+                        f"when pinned, {str(now)[:12]}... when its n-grams were built): run again once it is whole")
+    return None
+
+
+def remove_set(directory: Path) -> None:
+    """A built set's files, its record first (the commit): not taken by a resume."""
+    (directory / "set.json").unlink(missing_ok=True)
+    for path in set_files(directory).values():
+        path.unlink(missing_ok=True)
 
 
 def arrays_damage(directory: Path, record: dict) -> str | None:
@@ -538,32 +577,43 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
     return None
 
 
-def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
-                checksums: dict[str, dict[str, str]] | None = None, looked: bool = False,
-                later: Callable[[Callable[[], None]], None] | None = None) -> dict | None:
-    """The run's benchmark set: its own when whole (damaged arrays: made again), else the token cache's set of
-    the same key (`cache`: its root; checked as it is taken; `looked`: this run found none there already), else
-    built (by `build`, which the pipeline runs in a fresh process for large sets; None: not built, None
-    returned) from the files the run's identity pinned (tokmix.identity, "benchmarks": `checksums`) and kept in
-    the cache for the next run: by `later(keep)` when the cache is on a store (`later`: e.g. a thread's, beside
-    the streams stage: the upload of the 100k set's 273 MiB is not waited for), else at once (links)."""
+def whole_set(directory: Path, log) -> dict | None:
+    """The record of the set built in `directory` when it is there whole; damaged arrays: the record removed,
+    said, None (built again)."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
-    if record is not None:
-        damage = arrays_damage(directory, record)
-        if damage is None:
-            return record
-        log(f"benchmark n-grams: {damage}; built again")
-        path.unlink()
-    if cache is not None:
+    if record is None:
+        return None
+    damage = arrays_damage(directory, record)
+    if damage is None:
+        return record
+    log(f"benchmark n-grams: {damage}; built again")
+    path.unlink()
+    return None
+
+
+def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
+                checksums: dict[str, dict[str, str]] | None = None,
+                later: Callable[[Callable[[], None]], None] | None = None) -> dict | None:
+    """The run's benchmark set: its own when whole (whole_set), else the token cache's set of the same key
+    (`cache`: its root; checked as it is taken), else built (by `build`, which the pipeline runs in a fresh
+    process for large sets; None: not built, None returned) from the files the run's identity pinned
+    (tokmix.identity, "benchmarks": `checksums`; a file the build found other bytes in is refused, naming it, and
+    nothing of the set kept) and kept in the cache for the next run: by `later(keep)` when the cache is on a
+    store (`later`: e.g. a thread's, beside the streams stage: the upload of the 100k set's 273 MiB is not
+    waited for), else at once (links)."""
+    record = whole_set(directory, log)
+    if record is None and cache is not None:
         checksums = checksums if checksums is not None else benchmark_checksums(recipe, mirrors)
         key, parts = set_key(recipe, checksums, mirrors)
-        if not looked:
-            record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
+        record = _take_cached(cache, key, parts, recipe, checksums, directory, log)
     if record is None:
         if build is None:
             return None
         record = build(recipe, directory, mirrors)
+        if checksums is not None and (changed := changed_while_read(record, checksums)) is not None:
+            remove_set(directory)
+            raise TokmixError(changed)
         if cache is not None:
             def keep() -> None:
                 _keep_cached(cache, key, parts, record, checksums, directory, log)
@@ -572,9 +622,13 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, 
                 later(keep)
             else:
                 keep()
+    say_set(record, log)
+    return record
+
+
+def say_set(record: dict, log) -> None:
     for name, bench in record["benchmarks"].items():
         log(f"benchmark {name}: {bench['items']:,} items, {bench['ngrams']:,} {record['ngram']}-grams")
-    return record
 
 
 # ---------------------------------------------------------------------------- built sets kept across runs
@@ -652,11 +706,8 @@ def _take_cached(root: str, key: str, parts: dict, recipe: Recipe, checksums: di
 
 
 def _keep_cached(root: str, key: str, parts: dict, record: dict, checksums: dict, directory: Path, log) -> None:
-    """The built set added to the token cache (its arrays linked where they can be: no second copy), unless a
-    benchmark file changed while it was read (the set is not the key's) or the cache cannot take it (said)."""
-    if [list(b["files"].items()) for b in record["benchmarks"].values()] != [list(c.items())
-                                                                            for c in checksums.values()]:
-        return
+    """The built set added to the token cache (its arrays linked where they can be: no second copy), unless the
+    cache cannot take it (said). (A set built from other bytes than the key's never gets here: prepare_set.)"""
     files = set_files(directory)
     cache = UnitCache(root)
     sources = [path for files_of in checksums.values() for path in files_of]
