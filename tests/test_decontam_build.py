@@ -37,6 +37,7 @@ from tokmix.stages.decontam import (
     _stable_order,
     bit_filter,
     build_set,
+    set_slots,
     top_filter,
 )
 
@@ -120,6 +121,41 @@ def test_the_top_bits_filter_is_the_bit_filter_of_those_hashes():
         shift, filt = top_filter(parts)
         expected_shift, expected = bit_filter(tops.astype(np.uint64) << np.uint64(32))
         assert shift == expected_shift and filt.tobytes() == expected.tobytes()
+
+
+
+def test_setting_a_filters_bits_is_what_bitwise_or_at_sets(tmp_path):
+    """set_slots (a fancy-indexed |= per bit position) against the implementation it replaced,
+    np.bitwise_or.at: the same bytes for uint64 and uint32 slots, slots named many times, several slots of one
+    byte, all eight bits of a byte, none, and a filter with bits set already; and on the real HumanEval set's
+    filters, each made again here from its own n-grams' and words' hashes."""
+    def reference(filt: np.ndarray, slots: np.ndarray) -> None:
+        kind = slots.dtype.type
+        np.bitwise_or.at(filt, slots >> kind(3), np.left_shift(1, (slots & kind(7)).astype(np.uint8), dtype=np.uint8))
+
+    rng = np.random.default_rng(29)
+    for kind in (np.uint64, np.uint32):
+        for slots in (rng.integers(0, 1 << 20, 300_000, dtype=np.uint64).astype(kind), np.arange(64, dtype=kind),
+                      np.full(1000, 77, kind), np.empty(0, kind), np.array([7, 15, 8, 0, 7, 7], kind)):
+            for start in (np.zeros(1 << 17, np.uint8), rng.integers(0, 256, 1 << 17, dtype=np.uint8)):
+                got, want = start.copy(), start.copy()
+                set_slots(got, slots)
+                reference(want, slots)
+                assert got.tobytes() == want.tobytes()
+    from tokmix.stages.decontam import BenchmarkSet
+
+    rows = [json.loads(line) for line in gzip.decompress(HUMANEVAL.read_bytes()).splitlines()]
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"text": r["prompt"] + "\n" + r["canonical_solution"]}) + "\n" for r in rows))
+    build_set(set_recipe(path.parent, [path], ["text"], None), path.parent / "set", [])
+    bench = BenchmarkSet(str(path.parent / "set"))
+    want = np.zeros_like(bench.filter)
+    reference(want, bench.grams >> bench.shift)
+    assert bench.filter.tobytes() == want.tobytes()
+    words = split_words([r["prompt"] + "\n" + r["canonical_solution"] for r in rows])
+    want = np.zeros_like(bench.word_filter)
+    reference(want, words.hashes >> bench.word_shift)
+    assert bench.word_filter.tobytes() == want.tobytes()
 
 
 # ---------------------------------------------------------------------------- a bad benchmark file, early

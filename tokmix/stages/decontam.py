@@ -88,9 +88,16 @@ def set_bits(filt: np.ndarray, shift: int, hashes: np.ndarray) -> None:
 
 
 def set_slots(filt: np.ndarray, slots: np.ndarray) -> None:
-    """Set the filter's bits `slots` (unsigned integers: uint64, or uint32 for a filter of at most 2**32 bits)."""
+    """Set the filter's bits `slots` (unsigned integers: uint64, or uint32 for a filter of at most 2**32 bits).
+    One bit position of a byte at a time: a byte that several of its slots name gets the same value from each
+    (it | that bit), so a plain fancy-indexed |= is exact, where np.bitwise_or.at took 1.7x the CPU (3.3 of the
+    100k set's 16 profiled build seconds, the pair and triple filters' random slots)."""
     kind = slots.dtype.type
-    np.bitwise_or.at(filt, slots >> kind(3), np.left_shift(1, (slots & kind(7)).astype(np.uint8), dtype=np.uint8))
+    byte = (slots >> kind(3)).astype(np.intp)
+    bit = (slots & kind(7)).astype(np.uint8)
+    for k in range(8):
+        at = byte[bit == k]
+        filt[at] |= np.uint8(1 << k)
 
 
 def top_filter(parts: list[np.ndarray]) -> tuple[int, np.ndarray]:
