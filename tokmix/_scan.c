@@ -98,9 +98,21 @@ static Py_ssize_t encode(const Text *t, unsigned char *out) {
         return o;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (t->kind == PyUnicode_2BYTE_KIND) {  /* four ASCII characters at a time */
+        if (t->kind == PyUnicode_2BYTE_KIND) {  /* sixteen, then four ASCII characters at a time */
             const Py_UCS2 *s = t->chars;
             uint64_t four;
+#ifdef __SSE2__
+            const __m128i high = _mm_set1_epi16((short)0xFF80);
+            while (i + 16 <= n) {
+                __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+                __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 8));
+                __m128i any = _mm_and_si128(_mm_or_si128(a, b), high);
+                if (_mm_movemask_epi8(_mm_cmpeq_epi16(any, _mm_setzero_si128())) != 0xFFFF) break;
+                _mm_storeu_si128((__m128i *)(out + o), _mm_packus_epi16(a, b));
+                o += 16;
+                i += 16;
+            }
+#endif
             while (i + 4 <= n && (memcpy(&four, s + i, 8), !(four & 0xFF80FF80FF80FF80ull))) {
                 out[o] = (unsigned char)s[i];
                 out[o + 1] = (unsigned char)s[i + 1];
@@ -306,7 +318,8 @@ static __attribute__((noinline)) int close_segment(Chains *c) {
 /* The segments of the text p[a:b] (text number t, its chains of kind `exact`) into c->spans, runs_of's loop
  * with the segment's state in locals: 0, 1 when it holds _JOINT (nothing of it kept in spans), -1 for no
  * memory */
-static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
+static inline __attribute__((always_inline)) int chain_in(const unsigned char *p, Py_ssize_t a, Py_ssize_t b,
+                                                         int64_t t, int64_t exact, Chains *c, const int ascii) {
     const Py_ssize_t mark = c->spans.size, shortest = c->shortest;
     const unsigned char *table = c->table;
     const int cbits = c->bits, shift = 64 - c->bits;
@@ -320,7 +333,7 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
 #define RUN(S, E, HIGH)                                                                                         \
     do {                                                                                                        \
         const Py_ssize_t rs = (S), re = (E);                                                                   \
-        const int rhigh = (HIGH) != 0;                                                                          \
+        const int rhigh = ascii ? 0 : (HIGH) != 0; /* (an ASCII text: none, the loop's high bits unused) */     \
         uint64_t rcls = 0;                                                                                      \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
@@ -366,6 +379,11 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
         if (close_segment(c)) return -1;
     }
     return 0;
+}
+
+/* chain_in, compiled once for ASCII texts (read in place: no byte >= 0x80) and once for the others */
+static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
+    return exact == 0 ? chain_in(p, a, b, t, 0, c, 1) : chain_in(p, a, b, t, exact, c, 0);
 }
 
 /* the word arrays' buffers (bytearrays; arrays[3], the links, may be None) */
