@@ -37,7 +37,7 @@ from tokmix.stages.decontam import (
     _stable_order,
     bit_filter,
     build_set,
-    set_slots,
+    set_scattered_slots,
     top_filter,
 )
 
@@ -125,10 +125,10 @@ def test_the_top_bits_filter_is_the_bit_filter_of_those_hashes():
 
 
 def test_setting_a_filters_bits_is_what_bitwise_or_at_sets(tmp_path):
-    """set_slots (a fancy-indexed |= per bit position) against the implementation it replaced,
-    np.bitwise_or.at: the same bytes for uint64 and uint32 slots, slots named many times, several slots of one
-    byte, all eight bits of a byte, none, and a filter with bits set already; and on the real HumanEval set's
-    filters, each made again here from its own n-grams' and words' hashes."""
+    """set_scattered_slots (a fancy-indexed |= per bit position: the pair and triple filters') against
+    np.bitwise_or.at (set_slots): the same bytes for uint64 and uint32 slots, slots named many times, several
+    slots of one byte, all eight bits of a byte, none, and a filter with bits set already; and the real HumanEval
+    set's n-gram and word filters made again here from their own hashes."""
     def reference(filt: np.ndarray, slots: np.ndarray) -> None:
         kind = slots.dtype.type
         np.bitwise_or.at(filt, slots >> kind(3), np.left_shift(1, (slots & kind(7)).astype(np.uint8), dtype=np.uint8))
@@ -139,7 +139,7 @@ def test_setting_a_filters_bits_is_what_bitwise_or_at_sets(tmp_path):
                       np.full(1000, 77, kind), np.empty(0, kind), np.array([7, 15, 8, 0, 7, 7], kind)):
             for start in (np.zeros(1 << 17, np.uint8), rng.integers(0, 256, 1 << 17, dtype=np.uint8)):
                 got, want = start.copy(), start.copy()
-                set_slots(got, slots)
+                set_scattered_slots(got, slots)
                 reference(want, slots)
                 assert got.tobytes() == want.tobytes()
     from tokmix.stages.decontam import BenchmarkSet

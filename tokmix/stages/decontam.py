@@ -88,10 +88,17 @@ def set_bits(filt: np.ndarray, shift: int, hashes: np.ndarray) -> None:
 
 
 def set_slots(filt: np.ndarray, slots: np.ndarray) -> None:
-    """Set the filter's bits `slots` (unsigned integers: uint64, or uint32 for a filter of at most 2**32 bits).
-    One bit position of a byte at a time: a byte that several of its slots name gets the same value from each
-    (it | that bit), so a plain fancy-indexed |= is exact, where np.bitwise_or.at took 1.7x the CPU (3.3 of the
-    100k set's 16 profiled build seconds, the pair and triple filters' random slots)."""
+    """Set the filter's bits `slots` (unsigned integers: uint64, or uint32 for a filter of at most 2**32 bits)."""
+    kind = slots.dtype.type
+    np.bitwise_or.at(filt, slots >> kind(3), np.left_shift(1, (slots & kind(7)).astype(np.uint8), dtype=np.uint8))
+
+
+def set_scattered_slots(filt: np.ndarray, slots: np.ndarray) -> None:
+    """set_slots for slots in no order over a filter far larger than the caches (the pair and triple filters):
+    one bit position of a byte at a time, a plain fancy-indexed |= (a byte that several of its slots name gets
+    the same value from each, it | that bit: exact). 1.7x faster than np.bitwise_or.at there (1.05 -> 0.59
+    CPU-s for 10M slots of a 32 MiB filter), 1.7x slower on slots in order or a filter in cache (the n-gram and
+    word filters: set_slots)."""
     kind = slots.dtype.type
     byte = (slots >> kind(3)).astype(np.intp)
     bit = (slots & kind(7)).astype(np.uint8)
@@ -108,8 +115,8 @@ def top_filter(parts: list[np.ndarray]) -> tuple[int, np.ndarray]:
     shift, filt = empty_filter(len(tops))
     for at in range(0, len(tops), SET_BITS_AT_ONCE):
         chunk = tops[at:at + SET_BITS_AT_ONCE]
-        set_slots(filt, chunk >> np.uint32(shift - 32) if shift >= 32 else
-                  chunk.astype(np.uint64) << np.uint64(32 - shift))
+        set_scattered_slots(filt, chunk >> np.uint32(shift - 32) if shift >= 32 else
+                            chunk.astype(np.uint64) << np.uint64(32 - shift))
     return shift, filt
 
 
