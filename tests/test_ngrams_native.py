@@ -167,6 +167,18 @@ def test_a_no_break_space_is_made_a_space_before_nfkc():
             assert ngrams._nfkc(text) == unicodedata.normalize("NFKC", text), (hex(ord(ch)), text)
 
 
+def test_wild_runs_joined_in_numpy_equal_their_slices_joined():
+    """ngrams._joined_runs (the wild runs gathered in numpy, _JOINT between two) is the runs' slices joined by
+    _JOINT's UTF-8, for none, one and many runs anywhere in random bytes."""
+    rng = random.Random(5)
+    for _ in range(2000):
+        raw = np.frombuffer(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))), np.uint8)
+        bounds = sorted(rng.sample(range(len(raw) + 1), 2 * rng.randrange(0, (len(raw) + 1) // 2 + 1)))
+        starts, ends = np.array(bounds[0::2], np.int64), np.array(bounds[1::2], np.int64)
+        want = ngrams._JOINT.encode().join(raw[s:e].tobytes() for s, e in zip(starts.tolist(), ends.tolist()))
+        assert ngrams._joined_runs(raw, starts, ends) == want
+
+
 def test_table_links_equal_numpy(native):
     rng = np.random.default_rng(7)
     for bits in (1, 4, 10, 12):
