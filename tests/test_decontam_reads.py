@@ -5,7 +5,9 @@ read, the build reading the copy (one download). The files are URLs of a real fs
 under the protocol countfs:// (an fsspec plugin, installed for the test's runs by an entry point on their
 PYTHONPATH) that logs every open for reading, in every process of the run. The guarantees stay: a resume over a
 changed file is refused naming it (and the set built from it is not kept), a bad file ends the run before the
-holdout stage in one line, and a file that changes between the hash and the build is refused naming it."""
+holdout stage in one line, and a file that changes between the hash and the build is refused naming it. `tokmix
+plan` reads each file once too: without a cache, and with one that holds the set or misses it (then it builds
+the set from what its hash read kept, as a run does, and keeps nothing)."""
 
 from __future__ import annotations
 
@@ -81,9 +83,10 @@ def inputs(tmp_path_factory) -> dict:
     return {"root": root, "plugin": plugin, "bench": bench, "recipes": recipes}
 
 
-def run(inputs: dict, out: Path, *args: str, fault: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """`tokmix run` of the countfs recipe; returns the result and how often each benchmark file was opened to be
-    read, in all of the run's processes."""
+def run(inputs: dict, out: Path, *args: str, fault: str | None = None,
+        command: str = "run") -> tuple[subprocess.CompletedProcess, dict]:
+    """`tokmix run` (or `command`) of the countfs recipe; returns the result and how often each benchmark file was
+    opened to be read, in all of the run's processes."""
     log = out.with_name(out.name + ".opens")
     log.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{inputs['plugin']}{os.pathsep}{ROOT}", "COUNTFS_LOG": str(log),
@@ -91,8 +94,9 @@ def run(inputs: dict, out: Path, *args: str, fault: str | None = None) -> tuple[
     env.pop("TOKMIX_CACHE", None)
     if fault is not None:
         env["TOKMIX_FAULT"] = fault
-    done = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(inputs["recipes"]["countfs"]), "--out",
-                           str(out), "--workers", "2", *args], capture_output=True, text=True, env=env,
+    workers = ["--workers", "2"] if command == "run" else []
+    done = subprocess.run([sys.executable, "-m", "tokmix.cli", command, str(inputs["recipes"]["countfs"]), "--out",
+                           str(out), *workers, *args], capture_output=True, text=True, env=env,
                           start_new_session=True, timeout=600)
     opens: dict[str, int] = {}
     for line in (log.read_text().splitlines() if log.exists() else []):
@@ -137,16 +141,82 @@ def test_a_cold_build_without_a_cache_reads_each_file_once(inputs, cold, tmp_pat
             assert digest == hashlib.sha256(Path(url.removeprefix("countfs://")).read_bytes()).hexdigest()
 
 
-def test_a_cold_build_with_a_cache_reads_each_file_once_and_a_warm_one_once(inputs, tmp_path):
-    cache = tmp_path / "cache"
-    done, opens = run(inputs, tmp_path / "cold", "--cache", str(cache))
+@pytest.fixture(scope="module")
+def cached(inputs) -> Path:
+    """A token cache that a cold run filled with the set (the run's folder beside it: cached-out)."""
+    cache, out = inputs["root"] / "cache", inputs["root"] / "cached-out"
+    done, opens = run(inputs, out, "--cache", str(cache))
     assert done.returncode == 0, done.stderr[-3000:]
     assert opens == ONCE and "benchmark n-grams: kept in the token cache" in done.stdout + done.stderr
-    assert not [p for p in (tmp_path / "cold" / "tokmix-state" / "benchmarks").iterdir() if ".tmp-" in p.name]
-    warm, opens = run(inputs, tmp_path / "warm", "--cache", str(cache))
+    assert not [p for p in (out / "tokmix-state" / "benchmarks").iterdir() if ".tmp-" in p.name]
+    return cache
+
+
+def test_a_cold_build_with_a_cache_reads_each_file_once_and_a_warm_one_once(inputs, cached, tmp_path):
+    warm, opens = run(inputs, tmp_path / "warm", "--cache", str(cached))
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert opens == ONCE and "benchmark n-grams: taken from the token cache" in warm.stdout + warm.stderr
-    assert decontamination(tmp_path / "warm") == decontamination(tmp_path / "cold")
+    assert decontamination(tmp_path / "warm") == decontamination(inputs["root"] / "cached-out")
+
+
+def contamination_notes(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in done.stdout.splitlines() if line.startswith("note: decontaminate: stream")]
+
+
+def test_plan_reads_each_file_once_with_a_cache_that_misses_or_holds_the_set_and_without_one(inputs, cached,
+                                                                                            tmp_path):
+    """`tokmix plan` hashes the files for the cache's key; on a miss it builds the set from what that read kept
+    (a URL's file copied as it was hashed), not from a second read, and keeps nothing in the cache. With the
+    cache holding the set, and without a cache, each file is read once too; the three plans estimate the same."""
+    plans = {}
+    for kind, args in (("miss", ["--cache", str(tmp_path / "empty")]), ("hit", ["--cache", str(cached)]),
+                       ("none", ["--no-cache"])):
+        done, opens = run(inputs, tmp_path / kind, *args, command="plan")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+        assert opens == ONCE, kind
+        plans[kind] = contamination_notes(done)
+    assert plans["miss"] and plans["miss"] == plans["hit"] == plans["none"]
+    assert not [p for p in (tmp_path / "empty").rglob("*") if p.is_file()]
+    assert not [p for p in tmp_path.iterdir() if p.name in ("miss", "hit", "none")]  # plan writes no output
+
+
+def test_plan_refuses_a_file_changed_between_its_hash_and_the_build(inputs, tmp_path):
+    """A large local set's files are hashed for the cache's key, then read again by plan's build on a miss: a
+    file whose bytes changed in between is refused in one line naming it, and nothing is kept in the cache."""
+    from tokmix.plan import plan_set
+    from tokmix.stages.decontam import benchmark_checksums
+
+    bench = tmp_path / "bench"
+    shutil.copytree(inputs["bench"], bench)
+    recipe_path = tmp_path / "local.toml"
+    recipe_path.write_text(inputs["recipes"]["local"].read_text().replace(str(inputs["bench"]), str(bench)))
+    recipe = load_recipe(recipe_path)
+    checksums = benchmark_checksums(recipe, [])
+    few = bench / "few.jsonl"
+    few.write_bytes(few.read_bytes() + json.dumps({"id": "few/late", "text": "an item added later"}).encode() + b"\n")
+    (tmp_path / "set").mkdir()
+    with pytest.raises(TokmixError, match=rf"^benchmark few: file {few}: changed while this run read it "
+                                          r"\(sha256 [0-9a-f]{12}\.\.\. when pinned, [0-9a-f]{12}\.\.\. when its "
+                                          r"n-grams were built\)"):
+        plan_set(recipe, tmp_path / "set", [], [].append, str(tmp_path / "cache"), checksums)
+    assert not [p for p in tmp_path.glob("cache/**/*") if p.is_file()]
+
+
+def test_plan_names_a_bad_line_of_a_benchmark_file_in_one_line(inputs, tmp_path):
+    """A line that is not JSON: plan ends in one line naming the benchmark, the file and the line (exit 2),
+    the file read once, nothing kept in the cache."""
+    few = inputs["bench"] / "few.jsonl"
+    kept = few.read_bytes()
+    try:
+        few.write_bytes(kept + b'{"id": "broken", "text": "unclosed\n')
+        failed, opens = run(inputs, tmp_path / "out", "--cache", str(tmp_path / "cache"), command="plan")
+    finally:
+        few.write_bytes(kept)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stdout + failed.stderr
+    lines = [line for line in (failed.stdout + failed.stderr).splitlines() if "benchmark few" in line]
+    assert len(lines) == 1 and f"file countfs://{few}: line 11: not JSON" in lines[0], failed.stderr[-2000:]
+    assert opens == ONCE
+    assert not [p for p in tmp_path.glob("cache/**/*") if p.is_file()] and not (tmp_path / "out").exists()
 
 
 def test_a_resume_over_a_changed_file_is_refused_naming_it(inputs, cold, tmp_path):

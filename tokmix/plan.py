@@ -40,7 +40,14 @@ from tokmix.sources import Split, create_split, file_kind, jsonl, load_or_create
 from tokmix.sources.pieces import Sample
 from tokmix.sources.units import FORMATS, plan_units
 from tokmix.stages import key_base
-from tokmix.stages.decontam import BenchmarkSet, build_set, prepare_set
+from tokmix.stages.decontam import (
+    BenchmarkSet,
+    benchmark_checksums,
+    build_set,
+    changed_while_read,
+    prepare_set,
+    small_benchmarks,
+)
 from tokmix.stages.holdout import draw, holdout_cache_key, read_stream, stream_reads
 from tokmix.stages.passes import passes_needed
 from tokmix.store import is_url
@@ -511,15 +518,33 @@ def _benchmarks(recipe: Recipe, mirrors, cache: str | None, notes: list[str]):
         return
     with tempfile.TemporaryDirectory(prefix="tokmix-plan-") as folder:
         said: list[str] = []
-        if cache is None or (record := prepare_set(recipe, Path(folder), mirrors, said.append, build=None,
-                                                   cache=cache)) is None:
-            record = build_set(recipe, Path(folder), mirrors)
+        record = (build_set(recipe, Path(folder), mirrors) if cache is None else
+                  plan_set(recipe, Path(folder), mirrors, cache, said.append))
         notes += [line for line in said if line.startswith("benchmark n-grams:")]
         notes += [f"decontaminate: benchmark {name}: {bench['items']:,} item(s) and not one word among them: it "
                   f"takes nothing (its files: {', '.join(bench['files']) or 'none'})"
                   for name, bench in record["benchmarks"].items() if not bench["ngrams"]]
         notes += [note for note in [first_pass_note()] if note is not None]
         yield BenchmarkSet(folder)
+
+
+def plan_set(recipe: Recipe, directory: Path, mirrors, cache: str, log,
+             checksums: dict[str, dict[str, str]] | None = None) -> dict:
+    """The benchmark set in `directory` with a token cache, each file read as a run's early_benchmarks reads it:
+    hashed for the key, and on a miss built from what that read kept (a small local set's bytes, a copy in
+    `directory` of a file not on this machine), not read again; a large local set's files are read again by the
+    build, and one whose bytes changed between the two reads is refused, naming it. Nothing is kept in the
+    cache (plan writes nothing). `checksums`: the files' sha256 taken already (then nothing is kept: the build
+    reads every file)."""
+    data: dict[str, bytes | Path] = {}
+    if checksums is None:
+        checksums = benchmark_checksums(recipe, mirrors, data, None if small_benchmarks(recipe, mirrors) else directory)
+    record = prepare_set(recipe, directory, mirrors, log, build=None, cache=cache, checksums=checksums)
+    if record is None:
+        record = build_set(recipe, directory, mirrors, data=data)
+        if (changed := changed_while_read(record, checksums)) is not None:
+            raise TokmixError(changed)
+    return record
 
 
 def _contamination_counter(count, bench, tally: list[int]):
