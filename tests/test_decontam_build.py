@@ -195,6 +195,10 @@ BAD_FILES = [  # (file name, how it is written (None: not at all), the line the 
      ": line 1: field 'prompt' is a list holding int (element 1), not a list of texts"),
     ("not-json.jsonl", jsonl_lines(GOOD, '{"prompt": "unclosed'), ": line 2: not JSON"),
     ("number.parquet", parquet_of(prompt=[1, 2]), ": row 0: field 'prompt' is int, not text"),
+    # not a regular file: the set is then built in a process of its own (small_benchmarks), whose refusal must
+    # reach the run as its one line (it was "internal error: BrokenProcessPool": NotAFile did not unpickle)
+    ("folder.jsonl", lambda path: path.mkdir(), ": is a directory, not a regular file"),
+    ("fifo.jsonl", os.mkfifo, ": is a FIFO, not a regular file"),
 ]
 
 
