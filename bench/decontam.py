@@ -6,6 +6,7 @@ files without boilerplate so that some documents are dropped; see big_set), alte
 --repeat times each.
 
     .venv/bin/python bench/decontam.py --tokenizer PATH [--repeat 2] [--workers 2] [--items 100000] [--warm-sets]
+        [--only none 100k] [--before DIR]
 
 PATH: a tokenizer.json, or a .tiktoken file (GPT-2's: gunzip -c tests/data/vocab/gpt2.tiktoken.gz > gpt2.tiktoken).
 
@@ -21,11 +22,17 @@ With --warm-sets, every run has a token cache of its own, fresh (so that it stil
 fills the cache as any run with one does, the run without included), holding only the built benchmark set of
 its recipe: a run of each recipe first fills a cache, whose entries but the set's are then removed, and each
 timed run starts from a hard-linked copy of it (the run must say it took the set from the cache).
+
+With --before DIR (a folder holding another version of the `tokmix` package, e.g. `git archive COMMIT tokmix
+setup.py | tar -x -C DIR` and its extension built there), every round runs each recipe with that code too
+(PYTHONPATH=DIR), alternating which code goes first, and the summary compares the two codes' medians: two
+versions measured in one run, under the same load. --code DIR: the same for "this code" (the runs without --before's).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -130,13 +137,14 @@ def sections(items_file: Path) -> dict[str, str]:
     }
 
 
-def sets_only(recipe_path: Path, workers: int) -> Path:
-    """A token cache holding only the built benchmark set of `recipe_path` (none for a recipe without one)."""
+def sets_only(recipe_path: Path, workers: int, code: Path | None = None, tag: str = "") -> Path:
+    """A token cache holding only the built benchmark set of `recipe_path` (none for a recipe without one), built by
+    the tokmix of `code` (None: this one; the set's cache key covers the code that builds it)."""
     from tokmix.cache import UnitCache
 
-    seed = WORK / f"sets-{recipe_path.stem}"
+    seed = WORK / f"sets-{recipe_path.stem}{tag}"
     shutil.rmtree(seed, ignore_errors=True)
-    run(recipe_path, workers, seed)
+    run(recipe_path, workers, seed, code=code)
     cache = UnitCache(str(seed))
     for entry in list(cache.entries()):
         if entry.record.get("kind") != "benchmark-set":
@@ -144,9 +152,23 @@ def sets_only(recipe_path: Path, workers: int) -> Path:
     return seed
 
 
-def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path | None = None) -> dict:
+def outputs_digest(out: Path, entry: dict) -> str:
+    """A digest of what the run decided: the sha256 of its train and val files and contamination.json, and
+    index.json's decontamination counts (documents, tokens, items found, per benchmark and stream; not its
+    paths): the same for two versions of the code that drop the same documents."""
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.bin"))}
+    if (out / "contamination.json").exists():
+        files["contamination.json"] = hashlib.sha256((out / "contamination.json").read_bytes()).hexdigest()
+    counts = {key: entry.get(key) for key in ("documents", "tokens", "set_fingerprint")}
+    counts["benchmarks"] = {name: {k: b.get(k) for k in ("items", "ngrams", "items_found", "by_stream")}
+                            for name, b in entry.get("benchmarks", {}).items()}
+    return hashlib.sha256(json.dumps([files, counts], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path | None = None,
+        code: Path | None = None) -> dict:
     """One `tokmix run`: with --no-cache, or with the token cache `cache` (emptied first; with `seed`, a
-    hard-linked copy of that cache)."""
+    hard-linked copy of that cache); with `code`, the tokmix package of that folder (PYTHONPATH)."""
     out = WORK / f"out-{recipe_path.stem}"
     shutil.rmtree(out, ignore_errors=True)
     flags = ["--no-cache"]
@@ -155,10 +177,13 @@ def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path |
         if seed is not None:
             shutil.copytree(seed, cache, copy_function=os.link)
         flags = ["--cache", str(cache)]
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen([sys.executable, "-m", "tokmix.cli", "run", str(recipe_path), "--out", str(out),
                              "--workers", str(workers), *flags], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=WORK)
     peak = [0]
     by_stage: dict[str, int] = {}  # the peak while each stage ran (tokmix-state/stage.json)
 
@@ -190,12 +215,13 @@ def run(recipe_path: Path, workers: int, cache: Path | None = None, seed: Path |
     timings = json.loads((out / "tokmix-state" / "timings.json").read_text())
     index = json.loads((out / "index.json").read_text())
     entry = index.get("benchmark_decontamination", {})
+    outputs = outputs_digest(out, entry)
     result = {"streams": timings["streams"], "holdout": timings["holdout"], "cpu": cpu, "peak_mib": peak[0] / 2**20,
               "holdout_peak_mib": by_stage.get("holdout", 0) / 2**20, "load": load(),
               "documents": entry.get("documents", 0), "tokens": entry.get("tokens", 0),
               "ngrams": sum(b["ngrams"] for b in entry.get("benchmarks", {}).values()),
               "items_found": sum(b["items_found"] for b in entry.get("benchmarks", {}).values()),
-              "train_tokens": index["total"]["tokens"]}
+              "train_tokens": index["total"]["tokens"], "outputs": outputs}
     shutil.rmtree(out, ignore_errors=True)
     return result
 
@@ -209,6 +235,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=["none", "humaneval", "100k"])
     parser.add_argument("--warm-sets", action="store_true",
                         help="each run with a fresh token cache holding only its recipe's built benchmark set")
+    parser.add_argument("--before", type=Path, help="a folder holding another tokmix package, run alternating")
+    parser.add_argument("--code", type=Path, help="a folder holding the tokmix package to run (default: this one)")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     items_file = WORK / f"synthetic-words-{args.items}.jsonl"
@@ -216,35 +244,52 @@ def main() -> None:
         big_set(items_file, args.items)
     recipes = {name: recipe(args.tokenizer.resolve(), text, name) for name, text in sections(items_file).items()
                if name in args.only}
-    results: dict[str, list[dict]] = {name: [] for name in recipes}
-    seeds = {name: sets_only(path, args.workers) for name, path in recipes.items()} if args.warm_sets else {}
+    codes = {"": args.code.resolve() if args.code else None}
+    if args.before:
+        codes["@before"] = args.before.resolve()
+    runs = [(name, tag) for tag in codes for name in recipes]
+    results: dict[str, list[dict]] = {name + tag: [] for name, tag in runs}
+    seeds = {(name, tag): sets_only(recipes[name], args.workers, codes[tag], tag)
+             for name, tag in runs} if args.warm_sets else {}
     for r in range(args.repeat):
-        order = list(recipes) if r % 2 == 0 else list(reversed(recipes))
-        for name in order:
+        for name, tag in runs if r % 2 == 0 else list(reversed(runs)):
             if args.warm_sets:
-                got = run(recipes[name], args.workers, WORK / "cache-run", seeds[name])
+                got = run(recipes[name], args.workers, WORK / "cache-run", seeds[name, tag], codes[tag])
             else:
-                got = run(recipes[name], args.workers)
-            results[name].append(got)
-            print(f"{name:10s} streams {got['streams']:7.2f} s (holdout {got['holdout']:5.2f} s)  run CPU "
+                got = run(recipes[name], args.workers, code=codes[tag])
+            results[name + tag].append(got)
+            print(f"{name + tag:17s} streams {got['streams']:7.2f} s (holdout {got['holdout']:5.2f} s)  run CPU "
                   f"{got['cpu']:6.2f} s  peak tree RSS "
                   f"{got['peak_mib']:4.0f} MiB (holdout stage {got['holdout_peak_mib']:4.0f})  dropped "
-                  f"{got['documents']:,} docs / {got['tokens']:,} tokens  load {got['load']}", flush=True)
+                  f"{got['documents']:,} docs / {got['tokens']:,} tokens  outputs {got['outputs']}  load {got['load']}",
+                  flush=True)
+    for tag in codes:
+        summary({name: results[name + tag] for name in recipes}, tag)
+    if args.before:
+        for name in recipes:
+            new, old = (statistics.median(g["streams"] for g in results[name + tag]) for tag in codes)
+            cpu_new, cpu_old = (statistics.median(g["cpu"] for g in results[name + tag]) for tag in codes)
+            print(f"{name:10s} this code against --before: streams {new:.2f} / {old:.2f} s ({new / old:.3f}x), run "
+                  f"CPU {cpu_new:.2f} / {cpu_old:.2f} s ({cpu_new - cpu_old:+.2f} s)")
+
+
+def summary(results: dict[str, list[dict]], tag: str) -> None:
     base = statistics.median(g["streams"] for g in results.get("none", [])) if "none" in results else None
     both = statistics.median(g["streams"] + g["holdout"] for g in results["none"]) if "none" in results else None
     for name, got in results.items():
+        name += tag
         med = statistics.median(g["streams"] for g in got)
         ratio = f"{med / base:.3f}x" if base else "-"
         total = statistics.median(g["streams"] + g["holdout"] for g in got)
-        print(f"{name:10s} median holdout + streams {total:.2f} s ({f'{total / both:.3f}x' if both else '-'} of none)")
-        if "none" in results:
+        print(f"{name:17s} median holdout + streams {total:.2f} s ({f'{total / both:.3f}x' if both else '-'} of none)")
+        if base:
             extra = statistics.median(g["cpu"] for g in got) - statistics.median(g["cpu"] for g in results["none"])
-            print(f"{name:10s} median run CPU {statistics.median(g['cpu'] for g in got):.2f} s ({extra:+.2f} s "
+            print(f"{name:17s} median run CPU {statistics.median(g['cpu'] for g in got):.2f} s ({extra:+.2f} s "
                   "against none)")
-        print(f"{name:10s} median streams {med:.2f} s ({ratio} of none), peak tree RSS "
+        print(f"{name:17s} median streams {med:.2f} s ({ratio} of none), peak tree RSS "
               f"{max(g['peak_mib'] for g in got):.0f} MiB, n-grams {got[0]['ngrams']:,}, items found "
               f"{got[0]['items_found']:,}, documents {got[0]['documents']:,}, tokens {got[0]['tokens']:,} of "
-              f"{got[0]['train_tokens']:,} train tokens")
+              f"{got[0]['train_tokens']:,} train tokens, outputs {sorted({g['outputs'] for g in got})}")
 
 
 if __name__ == "__main__":

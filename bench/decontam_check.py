@@ -3,7 +3,7 @@
 5,600 documents, 53.0 MB) checked against HumanEval (tests/data/human_eval, prompt + canonical_solution) or the
 100k-item set of bench/decontam.py (run it once first: it writes the items file).
 
-    .venv/bin/python bench/decontam_check.py [--set humaneval|100k] [--docs 1500] [--passes 3]
+    .venv/bin/python bench/decontam_check.py [--set humaneval|100k] [--docs 1500] [--passes 3] [--whole] [--pieces]
     .venv/bin/python bench/decontam_check.py --build [--set 100k]
 
 Prints the CPU seconds of the check (time.process_time, the least of --passes passes, each with a fresh
@@ -14,6 +14,11 @@ instrumented alone (callgrind_control turns it on and off around the call): its 
 depend on the machine's load. With --build, only the set's build (build_set, in this fresh process): its CPU
 seconds, the process's peak RSS (the build is all it did), the set's fingerprint and a digest of the sha256 of
 all its arrays (to compare two versions of the build: the same arrays, byte for byte).
+
+--whole: every document of every stream's train files (the streams stage reads ~70% of them), checked in
+batches of 600 as the stage's tokenizer batches. --pieces: also the CPU seconds of each piece of the check
+(each function's calls timed by the thread's CPU clock, inclusive of what it calls; the last pass), to see
+where the check's time goes.
 """
 
 from __future__ import annotations
@@ -39,12 +44,55 @@ SETS = {"humaneval": (ROOT / "tests" / "data" / "human_eval" / "HumanEval.jsonl.
         "100k": (ROOT / "bench" / "work" / "decontam" / "synthetic-words-100000.jsonl", ["question", "answer"])}
 
 
-def documents(per_stream: int) -> list[str]:
+def documents(per_stream: int, whole: bool = False) -> list[str]:
     texts = []
     for stream in ("web", "edu", "code_py", "code_other"):
-        column = pq.read_table(CORPUS / stream / "train_000.parquet", columns=["text"])["text"].to_pylist()
-        texts += [t for t in column[:per_stream] if t]
+        paths = sorted((CORPUS / stream).glob("train_*.parquet")) if whole else [CORPUS / stream / "train_000.parquet"]
+        for path in paths:
+            column = pq.read_table(path, columns=["text"])["text"].to_pylist()
+            texts += [t for t in (column if whole else column[:per_stream]) if t]
     return texts
+
+
+BATCH = 600  # --whole: documents per call, as the streams stage's tokenizer batches
+
+
+# the pieces of the check --pieces times: (module, attribute path) of functions, each wrapped in place
+PIECES = [("tokmix.stages.decontam", "BenchmarkSet.contaminating"), ("tokmix.stages.decontam", "run_candidates"),
+          ("tokmix.ngrams", "scan"), ("tokmix.ngrams", "_candidates_native"), ("tokmix.ngrams", "_chained"),
+          ("tokmix.stages.decontam", "BenchmarkSet.linked"), ("tokmix.ngrams", "_wild_words"),
+          ("tokmix.ngrams", "_chains"), ("tokmix.ngrams", "_pieces"), ("tokmix.stages.decontam", "split_words"),
+          ("tokmix.ngrams", "normalized_bytes"), ("tokmix.stages.decontam", "BenchmarkSet._matches"),
+          ("tokmix.stages.decontam", "BenchmarkSet.member"), ("tokmix.ngrams", "Words.grams"),
+          ("tokmix.stages.decontam", "BenchmarkSet.candidates"), ("tokmix.stages.decontam", "BenchmarkSet._holding")]
+
+
+def timed_pieces() -> dict[str, list[float]]:
+    """Wrap PIECES in place; returns what they add up: per piece, [calls, thread CPU seconds]."""
+    import functools
+    import importlib
+
+    spent: dict[str, list[float]] = {}
+    for module, path in PIECES:
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        fn = getattr(owner, name, None)
+        if fn is None:
+            continue
+
+        def wrapped(*args, _fn=fn, _key=path, **kwargs):
+            start = time.thread_time()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                got = spent.setdefault(_key, [0, 0.0])
+                got[0] += 1
+                got[1] += time.thread_time() - start
+
+        setattr(owner, name, functools.wraps(fn)(wrapped))
+    return spent
 
 
 def built_set(name: str, directory: Path) -> Path:
@@ -82,20 +130,26 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--build", action="store_true", help="time the set's build alone")
+    parser.add_argument("--whole", action="store_true", help="every document of the train files, in batches")
+    parser.add_argument("--pieces", action="store_true", help="the CPU seconds of each piece of the check")
     args = parser.parse_args()
     if args.build:
         build_only(args.set)
         return
-    texts = documents(args.docs)
+    texts = documents(args.docs, args.whole)
+    batches = [texts[at:at + BATCH] for at in range(0, len(texts), BATCH)] if args.whole else [texts]
     with tempfile.TemporaryDirectory() as tmp:
         directory = built_set(args.set, Path(tmp))
         seconds = []
-        for _ in range(1 if args.callgrind else args.passes):
+        spent = None
+        for p in range(1 if args.callgrind else args.passes):
+            if args.pieces and p == args.passes - 1:
+                spent = timed_pieces()
             bench = BenchmarkSet(str(directory))
             if args.callgrind:
                 callgrind("on")
             start = time.process_time()
-            found = bench.contaminating(texts)
+            found = [verdict for batch in batches for verdict in bench.contaminating(batch)]
             seconds.append(time.process_time() - start)
             if args.callgrind:
                 callgrind("off")
@@ -103,6 +157,8 @@ def main() -> None:
     print(f"{args.set}: {len(texts):,} documents, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB: check "
           f"{min(seconds):.3f} CPU-s (of {', '.join(f'{s:.3f}' for s in seconds)}), {sum(map(bool, found)):,} "
           f"contaminated, verdicts {verdicts}, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for key, (calls, cpu) in (spent or {}).items():
+        print(f"  {key:32s} {calls:8,} calls {cpu:7.3f} CPU-s")
 
 
 if __name__ == "__main__":
