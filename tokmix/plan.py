@@ -471,8 +471,10 @@ def _problems(plan: Plan) -> list[str]:
                             f"{s.short_phase} need {s.phase_budgets[s.short_phase]:,}")
         if s.short:
             missing = s.budget / max(s.train.tokens, 1) - 1
+            dropped = plan.contamination.get(s.name, [0, 0, 0])[2] and plan.recipe.decontaminate.action == "drop"
             hold = (f"its {len(s.train_files)} train file(s) hold {'' if s.train.exact else 'about '}"
-                    f"{s.train.tokens:,} tokens, its budget is {s.budget:,}")
+                    f"{s.train.tokens:,} tokens{' once [decontaminate] drops what it takes' if dropped else ''}, "
+                    f"its budget is {s.budget:,}")
             if s.max_epochs > 1 and s.train.tokens:
                 problems.append(f"stream {s.name} needs max_epochs = {s.passes} (it is {s.max_epochs}): {hold}, "
                                 f"{s.passes} passes over them: raise max_epochs, add train files or lower its "
@@ -547,8 +549,10 @@ def plan_set(recipe: Recipe, directory: Path, mirrors, cache: str, log,
     return record
 
 
-def _contamination_counter(count, bench, tally: list[int]):
-    """`count`, also tallying the sampled documents and text bytes and those a benchmark item contaminates."""
+def _contamination_counter(count, bench, tally: list[int], drop: bool):
+    """`count`, also tallying the sampled documents and text bytes and those a benchmark item contaminates; with
+    action "drop" (`drop`) it counts only the others: the run drops those before tokenizing them, so they are
+    none of the stream's supply (a plan counting them said "ok" of a stream the run then found short)."""
 
     def counting(texts: list[str]) -> tuple[int, int, int]:
         texts = [t for t in texts if t]
@@ -557,7 +561,7 @@ def _contamination_counter(count, bench, tally: list[int]):
         tally[1] += sum(len(t) for t in texts)
         tally[2] += sum(1 for f in found if f)
         tally[3] += sum(len(t) for t, f in zip(texts, found) if f)
-        return count(texts)
+        return count([t for t, f in zip(texts, found) if not f] if drop else texts)
 
     return counting
 
@@ -570,7 +574,8 @@ def _stream_plans(recipe: Recipe, split: Split, mirrors, count, sample_bytes: in
         counting = count
         if bench is not None:
             contamination[name] = [0, 0, 0, 0]
-            counting = _contamination_counter(count, bench, contamination[name])
+            counting = _contamination_counter(count, bench, contamination[name],
+                                              recipe.decontaminate.action == "drop")
         hold = stream_files(recipe, split, name, "holdout")
         in_domain = sum(recipe.share(n) for n in recipe.streams_of(spec.domain))
         streams[name] = StreamPlan(
