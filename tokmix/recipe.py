@@ -70,7 +70,13 @@ class TokenizerSpec(_Strict):
     @field_validator("doc_prefix", "doc_suffix", mode="before")
     @classmethod
     def _one_or_more(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
+        given = [v] if isinstance(v, (str, int)) else v
+        ids = [x for x in given if isinstance(x, int) and not isinstance(x, bool)] if isinstance(given, list) else []
+        if ids:
+            # an id means another token in each tokenizer (Mistral's 1 is <s>, GPT-2's 1 is '"'): names only
+            raise ValueError(f"name the special tokens, not their ids (got {json.dumps(ids[0])}): e.g. "
+                             "\"<|endoftext|>\" or \"<s>\"; each is written at the id its tokenizer gives it")
+        return given
 
     @model_validator(mode="after")
     def _delimited(self) -> TokenizerSpec:
