@@ -97,6 +97,25 @@ def test_the_parquet_readers_checksums_are_the_texts_crc32():
                    pa.array(texts).dictionary_encode().dictionary_decode()):
         for piece in (column, column.slice(2, 3), column.slice(5)):
             assert utf8_crc32s(piece) == text_crc32(piece.to_pylist()).tolist()
+            assert utf8_crc32s(piece) == [zlib.crc32(t.encode("utf-8")) for t in piece.to_pylist()]
+
+
+def test_the_crc32_is_zlibs_whichever_library_computes_it():
+    """The .src and .docs CRC-32s are zlib's (what a reader without tokmix checks a document by), whether ISA-L's
+    crc32 (isal, a dependency where its wheels exist) or zlib's computes them: every length around its vector
+    widths, at every alignment of the buffer, and a running value continued."""
+    import isal.isal_zlib
+
+    from tokmix import provenance
+
+    assert provenance.crc32 is isal.isal_zlib.crc32  # a dependency here: the fast path is the one tested
+    data = np.random.default_rng(29).integers(0, 256, 70_000, dtype=np.uint8).tobytes()
+    view = memoryview(data)
+    for start in range(0, 65):
+        for size in (0, 1, 7, 15, 16, 31, 63, 64, 65, 255, 256, 1023, 4097, 65_536):
+            part = view[start:start + size]
+            assert provenance.crc32(part) == zlib.crc32(part)
+    assert provenance.crc32(view[100:], provenance.crc32(view[:100])) == zlib.crc32(data)
 
 
 def test_a_units_places_are_taken_in_order_past_the_trim_of_what_was_taken():
