@@ -346,8 +346,11 @@ class DamagedFile(TokmixError):
     it catches this; otherwise it is the user's one line, naming the file and the remedy."""
 
     def __init__(self, path: Path, why: str, remedy: str = RESTART_REMEDY):
-        self.path, self.why = path, why
+        self.path, self.why, self.remedy = path, why, remedy
         super().__init__(f"{path}: damaged ({why}); {remedy}")
+
+    def __reduce__(self):  # raised in a worker process, it crosses back pickled: rebuilt from its own arguments
+        return type(self), (self.path, self.why, self.remedy)
 
 
 def _record_digest(body: dict) -> str:

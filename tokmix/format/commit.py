@@ -132,6 +132,9 @@ class NotAFile(TokmixError):
         self.path, self.kind = path, kind
         super().__init__(f"{path}: is {kind}, not a regular file; tokmix reads only regular files")
 
+    def __reduce__(self):  # raised in a worker process, it crosses back pickled: rebuilt from its own arguments
+        return type(self), (self.path, self.kind)
+
 
 def not_regular(mode: int) -> str | None:
     """What a file of this mode is, in words, when it is not a regular file."""
