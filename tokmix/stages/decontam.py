@@ -23,6 +23,7 @@ import numpy as np
 from tokmix import ngrams as ngrams_module
 from tokmix.cache import UnitCache
 from tokmix.errors import TokmixError, os_error_message
+from tokmix.faults import fault_point
 from tokmix.format.commit import commit, tmp_name
 from tokmix.mirrors import remap
 from tokmix.ngrams import (
@@ -362,6 +363,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
                 if len(group) == ITEMS_PER_GROUP:
                     _hash_items(group, n, len(ids) - len(group), out)
                     group = []
+                    fault_point("benchmarks:after-group")
             if group:
                 _hash_items(group, n, len(ids) - len(group), out)
             benchmarks[name] = {"files": checksums, "fields": bench.fields, "id_field": bench.id_field,
@@ -403,7 +405,9 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
     word_shift, word_filt = out["word_shift"], out["word_filter"]
     arrays = {"grams": hashes, "items": items, "filter": filt, "words": parts["words"],
               "word_starts": starts, "word_filter": word_filt, "mixed": mixed}
-    written.update((kind, _write_npy(files[kind], array)) for kind, array in arrays.items())
+    for kind, array in arrays.items():
+        written[kind] = _write_npy(files[kind], array)
+        fault_point("benchmarks:after-array")
     checksums = {kind: written[kind] for kind in ARRAYS}
     for path in parts.values():
         path.unlink()
@@ -414,6 +418,7 @@ def build_set(recipe: Recipe, directory: Path, mirrors, triples: bool | None = N
               "benchmarks": benchmarks, "ids": ids,
               "arrays": checksums}
     record["fingerprint"] = set_fingerprint(record)
+    fault_point("benchmarks:before-record")
     write_record(directory / "set.json", record)
     return record
 
