@@ -71,3 +71,17 @@ def test_a_stream_short_once_its_contaminated_documents_are_dropped_is_named_sho
     report = make_plan(load_recipe(recipes["report"]), out=tmp_path / "report")
     assert report.ok and report.streams["code_py"].train.tokens == plain.streams["code_py"].train.tokens
     assert report.contamination == drop.contamination
+
+
+def test_the_contamination_note_says_min_matches(recipes, tmp_path):
+    """min_matches = 2: the note counts the documents sharing 2 distinct n-grams with one item, and says so."""
+    two = recipes["report"].with_name("two.toml")  # (the recipe's paths are its folder's)
+    two.write_text(recipes["report"].read_text().replace('action = "report"', 'action = "report"\nmin_matches = 2'))
+    plans = {m: make_plan(load_recipe(r), out=tmp_path / "out") for m, r in ((1, recipes["report"]), (2, two))}
+    for m, plan in plans.items():
+        notes = [n for n in plan.notes if n.startswith("decontaminate: stream code_py:")]
+        share = "a 13-gram" if m == 1 else "2 distinct 13-grams"
+        found, docs = plan.contamination["code_py"][2], plan.contamination["code_py"][0]
+        assert notes and notes[0].startswith(f"decontaminate: stream code_py: {found:,} of {docs:,} sampled "
+                                             f"documents share {share} with a benchmark item: the run would count")
+    assert 0 < plans[2].contamination["code_py"][2] <= plans[1].contamination["code_py"][2]

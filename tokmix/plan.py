@@ -600,11 +600,13 @@ def _contamination_notes(plan: Plan) -> list[str]:
     """What [decontaminate] would take from each stream, as the sample shows it."""
     if plan.recipe.decontaminate is None:
         return []
-    verb = "drop" if plan.recipe.decontaminate.action == "drop" else "count"
+    spec = plan.recipe.decontaminate
+    verb = "drop" if spec.action == "drop" else "count"
+    share = f"a {spec.ngram}-gram" if spec.min_matches == 1 else f"{spec.min_matches} distinct {spec.ngram}-grams"
     notes = []
     for name, (docs, chars, found, found_chars) in plan.contamination.items():
-        notes.append(f"decontaminate: stream {name}: {found:,} of {docs:,} sampled documents share a "
-                     f"{plan.recipe.decontaminate.ngram}-gram with a benchmark item: the run would {verb} ~"
+        notes.append(f"decontaminate: stream {name}: {found:,} of {docs:,} sampled documents share {share} with "
+                     f"a benchmark item: the run would {verb} ~"
                      f"{100 * found / max(docs, 1):.2f}% of its documents, {100 * found_chars / max(chars, 1):.2f}% "
                      "of its text")
     return notes
