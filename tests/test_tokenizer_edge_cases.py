@@ -151,8 +151,6 @@ def test_a_delimiter_given_by_id_is_refused_in_one_line(tmp_path, given):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="/work/findings.md (delta -> gamma): tokmix/sources/parquet.py "
-                                       "_column_texts lets pyarrow's UnicodeDecodeError out")
 @pytest.mark.parametrize("value", [b"bad \xff\xfe bytes", "a lone \ud800 surrogate".encode("utf-8", "surrogatepass")])
 def test_invalid_utf8_in_a_parquet_text_is_named_with_its_row(tmp_path, value):
     """A parquet string column whose value is not UTF-8 (a writer that did not check; pyarrow reads it unchecked):

@@ -178,13 +178,32 @@ def _column_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge:
     if column.null_count:
         first = column.is_null().index(True).as_py()
         raise bad(stream, piece.path, f"row {row + first}", f"{field!r} is null")
-    if huge is None or _longest(column) <= huge:
-        return column.to_pylist()
-    # documents past `huge` bytes stay Arrow bytes, never one Python string: a slice of the column's buffer
-    # (a scalar of the column, `for value in column`, held a copy of its 300 MB value: docs/benchmarks.md)
+    try:  # pyarrow reads a string column's bytes unchecked: a value that is not UTF-8 fails its str here
+        if huge is None or _longest(column) <= huge:
+            return column.to_pylist()
+        # documents past `huge` bytes stay Arrow bytes, never one Python string: a slice of the column's buffer
+        # (a scalar of the column, `for value in column`, held a copy of its 300 MB value: docs/benchmarks.md)
+        offsets, data = _offsets(column)
+        return [HugeText(data.slice(a, b - a), piece.path, stream) if b - a > huge else column[i].as_py()
+                for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist()))]
+    except UnicodeDecodeError as e:
+        raise bad(stream, piece.path, f"row {row + _first_not_utf8(column, huge)}",
+                  f"invalid UTF-8 ({e.reason})") from None
+
+
+def _first_not_utf8(column: pa.Array, huge: int | None) -> int:
+    """The first value of the column that is not UTF-8, a document past `huge` bytes left to its reader (its
+    pieces name the byte: tokmix.text.utf8_pieces)."""
     offsets, data = _offsets(column)
-    return [HugeText(data.slice(a, b - a), piece.path, stream) if b - a > huge else column[i].as_py()
-            for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist()))]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    for i, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist())):
+        if huge is not None and b - a > huge:
+            continue
+        try:
+            str(view[a:b], "utf-8")
+        except UnicodeDecodeError:
+            return i
+    return 0
 
 
 def sample(path: str, field: str, stream: str, mirrors, limit: int) -> Sample:
