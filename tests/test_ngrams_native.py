@@ -43,6 +43,10 @@ from tokmix import ngrams
 FIELDS = ("joined", "raw", "offsets", "forced", "starts", "ends", "heads", "wild", "held", "link")
 TABLES = [ngrams.PairTable.of(np.random.default_rng(bits).random(1 << (2 * bits)) < density, bits)
           for bits, density in ((10, 1 / 32), (10, 0.5), (3, 0.3), (1, 1.0), (1, 0.5))]
+# triple filters of 2**16 and 2**20 bits (shift 48 and 44), from none set to all: dense ones make long chains
+TRIPLES = [ngrams.TripleFilter(np.packbits(np.random.default_rng(7).random(1 << (64 - shift)) < density,
+                                           bitorder="little"), shift)
+           for shift, density in ((48, 0.0), (48, 0.05), (44, 0.7), (48, 0.93), (48, 1.0))]
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +159,35 @@ def test_compiled_candidates_equal_numpy(native, monkeypatch):
                 assert got == want, (texts, table.bits, shortest, seed)
 
 
+def test_compiled_triple_candidates_equal_numpy(native, monkeypatch):
+    """run_candidates with a triple filter (a large set's first pass): tokmix._scan.triple_candidates' one loop
+    (its chains the blocks of triples that may be, the pieces with wild runs split by _chained) gives numpy's
+    kept texts and pieces exactly (TOKMIX_NATIVE=0: _chained with the filter's links), for every filter of
+    TRIPLES, n-grams of 3, 5 or 13 words and members all or half the words: the texts of
+    test_compiled_candidates_equal_numpy, and runs of one repeated phrase (its triples all in a dense filter or
+    none) around wild runs and block bounds."""
+    rng = random.Random(13)
+    groups = [[], [""], ["a b"], ["a b c"], ["\ue000 a b c"], ["a b \ud800 c d"], ["\u00e9"], ["a \u00e9 b"],
+              ["a " * 40 + "\u03a3 " + "b " * 40], ["x y z " * 30 + "\u00e9\u0301 " + "x y z " * 30]]
+    groups += [["ab " * (n // 3) + "x" * (n % 3) for n in range(60, 70)], ["w" * 64, "v " * 32, "u " * 33]]
+    groups += [[("one two three four " * k)[:-1] + rng.choice(["", " \u00e9", "\u00e9", ". ", " \u2014 "])
+                for k in range(1, 12)] for _ in range(4)]
+    groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(50)]
+    groups += [[long_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(25)]
+    for texts in groups:
+        for triples in TRIPLES:
+            for shortest, seed in rng.sample([(3, 0), (3, 3), (5, 0), (13, 0), (13, 5)], 3):
+                monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+                got = ngrams.run_candidates(texts, triples, member_of(seed), shortest)
+                monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+                want = ngrams.run_candidates(texts, triples, member_of(seed), shortest)
+                assert got == want, (texts, triples.shift, shortest, seed)
+    with pytest.raises(ValueError):  # a filter of another size than its shift says, and pairs of two words
+        native.triple_candidates(["a b c"], np.zeros(100, np.uint8), 48, 3)
+    with pytest.raises(ValueError):
+        native.triple_candidates(["a b c"], TRIPLES[0].bits, 48, 2)
+
+
 def test_a_no_break_space_is_made_a_space_before_nfkc():
     """ngrams._nfkc (NFKC where the quick check says a text is not in NFKC form, a no-break space made a space
     first) is unicodedata's NFKC beside every character that composes, decomposes or is a combining mark, and a
@@ -223,15 +256,22 @@ def test_run_candidates_and_verdicts_equal_with_the_compiled_path_off(native, tm
     expected = [oracle_contaminated(t, items, {NGRAM}) for t in texts]
     assert sum(map(bool, expected)) >= 15
     for bench in prefiltered(tmp_path / "sets"):
+        # a large set's triple filter as ngrams.TripleFilter (its items all of 3 words or more: no pair filter)
+        triples = [] if bench.triples is None else [ngrams.TripleFilter(bench.triples, int(bench.triple_shift))]
+        assert not triples or bench.lengths[0] >= 3
         monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
         assert ngrams.compiled() is native
         kept = ngrams.run_candidates(texts, bench.linked, bench.member, NGRAM)
         assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
+        for pairs in triples:
+            assert ngrams.run_candidates(texts, pairs, bench.member, NGRAM) == kept
         verdicts = bench.contaminating(texts)
         monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
         assert ngrams.compiled() is None
         assert ngrams.run_candidates(texts, bench.linked, bench.member, NGRAM) == kept
         assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
+        for pairs in triples:
+            assert ngrams.run_candidates(texts, pairs, bench.member, NGRAM) == kept
         assert bench.contaminating(texts) == verdicts == expected
         assert 0 < len(kept) < len(texts)
 

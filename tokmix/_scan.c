@@ -4,19 +4,19 @@
  * and the pair table's lookup of each two consecutive words. The same arrays as the numpy code of
  * tokmix.ngrams (_scan_numpy, _table_links_numpy), byte for byte: tests/test_ngrams_native.py compares them.
  * candidates(): run_candidates' first pass with a pair table in one loop, no array per word (the same pieces
- * as numpy's, compared by the same tests).
+ * as numpy's, compared by the same tests); triple_candidates(): the same with a filter of triples (a large set's).
  *
- * ABI: the version of scan's, candidates' and table_links' arguments and results, which tokmix.ngrams checks on
- * import (its SCAN_ABI) before it uses this module: bump both on any change to them. An editable install does not
- * rebuild this file's .so, and a stale one is then left to numpy's first pass with a one-line note, not
- * called with arguments it does not take. (-DTOKMIX_SCAN_ABI=N overrides it: tests/test_ngrams_native.py
- * builds a stale one.)
+ * ABI: the version of scan's, candidates', triple_candidates' and table_links' arguments and results, which
+ * tokmix.ngrams checks on import (its SCAN_ABI) before it uses this module: bump both on any change to them. An
+ * editable install does not rebuild this file's .so, and a stale one is then left to numpy's first pass with a
+ * one-line note, not called with arguments it does not take. (-DTOKMIX_SCAN_ABI=N overrides it:
+ * tests/test_ngrams_native.py builds a stale one.)
  *
  * Plain C and the buffer protocol (no numpy C API); the loops run without the GIL (the streams stage runs its
  * check on worker threads beside the encoder); no Python object per word. */
 
 #ifndef TOKMIX_SCAN_ABI
-#define TOKMIX_SCAN_ABI 2
+#define TOKMIX_SCAN_ABI 3
 #endif
 
 #define PY_SSIZE_T_CLEAN
@@ -288,6 +288,8 @@ static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *
 typedef struct {
     const unsigned char *table;  /* the pair table as bits, `bits` bits a class */
     int bits;
+    const unsigned char *filter; /* or a filter of triples (triple_candidates): a bit per slot, hash >> shift */
+    int shift;
     Py_ssize_t shortest;
     Vec spans;                   /* (text, kind, begin, end) each: kind 0 a chain of an ASCII text (its offsets in
                                     the str), 1 a chain in joined, 2 a segment with a wild run in joined */
@@ -295,6 +297,7 @@ typedef struct {
     int seg_wild;                /* the segment to close (chain_text's): with a wild run, its first byte, end */
     Py_ssize_t seg_start, last_end;
     Py_ssize_t pending;          /* the index in spans of the text's last wild segment's entry, or -1 */
+    Py_ssize_t merge_gap;        /* wild segments this close are merged (MERGE_GAP, TRIPLE_MERGE_GAP) */
 } Chains;
 
 static int push4(Vec *v, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -304,7 +307,7 @@ static int push4(Vec *v, int64_t a, int64_t b, int64_t c, int64_t d) {
 /* a segment kept (one with a wild run, or a chain of `shortest` runs) into c->spans */
 static __attribute__((noinline)) int close_segment(Chains *c) {
     if (c->seg_wild) {
-        if (c->pending >= 0 && c->seg_start - c->spans.data[c->pending + 3] <= MERGE_GAP) {
+        if (c->pending >= 0 && c->seg_start - c->spans.data[c->pending + 3] <= c->merge_gap) {
             c->spans.size = c->pending + 4;  /* the chains since are inside the merged segment */
             c->spans.data[c->pending + 3] = c->last_end;
             return 0;
@@ -384,6 +387,169 @@ static inline __attribute__((always_inline)) int chain_in(const unsigned char *p
 /* chain_in, compiled once for ASCII texts (read in place: no byte >= 0x80) and once for the others */
 static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
     return exact == 0 ? chain_in(p, a, b, t, 0, c, 1) : chain_in(p, a, b, t, exact, c, 0);
+}
+
+/* triple_candidates(): the same segments and spans with a filter of triples (three consecutive words of an
+ * item) instead of a pair table, as ngrams.run_candidates decides with ngrams.TripleFilter (no pair filter: two
+ * runs are linked when they are two of a triple that may be an item's). A plain run's value is its prefix hash
+ * (ngrams.head_prefixes), three plain runs in a row may be an item's when their hash (pair_hashes of the first
+ * two's pair hash and the third's prefix) has its filter bit; a triple with a wild run always may be (the most
+ * its NFKC form may make of it). Then run_candidates' chains among plain runs are the maximal blocks of
+ * consecutive triples that may be, each holding the runs of its triples (two chains may share a run; a block
+ * of k triples is a chain of k + 2 runs). A segment ends between two plain runs when neither triple holding
+ * both may be (nor, then, any pair of them be linked): a segment without a wild run keeps its blocks as chains;
+ * one with a wild run (its bounds are such pairs for run_candidates too, so its chains are the text's chains
+ * there) is a piece for run_candidates, merged as with a pair table. The filter's bit of a triple is looked up
+ * TRIPLE_LAG triples after its address is known and prefetched (the filter is far larger than the caches: a
+ * miss a run otherwise). */
+#ifndef TRIPLE_LAG
+#define TRIPLE_LAG 8
+#endif
+#ifndef TRIPLE_MERGE_GAP
+#define TRIPLE_MERGE_GAP MERGE_GAP
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)0)
+#endif
+#define TRIPLE_RING 16 /* a power of two > TRIPLE_LAG + 2: the runs and triples in flight */
+
+static const uint64_t MIX_GOLDEN = 0x9E3779B97F4A7C15ull;
+static const uint64_t MIX2 = 0x94D049BB133111EBull;
+static const uint64_t HASH_STEP = 0x100000001B3ull;
+
+/* splitmix64's finalizer (ngrams._mix) */
+static inline uint64_t mix64(uint64_t x) {
+    x += MIX_GOLDEN;
+    x = (x ^ (x >> 30)) * MIX1;
+    x = (x ^ (x >> 27)) * MIX2;
+    return x ^ (x >> 31);
+}
+
+static inline __attribute__((always_inline)) int triples_in(const unsigned char *p, Py_ssize_t a, Py_ssize_t b,
+                                                           int64_t t, int64_t exact, Chains *c, const int ascii) {
+    const Py_ssize_t mark = c->spans.size, shortest = c->shortest;
+    const unsigned char *filter = c->filter;
+    const int shift = c->shift;
+    /* the last runs (bounds, wild, prefix hash, pair hash with the next) and triples (0: its filter bit; 1: may
+     * be, a wild run in it), by index & (TRIPLE_RING - 1) */
+    int64_t run_start[TRIPLE_RING], run_end[TRIPLE_RING];
+    unsigned char run_wild[TRIPLE_RING], tri_sure[TRIPLE_RING], tri_bit[TRIPLE_RING];
+    uint64_t run_prefix[TRIPLE_RING], run_pair[TRIPLE_RING];
+    const unsigned char *tri_byte[TRIPLE_RING];
+    Py_ssize_t runs = 0;           /* runs seen */
+    Py_ssize_t joined = 0;         /* runs taken into segments (the next one's index) */
+    int seg_open = 0, seg_wild = 0, prev_may = 0;
+    Py_ssize_t seg_start = 0, seg_mark = mark, block = 0;  /* block: triples that may be, in a row */
+    int64_t block_start = 0;
+    c->text = t;
+    c->exact = exact;
+    c->pending = -1;
+#define R_(i) ((i) & (TRIPLE_RING - 1))
+/* run i into the open segment (one opened at it if none) */
+#define JOIN(i)                                                                                                 \
+    do {                                                                                                        \
+        if (!seg_open) {                                                                                        \
+            seg_open = 1;                                                                                       \
+            seg_wild = 0;                                                                                       \
+            seg_start = run_start[R_(i)];                                                                       \
+            seg_mark = c->spans.size;                                                                           \
+        }                                                                                                       \
+        seg_wild |= run_wild[R_(i)];                                                                            \
+        joined = (i) + 1;                                                                                       \
+    } while (0)
+/* the block of triples that may be ends; its chain's last run is LAST */
+#define END_BLOCK(LAST)                                                                                         \
+    do {                                                                                                        \
+        if (block && block + 2 >= shortest && push4(&c->spans, t, exact, block_start, run_end[R_(LAST)]))       \
+            return -1;                                                                                          \
+        block = 0;                                                                                              \
+    } while (0)
+/* the open segment ends at run LAST: a wild one is a piece for run_candidates (the chains found in it dropped) */
+#define END_SEGMENT(LAST)                                                                                       \
+    do {                                                                                                        \
+        if (seg_open && seg_wild) {                                                                             \
+            c->spans.size = seg_mark;                                                                           \
+            c->seg_start = seg_start;                                                                           \
+            c->last_end = run_end[R_(LAST)];                                                                    \
+            c->seg_wild = 1;                                                                                    \
+            if (close_segment(c)) return -1;                                                                    \
+        }                                                                                                       \
+        seg_open = 0;                                                                                           \
+    } while (0)
+/* triple j (runs j, j + 1, j + 2, all seen) decided: its run j joins, the block goes on or ends, and the
+ * segment ends after run j when the pair j, j + 1 is in no triple that may be */
+#define STEP_TRIPLE(j)                                                                                          \
+    do {                                                                                                        \
+        const Py_ssize_t j_ = (j);                                                                              \
+        const int may_ = tri_sure[R_(j_)] || ((*tri_byte[R_(j_)] >> tri_bit[R_(j_)]) & 1);                      \
+        JOIN(j_);                                                                                               \
+        if (may_) {                                                                                             \
+            if (!block) block_start = run_start[R_(j_)];                                                        \
+            block++;                                                                                            \
+        } else {                                                                                                \
+            END_BLOCK(j_ + 1);                                                                                  \
+            if (!prev_may && !run_wild[R_(j_)] && !run_wild[R_(j_ + 1)]) END_SEGMENT(j_);                       \
+        }                                                                                                       \
+        prev_may = may_;                                                                                        \
+    } while (0)
+/* one run p[S:E] (HIGH: it holds a byte >= 0x80) */
+#define RUN(S, E, HIGH)                                                                                         \
+    do {                                                                                                        \
+        const Py_ssize_t rs = (S), re = (E), k = runs++;                                                        \
+        const int rhigh = ascii ? 0 : (HIGH) != 0;                                                              \
+        uint64_t rprefix = 0;                                                                                   \
+        if (rhigh) {                                                                                            \
+            for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
+                if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) {                                 \
+                    c->spans.size = mark;                                                                       \
+                    return 1;                                                                                   \
+                }                                                                                               \
+            }                                                                                                   \
+        } else {                                                                                                \
+            const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
+            const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
+            rprefix = (((rhead | LOWER) & KEEP[rk]) ^ ((uint64_t)rn * HASH_STEP)) * MIX1;                       \
+        }                                                                                                       \
+        run_start[R_(k)] = rs;                                                                                  \
+        run_end[R_(k)] = re;                                                                                    \
+        run_wild[R_(k)] = (unsigned char)rhigh;                                                                 \
+        run_prefix[R_(k)] = rprefix;                                                                            \
+        if (k >= 1) run_pair[R_(k - 1)] = mix64(run_prefix[R_(k - 1)] * HASH_STEP ^ rprefix);                   \
+        if (k >= 2) {                                                                                           \
+            const Py_ssize_t j = k - 2;                                                                         \
+            if (run_wild[R_(j)] | run_wild[R_(j + 1)] | rhigh) {                                                \
+                tri_sure[R_(j)] = 1;                                                                            \
+            } else {                                                                                            \
+                const uint64_t slot = mix64(run_pair[R_(j)] * HASH_STEP ^ rprefix) >> shift;                    \
+                tri_sure[R_(j)] = 0;                                                                            \
+                tri_byte[R_(j)] = filter + (slot >> 3);                                                         \
+                tri_bit[R_(j)] = (unsigned char)(slot & 7);                                                     \
+                PREFETCH(tri_byte[R_(j)]);                                                                      \
+            }                                                                                                   \
+            if (j >= TRIPLE_LAG) STEP_TRIPLE(j - TRIPLE_LAG);                                                   \
+        }                                                                                                       \
+    } while (0)
+    FOR_EACH_RUN(p, a, b, RUN);
+    for (Py_ssize_t j = runs >= 2 + TRIPLE_LAG ? runs - 2 - TRIPLE_LAG : 0; j + 2 < runs; j++) STEP_TRIPLE(j);
+    for (Py_ssize_t i = joined; i < runs; i++) JOIN(i);
+    if (runs) {
+        END_BLOCK(runs - 1);
+        END_SEGMENT(runs - 1);
+    }
+#undef RUN
+#undef STEP_TRIPLE
+#undef END_SEGMENT
+#undef END_BLOCK
+#undef JOIN
+#undef R_
+    return 0;
+}
+
+/* triples_in, compiled once for ASCII texts and once for the others */
+static int triple_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
+    return exact == 0 ? triples_in(p, a, b, t, 0, c, 1) : triples_in(p, a, b, t, exact, c, 0);
 }
 
 /* the word arrays' buffers (bytearrays; arrays[3], the links, may be None) */
@@ -576,32 +742,14 @@ PyDoc_STRVAR(candidates_doc,
 "more in an ASCII text (offsets in the str itself), 1 the same in joined, 2 a piece of joined holding wild runs\n"
 "for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of theirs).");
 
-static PyObject *candidates(PyObject *self, PyObject *args) {
-    PyObject *arg, *table_arg;
-    int bits;
-    Py_ssize_t shortest;
-    Py_buffer table = {0};
-    if (!PyArg_ParseTuple(args, "OOin", &arg, &table_arg, &bits, &shortest)) return NULL;
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "candidates() takes a list of str");
-        return NULL;
-    }
-    if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
-    if (bits < 1 || bits > 31 || table.len != (((Py_ssize_t)1 << (2 * bits)) + 7) / 8) {
-        PyBuffer_Release(&table);
-        PyErr_SetString(PyExc_ValueError, "candidates(): the table's size is not 1 << (2 * bits) bits");
-        return NULL;
-    }
+/* candidates' and triple_candidates' loop: the texts (a list of str, checked) through `chain` with `c` */
+static PyObject *chains_of(PyObject *arg, Chains *c,
+                           int (*chain)(const unsigned char *, Py_ssize_t, Py_ssize_t, int64_t, int64_t, Chains *)) {
     Py_ssize_t count = PyList_GET_SIZE(arg);
     PyObject **held_refs = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
     Text *texts = PyMem_Calloc(count ? count : 1, sizeof(Text));
     char *forced = PyMem_Calloc(count ? count : 1, 1);
     PyObject *joined = NULL, *result = NULL, *spans = NULL, *forced_list = NULL;
-    Chains c;
-    memset(&c, 0, sizeof c);
-    c.table = table.buf;
-    c.bits = bits;
-    c.shortest = shortest;
     if (!held_refs || !texts || !forced) {
         PyErr_NoMemory();
         goto done;
@@ -641,7 +789,7 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
     for (Py_ssize_t t = 0; t < count && !failed; t++) {
         int r;
         if (texts[t].ascii) {
-            r = chain_text(texts[t].chars, 0, texts[t].length, t, 0, &c);
+            r = chain(texts[t].chars, 0, texts[t].length, t, 0, c);
         } else {
             Py_ssize_t n = encode(&texts[t], p + at);
             if (n < 0) {  /* a lone surrogate: checked whole (run_candidates' forced) */
@@ -649,7 +797,7 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
                 continue;
             }
             p[at + n] = 0;
-            r = chain_text(p, at, at + n, t, 1, &c);
+            r = chain(p, at, at + n, t, 1, c);
             at += n + 1;
         }
         if (r < 0) failed = 1;
@@ -677,7 +825,7 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
             Py_DECREF(i);
         }
     }
-    spans = vec_bytes(&c.spans);
+    spans = vec_bytes(&c->spans);
     if (spans) result = PyTuple_Pack(3, joined, spans, forced_list);
 done:
     if (held_refs) {
@@ -686,11 +834,74 @@ done:
     Py_XDECREF(joined);
     Py_XDECREF(spans);
     Py_XDECREF(forced_list);
-    PyBuffer_Release(&table);
     PyMem_Free(held_refs);
     PyMem_Free(texts);
     PyMem_Free(forced);
-    PyMem_RawFree(c.spans.data);
+    PyMem_RawFree(c->spans.data);
+    return result;
+}
+
+static PyObject *candidates(PyObject *self, PyObject *args) {
+    PyObject *arg, *table_arg;
+    int bits;
+    Py_ssize_t shortest;
+    Py_buffer table = {0};
+    if (!PyArg_ParseTuple(args, "OOin", &arg, &table_arg, &bits, &shortest)) return NULL;
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "candidates() takes a list of str");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
+    if (bits < 1 || bits > 31 || table.len != (((Py_ssize_t)1 << (2 * bits)) + 7) / 8) {
+        PyBuffer_Release(&table);
+        PyErr_SetString(PyExc_ValueError, "candidates(): the table's size is not 1 << (2 * bits) bits");
+        return NULL;
+    }
+    Chains c;
+    memset(&c, 0, sizeof c);
+    c.table = table.buf;
+    c.bits = bits;
+    c.shortest = shortest;
+    c.merge_gap = MERGE_GAP;
+    PyObject *result = chains_of(arg, &c, chain_text);
+    PyBuffer_Release(&table);
+    return result;
+}
+
+PyDoc_STRVAR(triple_candidates_doc,
+"triple_candidates(texts, filter, shift, shortest) -> (joined, spans, forced)\n\n"
+"candidates() with a filter of triples instead of a pair table (ngrams.TripleFilter: `filter` a bit per slot,\n"
+"1 << (64 - shift) of them, little-endian in each byte; a triple's slot its hash >> shift), `shortest` >= 3:\n"
+"the spans of its chains of plain runs and of its pieces with wild runs, as candidates() gives them.");
+
+static PyObject *triple_candidates(PyObject *self, PyObject *args) {
+    PyObject *arg, *filter_arg;
+    int shift;
+    Py_ssize_t shortest;
+    Py_buffer filter = {0};
+    if (!PyArg_ParseTuple(args, "OOin", &arg, &filter_arg, &shift, &shortest)) return NULL;
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "triple_candidates() takes a list of str");
+        return NULL;
+    }
+    if (shortest < 3) {
+        PyErr_SetString(PyExc_ValueError, "triple_candidates(): shortest is less than 3");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0) return NULL;
+    if (shift < 4 || shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - shift))) {
+        PyBuffer_Release(&filter);
+        PyErr_SetString(PyExc_ValueError, "triple_candidates(): the filter's size is not 1 << (64 - shift) bits");
+        return NULL;
+    }
+    Chains c;
+    memset(&c, 0, sizeof c);
+    c.filter = filter.buf;
+    c.shift = shift;
+    c.shortest = shortest;
+    c.merge_gap = TRIPLE_MERGE_GAP;
+    PyObject *result = chains_of(arg, &c, triple_text);
+    PyBuffer_Release(&filter);
     return result;
 }
 
@@ -739,6 +950,7 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"table_links", table_links, METH_VARARGS, table_links_doc},
     {"candidates", candidates, METH_VARARGS, candidates_doc},
+    {"triple_candidates", triple_candidates, METH_VARARGS, triple_candidates_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -183,7 +183,7 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
-SCAN_ABI = 2  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
+SCAN_ABI = 3  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
 REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
 
 
@@ -262,6 +262,26 @@ class PairTable:
         return cls(table, bits, np.packbits(table, bitorder="little"))
 
 
+@dataclass(frozen=True)
+class TripleFilter:
+    """A bit filter of each three consecutive words of a set's items as run_candidates' `pairs` (a set too large
+    for a pair table; its items all of 3 words or more: no pair filter, two words are linked when they are two of
+    a triple that may be an item's): `bits`, uint8, a bit per slot, little-endian in each byte; a triple's slot,
+    its hash (pair_hashes of its first two words' pair_hashes and the third's prefix_hashes) >> `shift`. Called as
+    `pairs` is, it gives numpy's links: (None, whether each word and the next two may be an item's three); in
+    tokmix._scan's loop where it is built (triple_candidates)."""
+
+    bits: np.ndarray
+    shift: int
+
+    def __call__(self, heads: np.ndarray, lengths: np.ndarray) -> Links:
+        prefix = head_prefixes(heads, lengths)
+        pairs = pair_hashes(prefix[:-1], prefix[1:])
+        slots = pair_hashes(pairs[:-1], prefix[2:]) >> np.uint64(self.shift)
+        return None, ((self.bits[(slots >> np.uint64(3)).astype(np.int64)] >> (slots & np.uint64(7)).astype(np.uint8))
+                      & 1) == 1
+
+
 def scan(texts: list[str], table: PairTable | None = None) -> RawWords:
     """run_candidates' split of the texts (and `table`'s links): in tokmix._scan's loop where it is built
     (compiled()), else numpy's."""
@@ -304,14 +324,15 @@ def _scan_numpy(texts: list[str], table: PairTable | None = None) -> RawWords:
     return RawWords(joined, raw, offsets, forced, starts, ends, heads, wild, held, link)
 
 
-def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable,
+def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable | TripleFilter,
                    member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
     """The texts that may hold `shortest` consecutive words (after normalization) each two of which may be two
     consecutive words of an item, and each three three (`pairs(heads, lengths)`, of each word's first 8 bytes
     lowercased as prefix_hashes' `lower` says, a plain run's as its mapped bytes', and its length: whether each
     word and the next may be, None: whenever they are two of three that may be, which needs `shortest` >= 3; and
     whether each word and the next two may be, None: unknown, all may; or a pair table, PairTable, whose
-    table_links are whether each word and the next may be, no triples) and each a `member` (of their word
+    table_links are whether each word and the next may be, no triples; or a TripleFilter, `shortest` >= 3) and each
+    a `member` (of their word
     hashes), each with the pieces of it that hold every such run of words (its chains, below; None: the whole
     text); no other text, and no other part of one, holds an n-gram of a benchmark item. Cheap: the raw UTF-8
     bytes are split as split_words splits an ASCII text (scan: one compiled loop where tokmix._scan is built,
@@ -337,19 +358,22 @@ def run_candidates(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], L
     if shortest <= 1:  # an item of one word: any word may be one
         return [(t, None) for t in range(len(texts))]
     native = compiled()
-    if native is not None and isinstance(pairs, PairTable):
+    if native is not None and (isinstance(pairs, PairTable) or (isinstance(pairs, TripleFilter) and shortest >= 3)):
         return _candidates_native(texts, native, pairs, member, shortest)
     return _chained(texts, pairs, member, shortest)
 
 
-def _candidates_native(texts: list[str], native, table: PairTable, member: Callable[[np.ndarray], np.ndarray],
-                       shortest: int) -> list[tuple[int, list[str] | None]]:
-    """run_candidates with a pair table in tokmix._scan's one loop (candidates): the chains of plain runs come
-    out of it whole; each piece of a text holding wild runs (a segment of runs linked as their NFKC may link
-    them, with the plain runs beside them: an unlinked pair of plain runs at both ends, where the text's chains
-    end too) is split by _chained as a text of its own, and its pieces are the text's there. No array per
-    word for the rest (most of a corpus)."""
-    joined, spans, forced = native.candidates(texts, table.packed, table.bits, shortest)
+def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter,
+                       member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
+    """run_candidates with a pair table in tokmix._scan's one loop (candidates; a triple filter: triple_candidates):
+    the chains of plain runs come out of it whole; each piece of a text holding wild runs (a segment of runs
+    linked as their NFKC may link them, with the plain runs beside them: an unlinked pair of plain runs at both
+    ends, where the text's chains end too) is split by _chained as a text of its own, and its pieces are the
+    text's there. No array per word for the rest (most of a corpus)."""
+    if isinstance(table, PairTable):
+        joined, spans, forced = native.candidates(texts, table.packed, table.bits, shortest)
+    else:
+        joined, spans, forced = native.triple_candidates(texts, table.bits, table.shift, shortest)
     spans = np.frombuffer(spans, np.int64).reshape(-1, 4).tolist()
     view = memoryview(joined)
     wild = [i for i, span in enumerate(spans) if span[1] == 2]
@@ -371,7 +395,7 @@ def _candidates_native(texts: list[str], native, table: PairTable, member: Calla
     return sorted(found.items())
 
 
-def _chained(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable,
+def _chained(texts: list[str], pairs: Callable[[np.ndarray, np.ndarray], Links] | PairTable | TripleFilter,
              member: Callable[[np.ndarray], np.ndarray], shortest: int) -> list[tuple[int, list[str] | None]]:
     """run_candidates from scan's arrays (numpy's chains and pieces)."""
     words = scan(texts, pairs if isinstance(pairs, PairTable) else None)
