@@ -9,12 +9,19 @@ average is printed beside them.
 
     .venv/bin/python bench/streams_share.py [--units 40] [--rounds 3] [--workers 2]
     .venv/bin/python bench/streams_share.py --full [--rounds 2]
+    .venv/bin/python bench/streams_share.py --pieces [--passes 7] [--pieces-files F.parquet ...]
 
 `--full` measures the full layout's own texts instead: every stream's train files in the split's order, unit by
 unit until the stream's budget, once (the layout's repeated files warm the encoder as they warm the stage's):
 the unit function on the threads, against the same units' documents read ahead of the clock a few units at a
 time and encoded bare on as many threads. Each measure reads ~13 GB of text, and the stage writes its units (5
 GB) to a temporary folder, each unit deleted once it is counted.
+
+`--pieces` times the reading pieces of the unit function instead, each alone by its thread's CPU (the minimum of
+`--passes` passes in one process) over one parquet file per stream (`--pieces-files`, default each of web, edu
+and code_other's train_00000.parquet): Arrow's iter_batches as the reader runs it, the same with `to_pylist`, the
+reader the stage uses (`unit_text_lists`) without places, with places, with places and CRC-32s, and with the
+stage's batching (`list_batches`, `take_kept`); and the CRC-32s alone by the crc32 tokmix uses and by zlib's.
 
 Run bench/fullscale.py once first (it builds bench/work/fullscale/). Units are written to a temporary folder
 and deleted.
@@ -212,6 +219,66 @@ def measure(kind: str, total: int, workers: int) -> dict:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def measure_pieces(files: list[str], passes: int) -> None:
+    """The reading pieces of a unit, each by its thread's CPU (see --pieces)."""
+    import zlib
+
+    import pyarrow.parquet as pq
+
+    from tokmix.provenance import crc32
+    from tokmix.sources import Places, plan_units
+    from tokmix.sources.parquet import _batch_rows, _crc32s, _offsets, unit_text_lists
+    from tokmix.stages.streams import list_batches
+
+    chosen = [u for f in files for u in plan_units("s", [f], [], 1 << 40)]
+
+    def arrow(pylist: bool) -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                for g in range(pf.metadata.num_row_groups):
+                    rows = _batch_rows(pf.metadata.row_group(g), 0)
+                    for b in pf.iter_batches(batch_size=rows, row_groups=[g], columns=["text"], use_threads=False):
+                        b.column(0).to_pylist() if pylist else b.column(0)
+
+    def reader(places: bool | None, batched: bool = False) -> None:
+        for u in chosen:
+            where = None if places is None else Places(checksums=places, kept=True)
+            lists = unit_text_lists(u.pieces, "text", "s", [], 1 << 40, where)
+            if not batched:
+                for _ in lists:
+                    pass
+                continue
+            for batch in list_batches(lists, 1 << 40):
+                where.take_kept(len(batch))
+
+    columns = []
+    for f in files:
+        with open(f, "rb") as fh:
+            columns += [b.column(0) for b in pq.ParquetFile(fh).iter_batches(batch_size=100, columns=["text"],
+                                                                              use_threads=False)]
+    print(f"{len(files)} files, {sum(c.nbytes for c in columns) / 1e6:,.1f} MB of text in Arrow; load "
+          f"{os.getloadavg()[0]:.2f}; thread CPU-s, the minimum of {passes} passes (all passes sorted)")
+    pieces = [("Arrow's iter_batches", lambda: arrow(False)), ("+ to_pylist", lambda: arrow(True)),
+              ("unit_text_lists, no places", lambda: reader(None)),
+              ("unit_text_lists, places", lambda: reader(False)),
+              ("unit_text_lists, places and CRC-32s", lambda: reader(True)),
+              ("+ list_batches, take_kept", lambda: reader(True, True)),
+              (f"CRC-32s alone, {crc32.__module__}'s", lambda: [_crc32s(*_offsets(c)) for c in columns])]
+    if crc32 is not zlib.crc32:
+        view = [(memoryview(_offsets(c)[1]), _offsets(c)[0].tolist()) for c in columns]
+        pieces.append(("CRC-32s alone, zlib's", lambda: [[zlib.crc32(v[a:b]) for a, b in zip(o, o[1:])]
+                                                        for v, o in view]))
+    for name, run in pieces:
+        times = []
+        for _ in range(passes):
+            t0 = time.thread_time()
+            run()
+            times.append(time.thread_time() - t0)
+        print(f"  {name:38s} {min(times):6.3f}  ({', '.join(f'{t:.3f}' for t in sorted(times))})", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+
+
 def main() -> None:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,10 +287,17 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--full", action="store_true", help="the full layout's texts, once (see above)")
     ap.add_argument("--work", type=Path, default=WORK, help="bench/fullscale.py's folder (default: %(default)s)")
+    ap.add_argument("--pieces", action="store_true", help="the reading pieces by thread CPU (see above)")
+    ap.add_argument("--pieces-files", nargs="+", help="parquet files for --pieces")
+    ap.add_argument("--passes", type=int, default=7, help="passes of each piece with --pieces (default: %(default)s)")
     ap.add_argument("--only", choices=("stage", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["TOKMIX_BENCH_WORK"] = str(args.work.resolve())  # for the measures' processes
     WORK = args.work.resolve()
+    if args.pieces:
+        measure_pieces(args.pieces_files or [str(WORK / "corpus" / d / "train_00000.parquet")
+                                             for d in ("web", "edu", "code_other")], args.passes)
+        return
     if args.only:
         done = measure_full(args.only, args.workers) if args.full else measure(args.only, args.units, args.workers)
         print(json.dumps(done))
