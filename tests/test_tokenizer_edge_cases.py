@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sentencepiece
 import tiktoken
@@ -302,3 +303,94 @@ def test_a_moved_run_resumed_under_a_real_older_sentencepiece_says_so_too(corpus
     assert RECHECKED in resume_under_old_sentencepiece(recipe, out)
     record = json.loads((out / "tokmix-state" / "tokenizer.libraries.json").read_text())
     assert record["libraries_at_start"]["sentencepiece"] == sentencepiece.__version__
+
+
+# ---------------------------------------------------------------------------- whole runs
+def run_of(corpus: Path, out: Path, name: str, lines: list[str]) -> dict:
+    import json
+
+    import tokmix
+    from tests.test_pretrained import write_recipe
+    from tokmix.stages.validate import validate_dir
+
+    tokmix.run(tokmix.load_recipe(write_recipe(corpus, name, lines)), out, workers=2)
+    assert validate_dir(out) == []
+    return json.loads((out / "index.json").read_text())
+
+
+def test_sentencepiece_unigram_models_with_and_without_byte_fallback_run_with_their_ids(vocabularies, corpus,
+                                                                                         tmp_path):
+    """A unigram model with byte fallback, read from a Hugging Face cache's snapshot (a symlink into blobs/), with
+    <s> before each document; one without byte fallback (its <unk> for what it lacks) with </s> after each and none
+    before: sentencepiece tokenizes both (fastokens has no unigram model, said in one line), every document of the
+    first shard has sentencepiece's ids, and inspect decodes through sentencepiece."""
+    from tests.test_pretrained import assert_first_shard_is_the_oracles
+    from tokmix.inspect import read_block
+
+    snapshot = tmp_path / "hub" / "models--org--unigram" / "snapshots" / "abc123"
+    blob = tmp_path / "hub" / "models--org--unigram" / "blobs" / "5eed"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(vocabularies["unigram-byte-fallback"].read_bytes())
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.model").symlink_to("../../blobs/5eed")
+    cases = {"unigram-byte-fallback": ([f'sentencepiece = "{snapshot / "tokenizer.model"}"', 'doc_prefix = "<s>"'],
+                                       [1], []),
+             "unigram-identity": ([f'sentencepiece = "{vocabularies["unigram-identity"]}"', "doc_prefix = []",
+                                   'doc_suffix = "</s>"'], [], [2])}
+    for name, (lines, prefix, suffix) in cases.items():
+        out = tmp_path / name
+        index = run_of(corpus, out, name, lines)
+        assert (index["tokenizer_oracle"], index["vocab_size"], index["dtype"]) == ("sentencepiece", 2000, "uint16")
+        assert index["delimiters"] == {"prefix": prefix, "suffix": suffix}
+        assert index["throughput"]["backend"] == "sentencepiece"
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(vocabularies[name]))
+        assert assert_first_shard_is_the_oracles(out, sp.encode) > 20
+        view = read_block(out, 0, 0)
+        assert view.text.strip() and view.documents_started >= 1
+
+
+def test_the_vocabulary_at_the_uint16_boundary(corpus, tmp_path):
+    """cl100k's first 65,535 and 65,536 ranks as .tiktoken files (its own rank file cut), split by cl100k's pattern,
+    <|endoftext|> after them: 65,536 ids are uint16 (the delimiter 65,535, the largest uint16), 65,537 uint32
+    (65,536); each through the shards, the training loader and both exports (Megatron's int32 from 65,500 ids, llm.c's
+    gpt-2 header for uint16 and llama-3's for uint32), every document of the first shard tiktoken's ids."""
+    from tests.test_export import read_llmc, read_megatron
+    from tests.test_pretrained import assert_first_shard_is_the_oracles
+    from tokmix.data import TrainBlocks
+    from tokmix.export import export_llmc, export_megatron
+
+    cl100k = tiktoken.get_encoding("cl100k_base")
+    lines = package_file("cl100k_base").read_bytes().splitlines(keepends=True)
+    for n, dtype, header in ((65_535, "uint16", 20240520), (65_536, "uint32", 20240801)):
+        source = tmp_path / f"cl100k-{n}.tiktoken"
+        source.write_bytes(b"".join(lines[:n]))
+        mine = tiktoken.Encoding(f"cl100k-{n}", pat_str=cl100k._pat_str, special_tokens={"<|endoftext|>": n},
+                                 mergeable_ranks={t: r for t, r in cl100k._mergeable_ranks.items() if r < n})
+        out = tmp_path / f"run-{n}"
+        index = run_of(corpus, out, f"cut{n}", [f'tiktoken = "{source}"',
+                                                f"tiktoken_pattern = '''{cl100k._pat_str}'''"])
+        assert (index["vocab_size"], index["dtype"], index["delimiters"]["prefix"]) == (n + 1, dtype, [n])
+        assert assert_first_shard_is_the_oracles(out, mine.encode_ordinary) > 20
+        blocks = TrainBlocks(out)
+        assert blocks.dtype == np.dtype(dtype) and int(blocks.block(0)[0]) == n
+        export_megatron(out, tmp_path / f"m{n}")
+        code, _, docs = read_megatron(tmp_path / f"m{n}")
+        assert code == 4 and max(int(d.max()) for d in docs if d.size) == n  # int32: 65,500 ids or more
+        export_llmc(out, tmp_path / f"l{n}")
+        magic, _, tokens = read_llmc(tmp_path / f"l{n}" / "tokmix_train_000.bin")
+        assert magic == header and int(tokens[0]) == n and tokens.dtype.itemsize == np.dtype(dtype).itemsize
+
+
+def test_a_whitespace_run_tiktoken_cannot_split_is_encoded_as_its_pieces(vocabularies):
+    """A run of 1.1M spaces before a letter: tiktoken's regex gives up on it (a panic; it splits 999,000), so the
+    oracle has no ids for it. The tiktoken backend says so in one line; fastokens (auto's choice) gives the ids
+    tiktoken gives the two pieces its pattern makes of it, the spaces but the last and " a"."""
+    from tokmix.errors import TokmixError
+
+    path = vocabularies["cl100k_base"]
+    enc = tiktoken.get_encoding("cl100k_base")
+    text = " " * 1_100_000 + "a"
+    with pytest.raises(TokmixError, match=r"^tiktoken cannot encode a document of 1,100,001 characters \("):
+        make_encoder(path, "tiktoken", 1).encode_batch([text])
+    ids = make_encoder(path, "fastokens", 1).encode_batch([text])[0].tolist()
+    assert ids == enc.encode_ordinary(" " * 1_099_999) + enc.encode_ordinary(" a")
