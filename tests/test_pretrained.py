@@ -344,3 +344,47 @@ def test_validate_under_other_library_versions_checks_the_ids_again(finished, tm
     (run_dir / "index.json").write_text(json.dumps(index))
     done = validate()
     assert done.exit_code == 1 and "the tokenizer's ids changed with its libraries" in done.stderr
+
+
+def tiktoken_no_token_ids(name: str) -> list[int]:
+    """The ids below n_vocab that tiktoken itself has no bytes for."""
+    enc, missing = tiktoken.get_encoding(name), []
+    for i in range(enc.n_vocab):
+        try:
+            enc.decode_single_token_bytes(i)
+        except KeyError:
+            missing.append(i)
+    return missing
+
+
+def test_ids_that_are_no_token_are_recorded_and_refused_by_validate(finished, tiktoken_dir, tmp_path):
+    """index.json's no_token_ids are exactly the ids tiktoken has no token for (cl100k's gap before its special
+    tokens; the others have none, and the key is absent), as every vocabulary's own view gives them; a shard or a
+    holdout holding one fails validate, naming the id (below vocab_size: the range check passes it)."""
+    import shutil
+
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.tokenizer import id_ranges, load_vocabulary, tokenizer_file
+
+    name, out = finished
+    index = json.loads((out / "index.json").read_text())
+    if name != "cl100k_base":
+        assert "no_token_ids" not in index
+        return
+    want = tiktoken_no_token_ids(name)
+    assert want[0] == 100256 and len(want) == 16
+    assert index["no_token_ids"] == id_ranges(np.array(want)) == [[100256, 100257], [100261, 100276]]
+    for other in ("o200k_base", "p50k_base"):  # the view of each encoding tokmix runs: tiktoken's gaps, none else
+        recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": other}, "layout": {"steps": 1,
+                                   "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
+                                   "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+        path = tokenizer_file(recipe, tmp_path / f"{other}.tiktoken.json")
+        assert load_vocabulary(path, "tiktoken").no_token_ids().tolist() == tiktoken_no_token_ids(other), other
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    assert validate_dir(run) == []
+    for file, id_ in ((index["shards"][1]["file"], 100256), (next(iter(index["val"].values()))["file"], 100270)):
+        tokens = np.fromfile(run / file, dtype=index["dtype"])
+        tokens[len(tokens) // 2] = id_
+        tokens.tofile(run / file)
+        assert any(p.startswith(f"{file}: token id {id_:,} is no token") for p in validate_dir(run)), file

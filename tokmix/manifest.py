@@ -51,6 +51,7 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         tokenizer_ids_sha256=ctx.oracle_ids_sha256,
         tokmix_version=__version__,
         vocab_size=ctx.vocab_size,
+        no_token_ids=ctx.no_token_ids,
         dtype=ctx.dtype.name,
         seq_len=recipe.layout.seq_len,
         block=block_tokens(recipe.layout.seq_len),

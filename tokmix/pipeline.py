@@ -67,6 +67,7 @@ from tokmix.stages.validate import share_warnings, validate_dir
 from tokmix.store import store_problem
 from tokmix.tokenizer import (
     document_delimiters,
+    id_ranges,
     load_vocabulary,
     token_dtype,
     tokenizer_file,
@@ -122,6 +123,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     checksum = same_tokenizer(layout, tokenizer_path)
     dtype = token_dtype(vocab, recipe.tokenizer.dtype, tokenizer_path)
     vocab_size, oracle, token_bytes = vocab.size, vocab.oracle, vocab.token_bytes()
+    no_token_ids = id_ranges(vocab.no_token_ids())
     # A large vocabulary's oracle tokenizer weighs as much as an encoder: it is not held beside the backend
     # check's process nor the stage's encoder (docs/benchmarks.md, "Pretrained vocabularies")
     del vocab
@@ -136,6 +138,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
                    tokenizer_sha256=checksum, token_bytes=token_bytes, delimiters=delimiters,
+                   no_token_ids=no_token_ids or None,
                    writer=RunWriter.of(layout), oracle=oracle, libraries=libraries["libraries"],
                    oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache,
                    worker_memory=worker_memory(workers, options.max_memory))

@@ -118,6 +118,11 @@ class Vocabulary:
         """The text of these ids, special tokens by name (invalid UTF-8 as U+FFFD)."""
         raise NotImplementedError
 
+    def no_token_ids(self) -> np.ndarray:
+        """The ids below `size` that are no token (neither a piece nor a special token): tiktoken's gaps before
+        its special tokens (cl100k's 100256 and 100261-100275), a tokenizer.json's missing ids. None here."""
+        return np.empty(0, np.int64)
+
 
 class HFVocabulary(Vocabulary):
     def __init__(self, path: str):
@@ -129,6 +134,9 @@ class HFVocabulary(Vocabulary):
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def no_token_ids(self) -> np.ndarray:
+        return _missing(self.tokenizer.get_vocab(with_added_tokens=True).values(), self.size)
 
 
 class TiktokenVocabulary(Vocabulary):
@@ -148,6 +156,9 @@ class TiktokenVocabulary(Vocabulary):
         for token, idx in self.ranks.items():
             lengths[idx] = len(token)
         return lengths
+
+    def no_token_ids(self) -> np.ndarray:
+        return _missing([*self.ranks.values(), *self.specials.values()], self.size)
 
     def decode(self, ids: list[int]) -> str:
         by_id = self._by_id()
@@ -190,6 +201,22 @@ class SentencePieceVocabulary(Vocabulary):
             else:
                 run.append(i)
         return "".join([*out, self.sp.decode(run)])
+
+
+def _missing(ids, size: int) -> np.ndarray:
+    """The ids below `size` not among `ids`."""
+    present = np.zeros(size, dtype=bool)
+    present[np.fromiter(ids, np.int64)] = True
+    return np.flatnonzero(~present)
+
+
+def id_ranges(ids: np.ndarray) -> list[list[int]]:
+    """Sorted ids as [first, end) ranges of consecutive ones."""
+    if not len(ids):
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts, ends = np.r_[0, breaks], np.r_[breaks, len(ids)]
+    return [[int(ids[a]), int(ids[b - 1]) + 1] for a, b in zip(starts, ends)]
 
 
 _KINDS = {"hf": HFVocabulary, "tiktoken": TiktokenVocabulary, "sentencepiece": SentencePieceVocabulary}

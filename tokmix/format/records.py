@@ -261,6 +261,9 @@ class Index(Record):
     tokenizer_ids_sha256: str | None = None
     tokmix_version: str | None = None
     vocab_size: int | None = None
+    # ids below vocab_size that are no token, as [first, end) ranges (tiktoken's gaps before its special tokens:
+    # cl100k's [[100256, 100257], [100261, 100276]]); absent when every id is one: validate refuses a shard's
+    no_token_ids: list[list[int]] | None = None
     dtype: str = "uint16"
     seq_len: int | None = None
     block: int | None = None

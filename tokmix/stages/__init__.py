@@ -68,6 +68,7 @@ class Context:
     # UTF-8 bytes each token id stands for (tokmix.tokenizer.token_byte_lengths), for the holdouts' bits per byte;
     # taken from the tokenizer build_context loads anyway (not loaded again: docs/benchmarks.md)
     token_bytes: np.ndarray | None = None
+    no_token_ids: list[list[int]] | None = None  # index.json's: the ids below vocab_size that are no token
     delimiters: Delimiters = REFERENCE_DELIMITERS  # the special tokens around each document, as ids
     writer: RunWriter | None = None  # what every task that writes checks and holds (tokmix.lock)
     benchmarks: dict | None = None  # the record of the run's benchmark n-grams ([decontaminate])

@@ -36,11 +36,13 @@ from tokmix.tokens import Delimiters, block_fingerprints, read_array
 SHARE_WARNING = 0.01  # realized share further than this (absolute) from the target is reported
 
 
-def _scan(path: Path | ObjectPath, dtype: np.dtype, marker: int | None = None) -> dict:
+def _scan(path: Path | ObjectPath, dtype: np.dtype, marker: int | None = None,
+          no_token: list[list[int]] | None = None) -> dict:
     """One sequential pass: token count, largest id, first and last token, checksum; with `marker`, where that
-    id is ("marks": the documents' delimiters, checked against the provenance index)."""
+    id is ("marks": the documents' delimiters, checked against the provenance index); with `no_token` (index.json's
+    ranges of ids that are no token), the first such id found ("no_token", None without)."""
     h = hashlib.new(CHECKSUM)
-    n, top, first, last, marks = 0, -1, None, None, []
+    n, top, first, last, marks, found = 0, -1, None, None, [], None
     with open_read(path, fetch=READ_CHUNK_BYTES) as f:
         while data := f.read(READ_CHUNK_BYTES - READ_CHUNK_BYTES % dtype.itemsize):
             h.update(data)
@@ -51,9 +53,26 @@ def _scan(path: Path | ObjectPath, dtype: np.dtype, marker: int | None = None) -
                 last = int(chunk[-1])
                 if marker is not None:
                     marks.append(np.flatnonzero(chunk == marker) + n)
+                if no_token and found is None:
+                    found = _no_token_in(chunk, no_token)
             n += len(chunk)
     return {"tokens": n, "max": top, "first": first, "last": last, "checksum": h.hexdigest(),
-            "marks": np.concatenate(marks) if marks else np.empty(0, np.int64)}
+            "marks": np.concatenate(marks) if marks else np.empty(0, np.int64), "no_token": found}
+
+
+def _no_token_in(chunk: np.ndarray, ranges: list[list[int]]) -> int | None:
+    """The first id of `chunk` inside one of the [first, end) ranges, None when there is none."""
+    hit = np.zeros(len(chunk), dtype=bool)
+    for start, end in ranges:  # a few ranges (cl100k 2, o200k 2): two compares a token each
+        hit |= (chunk >= start) & (chunk < end)
+    at = np.flatnonzero(hit)
+    return int(chunk[at[0]]) if len(at) else None
+
+
+def _no_token_problem(name: str, got: dict) -> list[str]:
+    if got["no_token"] is None:
+        return []
+    return [f"{name}: token id {got['no_token']:,} is no token of the run's tokenizer (index.json's no_token_ids)"]
 
 
 def _starts_a_document(name: str, first: int | None, index: Index) -> list[str]:
@@ -80,12 +99,13 @@ def _check_shards(root: Path, index: Index, dtype: np.dtype, vocab: int | None,
             problems.append(f"{name}: {path.stat().st_size} bytes is not a whole number of {dtype} tokens")
             previous_last = None  # unknown: the next shard's first token cannot be judged against it
             continue
-        got = _scan(path, dtype, _marker(index, shard))
+        got = _scan(path, dtype, _marker(index, shard), index.no_token_ids)
         want = tokens_in_shard(shard.blocks, seq_len)
         if got["tokens"] != want or shard.tokens != want:
             problems.append(f"{name}: {got['tokens']:,} tokens, expected {want:,} ({shard.blocks:,} blocks)")
         if vocab is not None and got["max"] >= vocab:
             problems.append(f"{name}: token id {got['max']} out of range (vocabulary {vocab:,})")
+        problems += _no_token_problem(name, got)
         if shard.checksum is not None and got["checksum"] != shard.checksum:
             problems.append(f"{name}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)"
                             + _where(root, name, dtype, seq_len))
@@ -135,11 +155,12 @@ def _check_holdouts(root: Path, index: Index, dtype: np.dtype, vocab: int | None
         if not path.exists():
             problems.append(f"{entry.file}: missing (holdout {domain})")
             continue
-        got = _scan(path, dtype, _marker(index, entry))
+        got = _scan(path, dtype, _marker(index, entry), index.no_token_ids)
         if got["tokens"] != entry.tokens:
             problems.append(f"{entry.file}: {got['tokens']:,} tokens, index.json says {entry.tokens:,}")
         if vocab is not None and got["max"] >= vocab:
             problems.append(f"{entry.file}: token id {got['max']} out of range (vocabulary {vocab:,})")
+        problems += _no_token_problem(entry.file, got)
         if entry.checksum is not None and got["checksum"] != entry.checksum:
             problems.append(f"{entry.file}: {CHECKSUM} checksum differs from index.json (file changed or corrupt)")
         problems += _starts_a_document(entry.file, got["first"], index)
