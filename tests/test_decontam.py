@@ -212,14 +212,21 @@ def test_index_counts_what_was_dropped(planted):
     assert index["decontamination"]["enabled"]  # the holdout stage's exact-hash one, reported beside it
 
 
-def test_action_report_lists_what_drop_would_and_keeps_it(planted, tmp_path):
-    """action = "report": the same oracle decides which documents are contaminated, and they are listed with
-    their places but stay in the shards; index.json counts them under the action."""
+@pytest.fixture(scope="module")
+def reported(planted) -> tuple[Path, Path]:
+    """The planted run's recipe with action = "report", run once: (the recipe, its output)."""
     recipe = planted["root"] / "report.toml"
     recipe.write_text(planted["recipe"].read_text().replace('action = "drop"', 'action = "report"'))
-    out = tmp_path / "report"
+    out = planted["root"] / "report"
     done = tokmix_run(recipe, out)
     assert done.returncode == 0, done.stderr[-3000:]
+    return recipe, out
+
+
+def test_action_report_lists_what_drop_would_and_keeps_it(planted, reported):
+    """action = "report": the same oracle decides which documents are contaminated, and they are listed with
+    their places but stay in the shards; index.json counts them under the action."""
+    out = reported[1]
     record = read_json(out / "contamination.json", sealed=True)
     got = {(p["stream"], p["file"], p["place"]) for item in record["items"] for p in item["places"]}
     assert got == set(oracle_drops({**planted, "out": out})) and len(got) > 10
@@ -240,6 +247,21 @@ def test_workers_units_and_a_kill_drop_the_same(planted, tmp_path):
     a = read_json(out / "contamination.json", sealed=True)
     b = read_json(planted["out"] / "contamination.json", sealed=True)
     assert a == b
+
+
+def test_report_after_a_kill_counts_the_same(planted, reported, tmp_path):
+    """action = "report", SIGKILLed after its third unit and resumed with one worker and units of another size:
+    the shards, contamination.json and index.json's entry of the uninterrupted report run."""
+    recipe, whole = reported
+    out = tmp_path / "killed"
+    killed = tokmix_run(recipe, out, 2, 9_000, "streams:after-unit:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    done = tokmix_run(recipe, out, 1, 9_000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.read_bytes() for p in sorted(out.glob("*.bin"))] == [p.read_bytes() for p in sorted(whole.glob("*.bin"))]
+    assert (out / "contamination.json").read_bytes() == (whole / "contamination.json").read_bytes()
+    entry = [json.loads((o / "index.json").read_text())["benchmark_decontamination"] for o in (out, whole)]
+    assert entry[0] == entry[1] and entry[0]["documents"] > 10
 
 
 def test_a_changed_benchmark_file_is_refused_on_resume(planted, tmp_path):
