@@ -30,6 +30,7 @@ from tokmix.ngrams import (
     NORMALIZATION,
     Links,
     PairTable,
+    TripleFilter,
     Words,
     gram_hashes_at,
     head_prefixes,
@@ -859,8 +860,13 @@ class BenchmarkSet:
 
     def first_pass_pairs(self):
         """What run_candidates takes as `pairs`: a small set's pair table itself (the compiled first pass looks it
-        up in its loop), else linked."""
-        return self.linked if self.pair_table is None else self.pair_table
+        up in its loop), a large set's triple filter when its items all have 3 words or more (ngrams.TripleFilter:
+        linked's links, looked up in the compiled loop too), else linked."""
+        if self.pair_table is not None:
+            return self.pair_table
+        if self.triples is not None and self.lengths[0] >= 3:
+            return TripleFilter(self.triples, int(self.triple_shift))
+        return self.linked
 
     def member(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each word hash may be an item's word (True for all of them, and for a few others)."""
