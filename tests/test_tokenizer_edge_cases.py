@@ -289,8 +289,6 @@ def test_a_resume_under_a_real_older_sentencepiece_rechecks_the_ids_and_says_so(
     assert record["libraries_at_start"]["sentencepiece"] == sentencepiece.__version__
 
 
-@pytest.mark.xfail(strict=True, reason="/work/findings.md (delta -> gamma): tokmix/tokenizer_stage.py run_backend "
-                                       "re-records the libraries of a moved run unsaid")
 def test_a_moved_run_resumed_under_a_real_older_sentencepiece_says_so_too(corpus, tmp_path):
     """The same, with the killed run's directory moved before the resume (to another disk, say): the backend's record
     names the run's own tokenizer.model by its old path, so the backend is checked again; that check re-checked the

@@ -201,9 +201,27 @@ def run_backend(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_size:
         raise TokmixError("the tokenizer's oracle gives other ids on the check's texts than when this run started "
                           f"(its libraries then: {first['libraries']}): what is already written holds the first "
                           f"ids; restore those versions, or {identity.RESTART}")
+    libraries, extra = _libraries(tokenizer_path, backend), {}
+    if first is not None and (changed := _changed(first["libraries"], libraries, both=True)):
+        # a moved output directory (the key names the run's own files by path) or another requested backend,
+        # under other versions: the ids were just re-checked against the first ones, above
+        _say_rechecked(changed)
+        extra["libraries_at_start"] = first.get("libraries_at_start", first["libraries"])
     identity.record(layout, "backend", key, backend=backend, notices=notices)
-    identity.record(layout, "tokenizer libraries", _libraries(tokenizer_path, backend), oracle_ids_sha256=digest)
+    identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest, **extra)
     return backend
+
+
+def _changed(was: dict[str, str], now: dict[str, str], both: bool = False) -> str:
+    """The libraries whose versions differ, as "lib 1.0 -> 1.1, ..."; `both`: only those in both (another
+    backend's library is not a change of version)."""
+    return ", ".join(f"{lib} {was.get(lib, 'absent')} -> {v}" for lib, v in now.items()
+                     if was.get(lib) != v and (lib in was or not both))
+
+
+def _say_rechecked(changed: str) -> None:
+    log(f"tokenizer libraries changed since this run started ({changed}): ids re-checked on the check's texts "
+        f"(adversarial texts and {SAMPLE_DOCS_PER_STREAM} documents a stream at most): identical, resuming")
 
 
 def _libraries(tokenizer_path: str, backend: str) -> dict[str, str]:
@@ -224,7 +242,7 @@ def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_s
         identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest)
         return
     was = first["libraries"]
-    changed = ", ".join(f"{lib} {was.get(lib, 'absent')} -> {v}" for lib, v in libraries.items() if was.get(lib) != v)
+    changed = _changed(was, libraries)
     try:
         _, _, digest = _checked(recipe, tokenizer_path, vocab_size, split, mirrors, backend)
     except TokmixError as e:
@@ -234,8 +252,7 @@ def _same_libraries(recipe: Recipe, layout: Layout, tokenizer_path: str, vocab_s
         raise TokmixError(f"tokenizer libraries changed since this run started ({changed}) and the oracle's ids "
                           "on the check's texts changed with them: what is already written holds the first ids; "
                           f"restore the versions it started with, or {identity.RESTART}")
-    log(f"tokenizer libraries changed since this run started ({changed}): ids re-checked on the check's texts "
-        f"(adversarial texts and {SAMPLE_DOCS_PER_STREAM} documents a stream at most): identical, resuming")
+    _say_rechecked(changed)
     identity.record(layout, "tokenizer libraries", libraries, oracle_ids_sha256=digest,
                     libraries_at_start=first.get("libraries_at_start", was))
 
