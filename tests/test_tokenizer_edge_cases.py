@@ -392,3 +392,50 @@ def test_a_whitespace_run_tiktoken_cannot_split_is_encoded_as_its_pieces(vocabul
         make_encoder(path, "tiktoken", 1).encode_batch([text])
     ids = make_encoder(path, "fastokens", 1).encode_batch([text])[0].tolist()
     assert ids == enc.encode_ordinary(" " * 1_099_999) + enc.encode_ordinary(" a")
+
+
+def test_report_on_a_run_with_a_document_over_several_shards(tmp_path, monkeypatch):
+    """A document longer than two shards (24 kB of a module among short documents; shards of 1,024 tokens): the
+    report's documents in order count it once with all its tokens (report.documents_in_order ended with
+    "IndexError: index -1 is out of bounds for axis 0 with size 0", a bare traceback from `tokmix report`, at the
+    third shard it reached), and `tokmix report` writes its page."""
+    import json
+    import sysconfig
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    import tokmix
+    from tokmix.cli import app
+    from tokmix.report import documents_in_order
+    from tokmix.shards import read_index
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    long = (stdlib / "argparse.py").read_text(encoding="utf-8")[:24_000]
+    short = [d for d in (stdlib / "textwrap.py").read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    (tmp_path / "web").mkdir()
+    pq.write_table(pa.table({"text": short[:20] + [long] + short[20:] + short[20:]}), tmp_path / "web" / "a.parquet")
+    other = [d for d in (stdlib / "shlex.py").read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    pq.write_table(pa.table({"text": other}), tmp_path / "web" / "h.parquet")  # (a copy in train would be dropped)
+    (tmp_path / "splits.json").write_text(json.dumps({"web": {"holdout": ["web/h.parquet"],
+                                                              "train": ["web/a.parquet"]}}))
+    (tmp_path / "gpt2.tiktoken").write_bytes(gzip.decompress((DATA / "gpt2.tiktoken.gz").read_bytes()))
+    (tmp_path / "r.toml").write_text('seed = 1\n[tokenizer]\ntiktoken = "gpt2.tiktoken"\n[layout]'
+                                     '\nseq_len = 64\nsteps = 40\nseqs_per_step = 8\n'
+                                     'shard_tokens = 1024\n[holdout]\ntokens = 500\neval_windows = 2\n'
+                                     'splits = "splits.json"\n[streams.web]\ndomain = "web"\nshare = 1.0\n'
+                                     'files = ["web/*.parquet"]\n')
+    out = tmp_path / "out"
+    tokmix.run(tokmix.load_recipe(tmp_path / "r.toml"), out, workers=1)
+    index = read_index(out)
+    labels, tokens = documents_in_order(out, index)
+    from tests.vocab import tiktoken_cache
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache(tmp_path / "cache")))  # GPT-2's ranks: r50k_base
+    want = len(tiktoken.get_encoding("r50k_base").encode_ordinary(long)) + 1  # with its <|endoftext|>
+    assert want > 3 * 1024 and tokens[20] == want
+    assert int(tokens.sum()) == index.total.tokens and len(labels) == len(tokens)
+    done = CliRunner().invoke(app, ["report", str(out)])
+    assert done.exit_code == 0, done.output
+    assert (out / "report.html").stat().st_size > 10_000

@@ -142,8 +142,8 @@ def documents_in_order(out_dir: Path, index: Index) -> tuple[np.ndarray, np.ndar
         records, t = docs.records, docs.records["tokens"].astype(np.int64)
         if k:
             t[0] -= 1  # the shard's first token is the previous shard's last
-        if docs.skip:  # the first document began in the previous shard
-            tokens[-1][-1] += t[0]
+        if docs.skip:  # the first document began in an earlier shard: the last one with a document starting in it
+            next(counted for counted in reversed(tokens) if len(counted))[-1] += t[0]
             records, t = records[1:], t[1:]
         labels.append(stream_of[records["source"]])
         tokens.append(t)
