@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokmix.errors import TokmixError
-from tokmix.format.commit import NotAFile
 from tokmix.mirrors import remap
 from tokmix.shards import check_input_file
 from tokmix.sources import jsonl, parquet
@@ -43,10 +42,7 @@ def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
 @contextmanager
 def _opened(path: str, name: str, mirrors) -> Iterator:
     """A benchmark file open for reading its bytes; a missing or unreadable one (also while it is read) named."""
-    try:  # stat only: opening a FIFO waits for a writer
-        check_input_file(remap(path, mirrors), f"benchmark {name}: file")
-    except NotAFile as e:  # as a plain TokmixError, which a build in a process of its own passes back (NotAFile's
-        raise TokmixError(str(e)) from None  # pickle does not unpickle: the pool broke, "internal error")
+    check_input_file(remap(path, mirrors), f"benchmark {name}: file")  # stat only: opening a FIFO waits for a writer
     try:
         with open_file(path, mirrors) as f:
             yield f
