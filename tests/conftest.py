@@ -135,7 +135,8 @@ def ray_local_run(ray_corpus, ray_cache, tmp_path_factory) -> Path:
 # two workers ended 48 s apart when untrusted_state and pretrained, unlisted, came late in the order).
 HEAVY_FIRST = ("test_ray", "test_faults", "test_store", "test_pretrained", "test_integrity", "test_trust",
                "test_pipeline", "test_decontam_cache", "test_untrusted_state", "test_user_errors", "test_backends",
-               "test_leftovers", "test_huge_documents", "test_epochs", "test_decontam_reads")
+               "test_leftovers", "test_huge_documents", "test_epochs", "test_decontam_reads",
+               "test_tokenizer_edge_cases", "test_decontam_kill", "test_decontam_mixes")
 SAME_WORKER = {"tests/test_ray_cluster.py": "tests/test_ray.py"}
 
 
