@@ -120,8 +120,8 @@ def run(
     workers: int | None = typer.Option(None, "--workers", "-w", help="threads (Ray: tasks); default: cores"),
     blocks: int | None = typer.Option(None, help="train blocks (overrides the recipe)"),
     keep_streams: bool = typer.Option(False, "--keep-streams", help="keep the intermediates after validation"),
-    backend: str | None = typer.Option(None, "--tokenizer-backend",
-                                          help="auto | hf | tiktoken | fastokens (overrides the recipe)"),
+    backend: str | None = typer.Option(None, "--tokenizer-backend", help="auto | fastokens | tiktoken | "
+                                                                         "sentencepiece | hf (overrides the recipe)"),
     max_memory: str = typer.Option("1GiB", help="memory budget of the whole process tree"),
     mirror: list[str] = typer.Option([], help="PREFIX=LOCAL_DIR: read files under PREFIX from a local copy"),
     restart: bool = typer.Option(False, "--restart", help="discard this directory's earlier run and start over"),
