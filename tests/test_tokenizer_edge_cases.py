@@ -439,3 +439,79 @@ def test_report_on_a_run_with_a_document_over_several_shards(tmp_path, monkeypat
     done = CliRunner().invoke(app, ["report", str(out)])
     assert done.exit_code == 0, done.output
     assert (out / "report.html").stat().st_size > 10_000
+
+
+ODD_DOCUMENTS = [
+    "a document that names <|endoftext|> in its text, and <|fim_prefix|>x<|fim_middle|>y<|fim_suffix|>z",
+    "<|endoftext|>", "<s>", "</s>", "</s></s></s><s>", "<s> hello </s> world <unk> [INST] do it [/INST]",
+    "<|endofprompt|> <|im_start|>user<|im_end|> <|begin_of_text|><|eot_id|>", "byte pieces <0x41><0xF0> ▁▁ literal",
+    "   ", "\n", "x", "é", "🧪", " " * 3000 + "a", "a" * 3000, "1" * 3000, "=" * 2000 + "\n" + "-" * 2000,
+    "\t" * 1000 + "\n" * 1000, "🙂" * 1000, "中" * 2000, "ÿ\x00ctrl \x01\x1f\x7f", "\u00a0" * 500 + "nbsp",
+    "\ufeffbom first", "héllo 中文 🧪 ḁ̸̢ Z\u0351\u0354",
+]
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "mistral"])
+def test_a_jsonl_stream_of_odd_documents_has_the_oracles_ids_in_every_shard(vocabularies, tmp_path, name):
+    """A JSONL stream opening with literal special tokens, empty texts and blank lines between them, lone surrogate
+    escapes (\\ud800, a reversed pair), a NUL escape, whitespace-only and one-character documents and runs of one
+    character, then real prose; a parquet stream of the same documents reversed: every document of every shard,
+    read again from its line or row, is the oracle's ids of its text between the delimiters (Mistral: <s> before,
+    </s> after)."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import tokmix
+    from tests.corpus import _documents
+    from tokmix.provenance import RunDocuments
+    from tokmix.shards import read_index
+    from tokmix.tokens import read_tokens
+
+    prose = _documents()["dclm"]
+    lines = [line for text in ODD_DOCUMENTS for line in (json.dumps({"text": text}), '{"text": ""}', "")]
+    lines += ['{"text": "lone \\ud800 high, \\udfff low, pair \\ud83d\\ude00, reversed \\ude00\\ud83d"}',
+              '{"text": "\\u0000 NUL and \\"quotes\\" and \\\\ backslash"}']
+    lines += [json.dumps({"text": t}, ensure_ascii=False) for t in prose[:60]]
+    for stream in ("web", "code"):
+        (tmp_path / stream).mkdir()
+    (tmp_path / "web" / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "web" / "h.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in prose[100:160]))
+    pq.write_table(pa.table({"text": ODD_DOCUMENTS[::-1] + [""] + prose[60:100]}), tmp_path / "code" / "a.parquet",
+                   row_group_size=5)
+    pq.write_table(pa.table({"text": prose[160:200]}), tmp_path / "code" / "h.parquet")
+    (tmp_path / "splits.json").write_text(json.dumps({
+        "web": {"holdout": ["web/h.jsonl"], "train": ["web/a.jsonl"]},
+        "code": {"holdout": ["code/h.parquet"], "train": ["code/a.parquet"]}}))
+    tokenizer = ([f'sentencepiece = "{vocabularies["mistral"]}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
+                 if name == "mistral" else [f'tiktoken = "{name}"'])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("\n".join(["seed = 3", "[tokenizer]", *tokenizer, "[layout]", "seq_len = 64", "steps = 24",
+                                 "seqs_per_step = 8", "shard_tokens = 4096", "[holdout]", "tokens = 500",
+                                 "eval_windows = 2", 'splits = "splits.json"', "[streams.web]", 'domain = "web"',
+                                 "share = 0.6", 'files = ["web/*.jsonl"]', "[streams.code]", 'domain = "code"',
+                                 "share = 0.4", 'files = ["code/*.parquet"]']) + "\n")
+    out = tmp_path / "out"
+    tokmix.run(tokmix.load_recipe(recipe), out, workers=2)
+    index = json.loads((out / "index.json").read_text())
+    encode = oracle_encode(name, vocabularies[name])
+    prefix, suffix = index["delimiters"]["prefix"], index["delimiters"]["suffix"]
+    texts = {str(tmp_path / "web" / "a.jsonl"): [json.loads(line)["text"] if line else None for line in lines],
+             str(tmp_path / "code" / "a.parquet"): pq.read_table(tmp_path / "code" / "a.parquet")["text"].to_pylist()}
+    run, checked = RunDocuments(out, read_index(out)), set()
+    for k, shard in enumerate(index["shards"]):
+        docs = run.shard(k)
+        tokens = read_tokens(out / shard["file"], index["dtype"]).astype(np.int64)
+        for i, (record, start, end) in enumerate(zip(docs.records, docs.starts, docs.ends)):
+            source = docs.sources[record["source"]]
+            text = clean_surrogates(texts[source.file][int(record["place"])])
+            want = prefix + list(encode(text)) + suffix
+            if i == 0 and docs.skip:
+                want = want[docs.skip :]
+            if i == len(docs.records) - 1:
+                want = want[: end - start]
+            assert tokens[start:end].tolist() == want, f"shard {k}: {source.where(int(record['place']))} {text[:30]!r}"
+            checked.add(text)
+    assert set(ODD_DOCUMENTS) <= checked  # (each odd document reached the shards, from one stream or both)
