@@ -298,6 +298,7 @@ typedef struct {
     Py_ssize_t seg_start, last_end;
     Py_ssize_t pending;          /* the index in spans of the text's last wild segment's entry, or -1 */
     Py_ssize_t merge_gap;        /* wild segments this close are merged (MERGE_GAP, TRIPLE_MERGE_GAP) */
+    struct Runs *runs;           /* skips_in's scratch: a text's runs and triples */
 } Chains;
 
 static int push4(Vec *v, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -389,22 +390,24 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
     return exact == 0 ? chain_in(p, a, b, t, 0, c, 1) : chain_in(p, a, b, t, exact, c, 0);
 }
 
-/* triple_candidates(): the same segments and spans with a filter of triples (three consecutive words of an
- * item) instead of a pair table, as ngrams.run_candidates decides with ngrams.TripleFilter (no pair filter: two
- * runs are linked when they are two of a triple that may be an item's). A plain run's value is its prefix hash
- * (ngrams.head_prefixes), three plain runs in a row may be an item's when their hash (pair_hashes of the first
- * two's pair hash and the third's prefix) has its filter bit; a triple with a wild run always may be (the most
- * its NFKC form may make of it). Then run_candidates' chains among plain runs are the maximal blocks of
- * consecutive triples that may be, each holding the runs of its triples (two chains may share a run; a block
- * of k triples is a chain of k + 2 runs). A segment ends between two plain runs when neither triple holding
- * both may be (nor, then, any pair of them be linked): a segment without a wild run keeps its blocks as chains;
- * one with a wild run (its bounds are such pairs for run_candidates too, so its chains are the text's chains
- * there) is a piece for run_candidates, merged as with a pair table. The filter's bit of a triple is looked up
- * TRIPLE_LAG triples after its address is known and prefetched (the filter is far larger than the caches: a
- * miss a run otherwise). */
-#ifndef TRIPLE_LAG
-#define TRIPLE_LAG 8
-#endif
+/* triple_candidates(): the same spans with a filter of triples (three consecutive words of an item) instead of a
+ * pair table, as ngrams.run_candidates decides with ngrams.TripleFilter (no pair filter: two runs are linked when
+ * they are two of a triple that may be an item's). A plain run's value is its prefix hash (ngrams.head_prefixes),
+ * three plain runs in a row may be an item's when their hash (pair_hashes of the first two's pair hash and the
+ * third's prefix) has its filter bit; a triple with a wild run always may be (the most its NFKC form may make of
+ * it). Then run_candidates' chains among plain runs are the maximal blocks of consecutive triples that may be,
+ * each holding the runs of its triples (two chains may share a run; a block of k triples is a chain of k + 2
+ * runs), kept with shortest - 2 triples or more. A pair of plain runs in no triple that may be is linked by
+ * nothing: a wild run's segment reaches back and on to the nearest such pairs, and is a piece for
+ * run_candidates (its bounds are unlinked pairs for run_candidates too, so its chains are the text's chains
+ * there), merged as with a pair table; a block inside it is run_candidates' too.
+ *
+ * The filter is far larger than the caches (32 MiB for the 100k set): a read of it is a miss, so a text's runs
+ * come first (bounds, wild, each triple's slot) and the bits are read only where they decide something: a block
+ * needs shortest - 2 triples in a row, so the triples are probed that many apart (a probe that may not be rules
+ * out every block through it; the next two probes prefetched), and only one that may be is followed back and on
+ * to its block's ends. (Reading every triple's bit, prefetched 8 ahead: 0.65-0.84 CPU-s against 0.46-0.67 for the
+ * bench corpus's 212M characters; not prefetched: 2.1-2.3.) */
 #ifndef TRIPLE_MERGE_GAP
 #define TRIPLE_MERGE_GAP MERGE_GAP
 #endif
@@ -413,7 +416,6 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
 #else
 #define PREFETCH(address) ((void)0)
 #endif
-#define TRIPLE_RING 16 /* a power of two > TRIPLE_LAG + 2: the runs and triples in flight */
 
 static const uint64_t MIX_GOLDEN = 0x9E3779B97F4A7C15ull;
 static const uint64_t MIX2 = 0x94D049BB133111EBull;
@@ -427,129 +429,153 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static inline __attribute__((always_inline)) int triples_in(const unsigned char *p, Py_ssize_t a, Py_ssize_t b,
-                                                           int64_t t, int64_t exact, Chains *c, const int ascii) {
-    const Py_ssize_t mark = c->spans.size, shortest = c->shortest;
+/* a text's runs and its triples (skips_in's scratch, grown as needed) */
+typedef struct Runs {
+    int64_t *start, *end;
+    uint64_t *slot;
+    signed char *may;          /* per triple: 1 may be, 0 not, -1 not read yet (its slot's bit) */
+    unsigned char *wild;
+    Py_ssize_t cap;
+} Runs;
+
+static int runs_room(Runs *r, Py_ssize_t need) {
+    if (need <= r->cap) return 0;
+    Py_ssize_t cap = r->cap ? 2 * r->cap : 4096;
+    while (cap < need) cap *= 2;
+    int64_t *s = PyMem_RawRealloc(r->start, cap * sizeof(int64_t));
+    if (s) r->start = s;
+    int64_t *e = PyMem_RawRealloc(r->end, cap * sizeof(int64_t));
+    if (e) r->end = e;
+    uint64_t *l = PyMem_RawRealloc(r->slot, cap * sizeof(uint64_t));
+    if (l) r->slot = l;
+    signed char *m = PyMem_RawRealloc(r->may, cap);
+    if (m) r->may = m;
+    unsigned char *w = PyMem_RawRealloc(r->wild, cap);
+    if (w) r->wild = w;
+    if (!s || !e || !l || !m || !w) return -1;
+    r->cap = cap;
+    return 0;
+}
+
+static inline __attribute__((always_inline)) int skips_in(const unsigned char *p, Py_ssize_t a, Py_ssize_t b,
+                                                         int64_t t, int64_t exact, Chains *c, const int ascii) {
+    Runs *r = c->runs;
     const unsigned char *filter = c->filter;
     const int shift = c->shift;
-    /* the last runs (bounds, wild, prefix hash, pair hash with the next) and triples (0: its filter bit; 1: may
-     * be, a wild run in it), by index & (TRIPLE_RING - 1) */
-    int64_t run_start[TRIPLE_RING], run_end[TRIPLE_RING];
-    unsigned char run_wild[TRIPLE_RING], tri_sure[TRIPLE_RING], tri_bit[TRIPLE_RING];
-    uint64_t run_prefix[TRIPLE_RING], run_pair[TRIPLE_RING];
-    const unsigned char *tri_byte[TRIPLE_RING];
-    Py_ssize_t runs = 0;           /* runs seen */
-    Py_ssize_t joined = 0;         /* runs taken into segments (the next one's index) */
-    int seg_open = 0, seg_wild = 0, prev_may = 0;
-    Py_ssize_t seg_start = 0, seg_mark = mark, block = 0;  /* block: triples that may be, in a row */
-    int64_t block_start = 0;
+    Py_ssize_t m = 0;
+    uint64_t prev_prefix = 0, prev_pair = 0;
     c->text = t;
     c->exact = exact;
     c->pending = -1;
-#define R_(i) ((i) & (TRIPLE_RING - 1))
-/* run i into the open segment (one opened at it if none) */
-#define JOIN(i)                                                                                                 \
-    do {                                                                                                        \
-        if (!seg_open) {                                                                                        \
-            seg_open = 1;                                                                                       \
-            seg_wild = 0;                                                                                       \
-            seg_start = run_start[R_(i)];                                                                       \
-            seg_mark = c->spans.size;                                                                           \
-        }                                                                                                       \
-        seg_wild |= run_wild[R_(i)];                                                                            \
-        joined = (i) + 1;                                                                                       \
-    } while (0)
-/* the block of triples that may be ends; its chain's last run is LAST */
-#define END_BLOCK(LAST)                                                                                         \
-    do {                                                                                                        \
-        if (block && block + 2 >= shortest && push4(&c->spans, t, exact, block_start, run_end[R_(LAST)]))       \
-            return -1;                                                                                          \
-        block = 0;                                                                                              \
-    } while (0)
-/* the open segment ends at run LAST: a wild one is a piece for run_candidates (the chains found in it dropped) */
-#define END_SEGMENT(LAST)                                                                                       \
-    do {                                                                                                        \
-        if (seg_open && seg_wild) {                                                                             \
-            c->spans.size = seg_mark;                                                                           \
-            c->seg_start = seg_start;                                                                           \
-            c->last_end = run_end[R_(LAST)];                                                                    \
-            c->seg_wild = 1;                                                                                    \
-            if (close_segment(c)) return -1;                                                                    \
-        }                                                                                                       \
-        seg_open = 0;                                                                                           \
-    } while (0)
-/* triple j (runs j, j + 1, j + 2, all seen) decided: its run j joins, the block goes on or ends, and the
- * segment ends after run j when the pair j, j + 1 is in no triple that may be */
-#define STEP_TRIPLE(j)                                                                                          \
-    do {                                                                                                        \
-        const Py_ssize_t j_ = (j);                                                                              \
-        const int may_ = tri_sure[R_(j_)] || ((*tri_byte[R_(j_)] >> tri_bit[R_(j_)]) & 1);                      \
-        JOIN(j_);                                                                                               \
-        if (may_) {                                                                                             \
-            if (!block) block_start = run_start[R_(j_)];                                                        \
-            block++;                                                                                            \
-        } else {                                                                                                \
-            END_BLOCK(j_ + 1);                                                                                  \
-            if (!prev_may && !run_wild[R_(j_)] && !run_wild[R_(j_ + 1)]) END_SEGMENT(j_);                       \
-        }                                                                                                       \
-        prev_may = may_;                                                                                        \
-    } while (0)
-/* one run p[S:E] (HIGH: it holds a byte >= 0x80) */
 #define RUN(S, E, HIGH)                                                                                         \
     do {                                                                                                        \
-        const Py_ssize_t rs = (S), re = (E), k = runs++;                                                        \
-        const int rhigh = ascii ? 0 : (HIGH) != 0;                                                              \
+        const Py_ssize_t rs = (S), re = (E);                                                                   \
+        const int rhigh = ascii ? 0 : (HIGH) != 0;                                                             \
         uint64_t rprefix = 0;                                                                                   \
+        if (m >= r->cap && runs_room(r, m + 1)) return -1;                                                      \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
-                if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) {                                 \
-                    c->spans.size = mark;                                                                       \
-                    return 1;                                                                                   \
-                }                                                                                               \
+                if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) return 1;                         \
             }                                                                                                   \
         } else {                                                                                                \
             const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
             const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
             rprefix = (((rhead | LOWER) & KEEP[rk]) ^ ((uint64_t)rn * HASH_STEP)) * MIX1;                       \
         }                                                                                                       \
-        run_start[R_(k)] = rs;                                                                                  \
-        run_end[R_(k)] = re;                                                                                    \
-        run_wild[R_(k)] = (unsigned char)rhigh;                                                                 \
-        run_prefix[R_(k)] = rprefix;                                                                            \
-        if (k >= 1) run_pair[R_(k - 1)] = mix64(run_prefix[R_(k - 1)] * HASH_STEP ^ rprefix);                   \
-        if (k >= 2) {                                                                                           \
-            const Py_ssize_t j = k - 2;                                                                         \
-            if (run_wild[R_(j)] | run_wild[R_(j + 1)] | rhigh) {                                                \
-                tri_sure[R_(j)] = 1;                                                                            \
-            } else {                                                                                            \
-                const uint64_t slot = mix64(run_pair[R_(j)] * HASH_STEP ^ rprefix) >> shift;                    \
-                tri_sure[R_(j)] = 0;                                                                            \
-                tri_byte[R_(j)] = filter + (slot >> 3);                                                         \
-                tri_bit[R_(j)] = (unsigned char)(slot & 7);                                                     \
-                PREFETCH(tri_byte[R_(j)]);                                                                      \
-            }                                                                                                   \
-            if (j >= TRIPLE_LAG) STEP_TRIPLE(j - TRIPLE_LAG);                                                   \
+        r->start[m] = rs;                                                                                       \
+        r->end[m] = re;                                                                                         \
+        r->wild[m] = (unsigned char)rhigh;                                                                      \
+        if (m >= 2) {                                                                                           \
+            const Py_ssize_t j = m - 2;                                                                         \
+            r->may[j] = (r->wild[j] | r->wild[j + 1] | rhigh) ? 1 : -1;                                         \
+            r->slot[j] = mix64(prev_pair * HASH_STEP ^ rprefix) >> shift;                                       \
         }                                                                                                       \
+        if (m >= 1) prev_pair = mix64(prev_prefix * HASH_STEP ^ rprefix);                                       \
+        prev_prefix = rprefix;                                                                                  \
+        m++;                                                                                                    \
     } while (0)
     FOR_EACH_RUN(p, a, b, RUN);
-    for (Py_ssize_t j = runs >= 2 + TRIPLE_LAG ? runs - 2 - TRIPLE_LAG : 0; j + 2 < runs; j++) STEP_TRIPLE(j);
-    for (Py_ssize_t i = joined; i < runs; i++) JOIN(i);
-    if (runs) {
-        END_BLOCK(runs - 1);
-        END_SEGMENT(runs - 1);
-    }
 #undef RUN
-#undef STEP_TRIPLE
-#undef END_SEGMENT
-#undef END_BLOCK
-#undef JOIN
-#undef R_
+    const Py_ssize_t tri = m >= 2 ? m - 2 : 0, need = c->shortest - 2;
+    signed char *may = r->may;
+    const uint64_t *slot = r->slot;
+    const unsigned char *wild = r->wild;
+#define MAY(j) (may[j] >= 0 ? may[j] : (may[j] = (filter[slot[j] >> 3] >> (slot[j] & 7)) & 1))
+#define MAYZ(j) ((j) < 0 || (j) >= tri ? 0 : MAY(j))
+#define AHEAD(j)                                                                                                \
+    do {                                                                                                        \
+        const Py_ssize_t q_ = (j);                                                                              \
+        if (q_ < tri && may[q_] < 0) PREFETCH(filter + (slot[q_] >> 3));                                        \
+    } while (0)
+/* pair i, i + 1 of plain runs in no triple that may be: a wild segment's bound */
+#define CUT(i) (!wild[i] && !wild[(i) + 1] && !MAYZ((i) - 1) && !MAYZ(i))
+    /* the chains (blocks of `need` triples or more) and the wild segments (runs first..last), in text order */
+    Py_ssize_t j = 0, w = 0, sf = -1, sl = -1, k = -1, e = -1;
+    int want_seg = 1, want_block = 1;
+    for (;;) {
+        if (want_seg) {  /* the next wild run's segment: back and on to the nearest bounds */
+            want_seg = 0;
+            while (w < m && !wild[w]) w++;
+            sf = sl = -1;
+            if (w < m) {
+                sf = sl = w;
+                while (sf > 0 && !CUT(sf - 1)) sf--;
+                while (sl + 1 < m && !CUT(sl)) sl++;
+                w = sl + 1;
+            }
+        }
+        if (want_block) {  /* the next block of `need` triples that may be, from triple j on (j == 0, or j - 1 not) */
+            want_block = 0;
+            k = e = -1;
+            while (j + need <= tri) {
+                const Py_ssize_t probe = j + need - 1;
+                AHEAD(probe + need);
+                AHEAD(probe + 2 * need);
+                if (!MAY(probe)) {
+                    j = probe + 1;
+                    continue;
+                }
+                Py_ssize_t first = probe;
+                while (first > j && MAY(first - 1)) first--;
+                Py_ssize_t q = probe + 1;
+                while (q < first + need && q < tri && MAY(q)) q++;
+                if (q < first + need) {  /* shorter than need: triple q may not be (or the text ends) */
+                    j = q + 1;
+                    continue;
+                }
+                while (q < tri && MAY(q)) q++;
+                k = first;
+                e = q - 1;
+                j = q + 1;
+                break;
+            }
+        }
+        if (k >= 0 && sf >= 0 && k >= sf && k <= sl) {  /* a block inside the wild segment: run_candidates' */
+            want_block = 1;
+            continue;
+        }
+        if (sf >= 0 && (k < 0 || sf < k)) {
+            c->seg_start = r->start[sf];
+            c->last_end = r->end[sl];
+            c->seg_wild = 1;
+            if (close_segment(c)) return -1;
+            want_seg = 1;
+            continue;
+        }
+        if (k < 0) break;
+        if (push4(&c->spans, t, exact, r->start[k], r->end[e + 2])) return -1;
+        want_block = 1;
+    }
+#undef CUT
+#undef AHEAD
+#undef MAYZ
+#undef MAY
     return 0;
 }
 
-/* triples_in, compiled once for ASCII texts and once for the others */
+/* skips_in, compiled once for ASCII texts and once for the others */
 static int triple_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_t t, int64_t exact, Chains *c) {
-    return exact == 0 ? triples_in(p, a, b, t, 0, c, 1) : triples_in(p, a, b, t, exact, c, 0);
+    return exact == 0 ? skips_in(p, a, b, t, 0, c, 1) : skips_in(p, a, b, t, exact, c, 0);
 }
 
 /* the word arrays' buffers (bytearrays; arrays[3], the links, may be None) */
@@ -900,7 +926,15 @@ static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     c.shift = shift;
     c.shortest = shortest;
     c.merge_gap = TRIPLE_MERGE_GAP;
+    Runs runs;
+    memset(&runs, 0, sizeof runs);
+    c.runs = &runs;
     PyObject *result = chains_of(arg, &c, triple_text);
+    PyMem_RawFree(runs.start);
+    PyMem_RawFree(runs.end);
+    PyMem_RawFree(runs.slot);
+    PyMem_RawFree(runs.may);
+    PyMem_RawFree(runs.wild);
     PyBuffer_Release(&filter);
     return result;
 }
