@@ -515,3 +515,27 @@ def test_a_jsonl_stream_of_odd_documents_has_the_oracles_ids_in_every_shard(voca
             assert tokens[start:end].tolist() == want, f"shard {k}: {source.where(int(record['place']))} {text[:30]!r}"
             checked.add(text)
     assert set(ODD_DOCUMENTS) <= checked  # (each odd document reached the shards, from one stream or both)
+
+
+def test_a_tokenizer_file_under_another_formats_key_says_which_key_it_goes_under(tmp_path):
+    """Mistral's .model given as `path`, GPT-2's .tiktoken as `sentencepiece`, a tokenizer.json as `tiktoken`, ...:
+    the one line that refuses it says what the file looks like and the key it goes under."""
+    from tokmix.backends import read_tiktoken_file
+    from tokmix.errors import TokmixError
+
+    files = {"sentencepiece": tmp_path / "tokenizer.model", "tiktoken": tmp_path / "gpt2.tiktoken",
+             "path": tmp_path / "tokenizer.json"}
+    files["sentencepiece"].write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    files["tiktoken"].write_bytes(gzip.decompress((DATA / "gpt2.tiktoken.gz").read_bytes()))
+    own = Path(tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken"), tmp_path / "own" / "t.tiktoken.json"))
+    files["path"].write_text(read_tiktoken_file(own, "tokenizer_json"), encoding="utf-8")
+    what = {"sentencepiece": "a SentencePiece model", "tiktoken": r"tiktoken ranks \(a .tiktoken file\)",
+            "path": "a tokenizer.json"}
+    for key, given in [(k, f) for k in files for f in files if k != f]:
+        with pytest.raises(TokmixError, match=rf"; it looks like {what[given]}: give it as tokenizer.{given}$") as e:
+            r = recipe(tmp_path, **{key: str(files[given])})
+            path = tokenizer_file(r, tmp_path / "own" / f"{key}-{given}")
+            load_vocabulary(path, r.tokenizer.format)
+        assert "\n" not in str(e.value)
+    load_vocabulary(str(files["sentencepiece"]), "sentencepiece")  # each under its own key: loaded
+    load_vocabulary(str(files["path"]), "hf")

@@ -67,7 +67,8 @@ def load_tokenizer(path: str) -> Tokenizer:
     except FileNotFoundError:
         raise TokmixError(f"tokenizer {path}: file not found") from None
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        raise TokmixError(f"tokenizer {path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+        raise TokmixError(f"tokenizer {path}: not a valid tokenizer.json ({str(e).splitlines()[0]})"
+                          + format_hint(path, "path")) from None
     vocab = tok.get_vocab(with_added_tokens=True)
     token, top = max(vocab.items(), key=lambda item: item[1])
     if top >= len(vocab):  # ids must be 0..n-1: the shards' consumers size their tables by the vocabulary
@@ -75,6 +76,30 @@ def load_tokenizer(path: str) -> Tokenizer:
                           f"tokens (ids 0-{len(vocab) - 1:,}); renumber its tokens without gaps")
     tok.encode_special_tokens = True
     return tok
+
+
+_RANK_LINE = re.compile(rb"[A-Za-z0-9+/]+=* [0-9]+\r?\n")
+
+
+def format_hint(path: str, key: str) -> str:
+    """"; it looks like ...: give it as tokenizer.KEY" where the file's first bytes say it is a tokenizer of another
+    format than the recipe's `key` reads (a Mistral .model under `path`, a .tiktoken under `sentencepiece`, ...),
+    else "". A tokenizer.json starts with "{", a .tiktoken file with a `<base64> <rank>` line, a SentencePiece
+    model (a protobuf ModelProto) with its first piece: field 1, length-delimited (byte 0x0a)."""
+    try:
+        with fsspec.open(path, "rb") as f:
+            head = f.read(4096)
+    except Exception:  # noqa: BLE001 - unreadable: the message it goes with says so
+        return ""
+    if head.lstrip().startswith(b"{"):
+        other, what = "path", "a tokenizer.json"
+    elif _RANK_LINE.match(head):
+        other, what = "tiktoken", "tiktoken ranks (a .tiktoken file)"
+    elif head[:1] == b"\n":
+        other, what = "sentencepiece", "a SentencePiece model"
+    else:
+        return ""
+    return "" if other == key else f"; it looks like {what}: give it as tokenizer.{other}"
 
 
 def special_tokens(tok: Tokenizer) -> dict[str, int]:
@@ -177,7 +202,8 @@ class SentencePieceVocabulary(Vocabulary):
         try:
             self.sp = sentencepiece.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as e:
-            raise TokmixError(f"tokenizer {path}: not a valid SentencePiece model ({first_line(e)})") from None
+            raise TokmixError(f"tokenizer {path}: not a valid SentencePiece model ({first_line(e)})"
+                              + format_hint(path, "sentencepiece")) from None
         n = self.sp.get_piece_size()
         specials = {self.sp.id_to_piece(i): i for i in range(n) if self.sp.is_control(i)}
         super().__init__(path, "sentencepiece", n, specials)
@@ -439,14 +465,16 @@ def _read_tiktoken_file(path: str) -> dict[bytes, int]:
     except FileNotFoundError:
         raise TokmixError(f"tokenizer tiktoken = {path}: file not found") from None
     except UnicodeDecodeError:
-        raise TokmixError(f"tokenizer tiktoken = {path}: not a .tiktoken file (not ASCII)") from None
+        raise TokmixError(f"tokenizer tiktoken = {path}: not a .tiktoken file (not ASCII)"
+                          + format_hint(path, "tiktoken")) from None
     ranks = {}
     for n, line in enumerate(lines, 1):
         try:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except ValueError:  # binascii.Error is a ValueError
-            raise TokmixError(f"tokenizer tiktoken = {path}: line {n} is not '<base64 token> <rank>'") from None
+            raise TokmixError(f"tokenizer tiktoken = {path}: line {n} is not '<base64 token> <rank>'"
+                              + format_hint(path, "tiktoken")) from None
     return ranks
 
 
