@@ -539,3 +539,30 @@ def test_a_tokenizer_file_under_another_formats_key_says_which_key_it_goes_under
         assert "\n" not in str(e.value)
     load_vocabulary(str(files["sentencepiece"]), "sentencepiece")  # each under its own key: loaded
     load_vocabulary(str(files["path"]), "hf")
+
+
+FUZZ_ALPHABET = [*"aeiounrstlhdAEIOTSXÉÜ", " ", " ", "  ", "\n", "\t", ".", ",", "'", "'s", "'LL", "-", "(", "1", "2",
+                 "0", "٣", "é", "ǅ", "ß", "中", "文", "🙂", "\u0301", "\u3000", "\u00a0", "\r\n", "\r", "==", "\x00",
+                 "ʼ", "Ⅻ", "½", "𝐀", "▁", "<", ">", "/", "|", "the", "ing", " of", "http://"]
+
+
+@pytest.mark.parametrize("name", ["gpt2.tiktoken", "cl100k_base", "o200k_base", "mistral", "deepseek_v3"])
+def test_the_fast_backend_auto_picks_is_the_oracle_on_random_short_texts(vocabularies, name):
+    """The backend auto chooses from a check of the adversarial texts and a sample of the run's documents, each
+    against the oracle on 20,000 random short texts it never saw (letters of both cases and of several scripts,
+    digits, contractions, every kind of whitespace, marks, pieces of tokens)."""
+    import random
+
+    from tokmix.backends import choose_backend
+
+    path = vocabularies[name]
+    backend, _ = choose_backend(path, "auto", [])
+    assert backend == "fastokens"
+    rng = random.Random(name)
+    texts = ["".join(rng.choice(FUZZ_ALPHABET) for _ in range(rng.randint(1, 30))) for _ in range(20_000)]
+    ids, counts = make_encoder(path, backend, 1).encode_batch(texts)
+    encode = oracle_encode(name, path)
+    at = 0
+    for text, n in zip(texts, counts.tolist()):
+        assert ids[at : at + n].tolist() == list(encode(text)), f"{name}: {text!r}"
+        at += n
