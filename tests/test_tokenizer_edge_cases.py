@@ -566,3 +566,29 @@ def test_the_fast_backend_auto_picks_is_the_oracle_on_random_short_texts(vocabul
     for text, n in zip(texts, counts.tolist()):
         assert ids[at : at + n].tolist() == list(encode(text)), f"{name}: {text!r}"
         at += n
+
+
+def test_a_tiktoken_pattern_that_leaves_text_unmatched_is_refused(tmp_path):
+    """tiktoken encodes only what its split pattern matches and drops the rest, unsaid ("Hello, world 123!" through
+    GPT-2's ranks and ` ?\\p{L}+| ?\\p{N}+` is "Hello world 123"): a recipe's tiktoken_pattern must match every
+    character of tokmix's check texts, and one tiktoken cannot compile is named as the pattern; cl100k's pattern on
+    GPT-2's ranks is taken, and gives tiktoken's ids for it."""
+    from tokmix.errors import TokmixError
+
+    (tmp_path / "gpt2.tiktoken").write_bytes(gzip.decompress((DATA / "gpt2.tiktoken.gz").read_bytes()))
+    lossy = r"'s|'t| ?\p{L}+| ?\p{N}+"
+    with pytest.raises(TokmixError, match=r"^tokenizer.tiktoken_pattern .*: it does not match all of a text \(',' at "
+                                          r"byte 5 of \"Hello, world 123!"):
+        tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern=lossy), tmp_path / "a" / "t.json")
+    with pytest.raises(TokmixError, match=r"^tokenizer.tiktoken_pattern '\(': not a regex tiktoken reads \("):
+        tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern="("), tmp_path / "b" / "t.json")
+    pattern = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+               r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")  # cl100k_base's, on GPT-2's ranks
+    cl100k = tiktoken.Encoding("x", pat_str=pattern,
+                               mergeable_ranks=load_vocabulary(str(tokenizer_file(
+                                   recipe(tmp_path, tiktoken="gpt2.tiktoken"), tmp_path / "c" / "t.json"))).ranks,
+                               special_tokens={})
+    path = tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern=cl100k._pat_str),
+                          tmp_path / "d" / "t.json")
+    text = "Hello, world 12345!  ok\n\n"
+    assert make_encoder(path, "tiktoken", 1).encode_batch([text])[0].tolist() == cl100k.encode_ordinary(text)

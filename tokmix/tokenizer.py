@@ -22,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tokmix.backends import (
+    ADVERSARIAL_TEXTS,
     GPT2_PATTERNS,
     HF_CL100K,
     ORACLE,
@@ -48,6 +49,7 @@ from tokmix.shards import (
     tokenizer_change,
     write_bytes,
 )
+from tokmix.text import clean_surrogates
 from tokmix.tokens import Delimiters, dtype_for_vocab
 
 
@@ -527,6 +529,32 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]
     return parts
 
 
+# Texts a split pattern must match whole: tiktoken encodes only what its pattern matches and drops the rest
+_PATTERN_TEXTS = ["Hello, world 123!  ok\n\t\r\n 'S don't é中🙂\u00a0\u3000\x00 x\u2028y\x85 \u0301.",
+                  *(text for text in ADVERSARIAL_TEXTS if len(text) < 20_000)]
+
+
+def _check_pattern(ranks: dict[bytes, int], pattern: str) -> None:
+    """A recipe's tiktoken_pattern: a regex tiktoken compiles, whose matches cover every character of a text (a
+    pattern without a whitespace or punctuation alternative would lose those from every document, unsaid)."""
+    import tiktoken
+
+    try:
+        enc = tiktoken.Encoding("tokmix:pattern-check", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    except Exception as e:  # noqa: BLE001 - tiktoken's regex error (a ValueError)
+        raise TokmixError(f"tokenizer.tiktoken_pattern {pattern!r}: not a regex tiktoken reads ({first_line(e)})"
+                          ) from None
+    for text in map(clean_surrogates, _PATTERN_TEXTS):
+        data, got = text.encode("utf-8"), enc.decode_bytes(enc.encode_ordinary(text))
+        if got != data:
+            at = next((i for i, (a, b) in enumerate(zip(got, data)) if a != b), min(len(got), len(data)))
+            left = data[at:].decode("utf-8", "replace")[:1]
+            raise TokmixError(f"tokenizer.tiktoken_pattern {pattern!r}: it does not match all of a text ({left!r} at "
+                              f"byte {at:,} of {text[:30]!r} is matched by no alternative), and tiktoken drops what "
+                              "its pattern does not match; add alternatives for it (GPT-2's ends with "
+                              r"'\s+(?!\S)|\s+')")
+
+
 def tiktoken_source(recipe: Recipe) -> tuple[dict[bytes, int], str, dict[str, int], str]:
     """The recipe's tiktoken ranks, split pattern, special tokens and source. An encoding brings its own pattern
     and special tokens (tiktoken's); a .tiktoken file takes tiktoken_pattern (GPT-2's by default) and gets the
@@ -536,6 +564,8 @@ def tiktoken_source(recipe: Recipe) -> tuple[dict[bytes, int], str, dict[str, in
     if is_tiktoken_file(source):
         source = recipe.resolve(source)
         ranks, pattern = _read_tiktoken_file(source), spec.tiktoken_pattern or TIKTOKEN_GPT2_PATTERN
+        if spec.tiktoken_pattern is not None:
+            _check_pattern(ranks, pattern)
         first = max(ranks.values(), default=-1) + 1
         specials = {name: first + i for i, name in enumerate(dict.fromkeys(spec.doc_prefix + spec.doc_suffix))}
     else:
