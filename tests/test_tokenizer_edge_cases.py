@@ -580,6 +580,8 @@ def test_a_tiktoken_pattern_that_leaves_text_unmatched_is_refused(tmp_path):
     with pytest.raises(TokmixError, match=r"^tokenizer.tiktoken_pattern .*: it does not match all of a text \(',' at "
                                           r"byte 5 of \"Hello, world 123!"):
         tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern=lossy), tmp_path / "a" / "t.json")
+    with pytest.raises(TokmixError, match=r"tokenizer.tiktoken_pattern is empty: leave it out for GPT-2's pattern$"):
+        recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern="")
     with pytest.raises(TokmixError, match=r"^tokenizer.tiktoken_pattern '\(': not a regex tiktoken reads \("):
         tokenizer_file(recipe(tmp_path, tiktoken="gpt2.tiktoken", tiktoken_pattern="("), tmp_path / "b" / "t.json")
     pattern = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""

@@ -101,6 +101,8 @@ class TokenizerSpec(_Strict):
                              "tokenizer.sentencepiece and [tokenizer.train]")
         if self.tiktoken_pattern is not None and not (self.tiktoken and is_tiktoken_file(self.tiktoken)):
             raise ValueError("tokenizer.tiktoken_pattern goes with a .tiktoken file (an encoding has its own)")
+        if self.tiktoken_pattern == "":  # (it read as GPT-2's, the default, unsaid)
+            raise ValueError("tokenizer.tiktoken_pattern is empty: leave it out for GPT-2's pattern")
         return self
 
     @property
