@@ -108,7 +108,7 @@ def test_the_crc32_is_zlibs_whichever_library_computes_it():
 
     from tokmix import provenance
 
-    assert provenance.crc32 is isal.isal_zlib.crc32  # a dependency here: the fast path is the one tested
+    assert provenance.crc32 is isal.isal_zlib.crc32  # a dependency here: the fast path is the one tested (tokmix.text)
     data = np.random.default_rng(29).integers(0, 256, 70_000, dtype=np.uint8).tobytes()
     view = memoryview(data)
     for start in range(0, 65):

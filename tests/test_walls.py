@@ -62,7 +62,7 @@ ONLY = {
     "tokmix.ownership": {"tokmix.shards", "tokmix.format.commit", "tokmix.unit_files"},
     "tokmix.unit_files": {"tokmix.shards", "tokmix.store", "tokmix.tokens"},
     "tokmix.tokens": {"tokmix.shards", "tokmix.store", "tokmix.format.records", "tokmix.format.commit"},
-    "tokmix.provenance": {"tokmix.errors", "tokmix.shards", "tokmix.tokens", "tokmix.format.records"},
+    "tokmix.provenance": {"tokmix.errors", "tokmix.shards", "tokmix.text", "tokmix.tokens", "tokmix.format.records"},
     "tokmix.interleave": {"tokmix.shards", "tokmix.tokens"},
     "tokmix.data": {"tokmix", "tokmix.errors", "tokmix.shards", "tokmix.tokens", "tokmix.provenance",
                     "tokmix.store", "tokmix.format.records"},
@@ -70,7 +70,8 @@ ONLY = {
     "tokmix.cache": {"tokmix.errors", "tokmix.faults", "tokmix.shards", "tokmix.store", "tokmix.text",
                      "tokmix.unit_files"},
     "tokmix.backends": {"tokmix.errors", "tokmix.text", "tokmix.wire"},
-    "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.tokens"},
+    "tokmix.tokenizer": {"tokmix.backends", "tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text",
+                         "tokmix.tokens"},
     "tokmix.mirrors": {"tokmix.errors"},
     **{m: {"tokmix.errors", "tokmix.recipe", "tokmix.shards", "tokmix.text", "tokmix.mirrors", "tokmix.wire",
            *members("tokmix.sources")}

@@ -5,7 +5,7 @@ plain text: 0, the file is one document), its tokens in this file (delimiters in
 document may be cut by the file's ends) and the CRC-32 of its text's UTF-8 bytes. No header: numpy reads a
 file with `np.fromfile(path, DOC_DTYPE)`. With a stream's id_field, `train_000.ids` beside it holds each
 document's own id, one JSON value a line in the same order (read_ids; written by tokmix.stages.ids). Imports
-numpy, zlib (or ISA-L's, isal: the same CRC-32) and tokmix.shards alone: the training side reads it."""
+numpy, tokmix.text (its CRC-32: ISA-L's or zlib's) and tokmix.shards alone: the training side reads it."""
 
 from __future__ import annotations
 
@@ -19,12 +19,8 @@ import numpy as np
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index, TokenFileEntry
 from tokmix.shards import INDEX_NAME, as_path
+from tokmix.text import crc32
 from tokmix.tokens import read_array
-
-try:  # ISA-L's CRC-32: zlib's values, ~4x its speed (10.3 against 2.5 GB/s here: docs/benchmarks.md)
-    from isal.isal_zlib import crc32
-except ImportError:  # a platform without its wheel
-    from zlib import crc32
 
 DOC_DTYPE = np.dtype([("source", "<u4"), ("place", "<u4"), ("tokens", "<u4"), ("crc32", "<u4")])
 # a unit's documents as the streams stage writes them (NNNNNN.src beside its .tok and .len): the pass-1 unit and

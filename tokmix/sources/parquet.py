@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokmix.provenance import crc32
 from tokmix.sources.files import open_file
 from tokmix.sources.parquet_pages import row_group_values
 from tokmix.sources.pieces import HugeText, Piece, Places, Sample, bad, document_id, reading
+from tokmix.text import crc32
 
 PARQUET_READ_ROWS = 1024
 PARQUET_READ_BYTES = 1 << 20  # Arrow batches of ~1 MiB: its buffers stay in cache and are reused by malloc
