@@ -37,3 +37,33 @@ def test_an_error_raised_in_a_worker_process_reaches_the_parent_as_itself(i):
     assert vars(got.value) == vars(want)
     again = pickle.loads(pickle.dumps(want))
     assert (type(again), str(again), vars(again)) == (type(want), str(want), vars(want))
+
+
+VANISHED = r'''
+import gc, multiprocessing as mp, _multiprocessing, sys, weakref
+from tokmix.executors import quiet_vanished_semaphores
+if sys.argv[1] == "hook":
+    quiet_vanished_semaphores()
+lock = mp.get_context("spawn").Lock()  # a pool's queues hold such locks
+_multiprocessing.sem_unlink(lock._semlock.name)  # gone before its finalizer unlinks it
+del lock
+gc.collect()
+class Other:
+    pass
+other = Other()
+weakref.finalize(other, lambda: 1 / 0)  # any other exception in a finalizer is still printed
+del other
+gc.collect()
+'''
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_semaphore_gone_before_its_finalizer_prints_nothing(hook):
+    """What a stage process installs (pipeline.child_main): CPython's traceback for a pool's semaphore already
+    unlinked when its finalizer runs is dropped, beside a failed run's one line; other ones are not."""
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "-W", "ignore:resource_tracker:UserWarning", "-c", VANISHED,
+                          "hook" if hook else "plain"], capture_output=True, text=True, check=True).stderr
+    assert ("ZeroDivisionError" in got) and (("_cleanup" in got) != hook), got

@@ -24,7 +24,14 @@ from tokmix.backends import (
 )
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
-from tokmix.executors import WORKER_PROCESS_BYTES, holdout_threads, local_workers, make_executor, worker_memory
+from tokmix.executors import (
+    WORKER_PROCESS_BYTES,
+    holdout_threads,
+    local_workers,
+    make_executor,
+    quiet_vanished_semaphores,
+    worker_memory,
+)
 from tokmix.faults import end_descendants, fault_point
 from tokmix.format.records import Index
 from tokmix.guards import start_memory_guard, watch_supervisor
@@ -381,6 +388,7 @@ def child_main(work: str, report_fd: int | None = None) -> int:
     options = RunOptions(**json.loads(Layout(work).options.read_text()))
     layout = Layout(options.store, work=work) if options.store else Layout(work)
     log.format = options.log_format
+    quiet_vanished_semaphores()
     signal.signal(signal.SIGTERM, interrupt)
     watch_supervisor()
     start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
