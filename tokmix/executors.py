@@ -103,14 +103,16 @@ def _start_child_process(parent: int, die_with_parent: bool = True) -> None:
 
 def quiet_vanished_semaphores() -> None:
     """A process pool's semaphore already gone when its finalizer unlinks it (multiprocessing.synchronize's
-    _cleanup, run as the pool's queues are collected after its workers were killed) makes CPython print a
-    FileNotFoundError traceback, "Exception ignored in: <Finalize object, dead>", beside a failed run's one line
-    (seen once in three CI runs of a bad benchmark file built in a fresh process). Nothing is left to clean, so
-    exactly that one is dropped; every other unraisable exception is printed as before."""
+    _cleanup, run as the pool's queues are collected after its workers were killed) makes CPython print an
+    OSError traceback, "Exception ignored in: <Finalize object, dead>", beside a failed run's one line: the
+    semaphore unlinked already (FileNotFoundError), or the resource tracker's pipe closed under it (EBADF in its
+    unregister), seen in CI for a bad benchmark file built in a fresh process (a killed pool's teardown in
+    Python 3.11's concurrent.futures). Nothing is left to clean, so exactly those are dropped; every other
+    unraisable exception is printed as before."""
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, FileNotFoundError) and _in_semaphore_cleanup(unraisable.exc_traceback):
+        if isinstance(unraisable.exc_value, OSError) and _in_semaphore_cleanup(unraisable.exc_traceback):
             return
         previous(unraisable)
 
