@@ -186,11 +186,7 @@ def test_plan_refuses_a_file_changed_between_its_hash_and_the_build(inputs, tmp_
     from tokmix.plan import plan_set
     from tokmix.stages.decontam import benchmark_checksums
 
-    bench = tmp_path / "bench"
-    shutil.copytree(inputs["bench"], bench)
-    recipe_path = tmp_path / "local.toml"
-    recipe_path.write_text(inputs["recipes"]["local"].read_text().replace(str(inputs["bench"]), str(bench)))
-    recipe = load_recipe(recipe_path)
+    bench, recipe = _local_copy(inputs, tmp_path)
     checksums = benchmark_checksums(recipe, [])
     few = bench / "few.jsonl"
     few.write_bytes(few.read_bytes() + json.dumps({"id": "few/late", "text": "an item added later"}).encode() + b"\n")
@@ -276,11 +272,7 @@ def test_a_file_changed_between_its_hash_and_the_build_is_refused_naming_it(inpu
     cache."""
     from tokmix.stages.decontam import benchmark_checksums, prepare_set
 
-    bench = tmp_path / "bench"
-    shutil.copytree(inputs["bench"], bench)
-    recipe_path = tmp_path / "local.toml"
-    recipe_path.write_text(inputs["recipes"]["local"].read_text().replace(str(inputs["bench"]), str(bench)))
-    recipe = load_recipe(recipe_path)
+    bench, recipe = _local_copy(inputs, tmp_path)
     checksums = benchmark_checksums(recipe, [])
     with gzip.open(bench / "HumanEval.jsonl.gz", "ab") as f:
         f.write(json.dumps({"task_id": "late", "prompt": "def late(): pass", "canonical_solution": ""}).encode()
@@ -292,3 +284,12 @@ def test_a_file_changed_between_its_hash_and_the_build_is_refused_naming_it(inpu
         prepare_set(recipe, tmp_path / "set", [], said.append, cache=str(tmp_path / "cache"), checksums=checksums)
     assert not [p for p in (tmp_path / "set").iterdir() if p.suffix in (".json", ".npy", ".part")]
     assert not list(tmp_path.glob("cache/**/*.npy"))
+
+
+def _local_copy(inputs, tmp_path):
+    """A copy of the benchmark files and the local recipe reading them, to change a file of: (folder, recipe)."""
+    bench = tmp_path / "bench"
+    shutil.copytree(inputs["bench"], bench)
+    recipe_path = tmp_path / "local.toml"
+    recipe_path.write_text(inputs["recipes"]["local"].read_text().replace(str(inputs["bench"]), str(bench)))
+    return bench, load_recipe(recipe_path)
