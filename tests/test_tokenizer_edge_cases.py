@@ -287,6 +287,14 @@ def test_a_resume_under_a_real_older_sentencepiece_rechecks_the_ids_and_says_so(
     assert RECHECKED in resume_under_old_sentencepiece(recipe, out)
     record = json.loads((out / "tokmix-state" / "tokenizer.libraries.json").read_text())
     assert record["libraries_at_start"]["sentencepiece"] == sentencepiece.__version__
+    # index.json names the versions the run started under, and the resume's beside them; validate under the
+    # first ones has nothing to re-check
+    index = json.loads((out / "index.json").read_text())
+    assert index["tokenizer_libraries"] == {"sentencepiece": sentencepiece.__version__}
+    assert index["tokenizer_libraries_resumed"] == {"sentencepiece": OLD_SENTENCEPIECE.split("==")[1]}
+    checked = tokmix_cli("validate", str(out))
+    assert checked.returncode == 0 and "tokenizer libraries differ" not in checked.stdout + checked.stderr, \
+        checked.stdout + checked.stderr
 
 
 def test_a_moved_run_resumed_under_a_real_older_sentencepiece_says_so_too(corpus, tmp_path):

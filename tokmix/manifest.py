@@ -34,6 +34,10 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
     each stream."""
     recipe = ctx.recipe
     names = list(recipe.streams)
+    # the oracle's library: the versions that made most units, and those of a resume under others, if any
+    oracle_library = ORACLE_LIBRARY[ctx.oracle]
+    now = {k: v for k, v in ctx.libraries.items() if k == oracle_library}
+    start = {k: v for k, v in (ctx.libraries_at_start or ctx.libraries).items() if k == oracle_library}
     by_stream = {n: sum(s["tokens_by_stream"][n] for s in shards) for n in names}
     total = sum(by_stream.values())
     by_domain = {d: sum(by_stream[n] for n in recipe.streams_of(d)) for d in recipe.domains}
@@ -47,7 +51,8 @@ def build_index(ctx: Context, val: dict, metas: dict[str, dict], shards: list[di
         tokenizer=ctx.tokenizer_path,
         tokenizer_sha256=ctx.tokenizer_sha256,
         tokenizer_oracle=ctx.oracle,
-        tokenizer_libraries={k: v for k, v in ctx.libraries.items() if k == ORACLE_LIBRARY[ctx.oracle]},
+        tokenizer_libraries=start,
+        tokenizer_libraries_resumed=now if now != start else None,
         tokenizer_ids_sha256=ctx.oracle_ids_sha256,
         tokmix_version=__version__,
         vocab_size=ctx.vocab_size,

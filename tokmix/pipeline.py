@@ -147,6 +147,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
                    tokenizer_sha256=checksum, token_bytes=token_bytes, delimiters=delimiters,
                    no_token_ids=no_token_ids or None,
                    writer=RunWriter.of(layout), oracle=oracle, libraries=libraries["libraries"],
+                   libraries_at_start=libraries.get("libraries_at_start"),
                    oracle_ids_sha256=libraries["oracle_ids_sha256"]["adversarial"], cache=options.cache,
                    worker_memory=worker_memory(workers, options.max_memory))
 

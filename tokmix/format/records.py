@@ -258,6 +258,9 @@ class Index(Record):
     # texts (what validate encodes again under other versions); the backend's library is under throughput
     tokenizer_oracle: str | None = None
     tokenizer_libraries: dict[str, str] | None = None
+    # a run resumed under other versions of the oracle's library (its ids re-checked identical then): those versions;
+    # tokenizer_libraries stays the versions the run started under. Absent for a run that never changed them
+    tokenizer_libraries_resumed: dict[str, str] | None = None
     tokenizer_ids_sha256: str | None = None
     tokmix_version: str | None = None
     vocab_size: int | None = None

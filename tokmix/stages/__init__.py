@@ -75,6 +75,8 @@ class Context:
     cache: str | None = None  # the token cache's folder or URL (tokmix.cache), None without one
     oracle: str = "hf"  # the backend whose ids are the tokenizer's (tokmix.backends.ORACLE), recorded in index.json
     libraries: dict[str, str] = field(default_factory=dict)  # the oracle's and the backend's library versions
+    # the versions the run started under, when it was resumed under others (the ids re-checked then: tokenizer_stage)
+    libraries_at_start: dict[str, str] | None = None
     oracle_ids_sha256: str = ""  # of the oracle's ids on ADVERSARIAL_TEXTS (tokmix.backends.oracle_digests)
     worker_memory: int = 384 << 20  # a worker's share of the tree's budget (tokmix.executors.worker_memory): a unit
     # that may peak above it runs alone (alone_share)
