@@ -163,8 +163,21 @@ def test_inspect_marks_where_documents_meet(layout_run):
     for view in views:
         assert view.text.count(DOC_MARKER) == int((view.tokens == marker).sum()) == view.documents_started
     view = next(v for v in views if (v.tokens[2:-2] == marker).any())  # documents meet inside this block
-    if prefix and suffix:  # the other delimiter is decoded by name
-        assert tok.id_to_token(suffix[0]) in view.text
+    if prefix and suffix:  # the other delimiter is shown by name, marked apart from text
+        special = f"⟦{tok.id_to_token(suffix[0])}⟧"
+        assert special in view.text
+        for view in views:
+            assert view.text.count(special) == int((view.tokens == suffix[0]).sum())
+    if name == "llama3":  # the suffix's name written in a document's text (its bytes' ids) stays text
+        from tokmix.format.records import Index
+        from tokmix.inspect import Special, decode_pieces, delimiter_names, run_tokenizer
+
+        index = Index.from_json(json.loads((out / "index.json").read_text()))
+        literal = [tok.token_to_id(c) for c in "<|end_of_text|>"]  # byte-level: printable ASCII is its own token
+        tokens = np.array([prefix[0], *literal, suffix[0], prefix[0]], dtype=np.uint32)
+        delimiters = Delimiters(tuple(prefix), tuple(suffix))
+        pieces = decode_pieces(run_tokenizer(out, index), tokens, delimiters, delimiter_names(index, delimiters))
+        assert pieces == [None, "<|end_of_text|>", Special("<|end_of_text|>"), None]
 
 
 def test_megatron_export_cuts_documents_at_the_delimiters(layout_run, tmp_path):

@@ -91,11 +91,22 @@ def contamination(out_dir: str | os.PathLike) -> Table:
 
 
 # ---------------------------------------------------------------------------- decoding
+@dataclass(frozen=True)
+class Special:
+    """A delimiter other than the marker (a doc_prefix after the first, a doc_suffix before the last), by its name:
+    shown as ⟦name⟧, so that it cannot be taken for the same name written in a document's text."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"⟦{self.name}⟧"
+
+
 @dataclass
 class BlockView:
     """One block (or eval window) of seq_len + 1 tokens, decoded: `pieces` alternate document text and delimiters
-    (None stands for the marker, the delimiter where documents meet; the other delimiters are decoded as text, e.g.
-    "<|end_of_text|>"), `text` is their concatenation with DOC_MARKER for each marker."""
+    (None stands for the marker, the delimiter where documents meet; a Special for each other delimiter, e.g.
+    ⟦</s>⟧), `text` is their concatenation with DOC_MARKER for each marker."""
 
     file: str
     title: str
@@ -107,7 +118,7 @@ class BlockView:
 
     @property
     def text(self) -> str:
-        return "".join(DOC_MARKER if p is None else p for p in self.pieces)
+        return "".join(DOC_MARKER if p is None else str(p) for p in self.pieces)
 
     @property
     def documents_started(self) -> int:
@@ -121,19 +132,30 @@ def run_tokenizer(out_dir: Path, index: Index):
     return run_vocabulary(out_dir, index)  # read through run_tokenizer_path, refused if it changed
 
 
-def decode_pieces(vocab, tokens: np.ndarray, delimiters: Delimiters) -> list[str | None]:
-    """Texts between the markers, each decoded on its own (a document boundary never splits a character), with
-    the other delimiters decoded in them by name."""
-    pieces: list[str | None] = []
-    cuts = np.flatnonzero(tokens == delimiters.marker)
+def decode_pieces(vocab, tokens: np.ndarray, delimiters: Delimiters,
+                  names: dict[int, str] | None = None) -> list[str | Special | None]:
+    """Texts between the delimiters, each decoded on its own (a document boundary never splits a character): None
+    for the marker, a Special for every other delimiter (named by `names`, else by the tokenizer's decoding)."""
+    pieces: list[str | Special | None] = []
+    others = sorted(set(delimiters.prefix + delimiters.suffix) - {delimiters.marker})
+    cuts = np.flatnonzero(np.isin(tokens, [delimiters.marker, *others]))
     start = 0
     for cut in [*cuts.tolist(), len(tokens)]:
         if cut > start:
             pieces.append(vocab.decode(tokens[start:cut].tolist()))
         if cut < len(tokens):
-            pieces.append(None)
+            token = int(tokens[cut])
+            pieces.append(None if token == delimiters.marker else
+                          Special((names or {}).get(token) or vocab.decode([token])))
         start = cut + 1
     return pieces
+
+
+def delimiter_names(index: Index, delimiters: Delimiters) -> dict[int, str]:
+    """Each delimiter id's name as the recipe gave it (index.json's delimiter_tokens; none in an index before it)."""
+    given = index.delimiter_tokens or {}
+    return {token: name for side in ("prefix", "suffix")
+            for token, name in zip(getattr(delimiters, side), given.get(side) or []) if isinstance(name, str)}
 
 
 def read_block(out_dir: str | os.PathLike, shard: int, block: int) -> BlockView:
@@ -176,8 +198,8 @@ def read_window(out_dir: str | os.PathLike, domain: str, window: int) -> BlockVi
 
 def _view(out_dir: Path, index: Index, file: str, title: str, start: int, tokens: np.ndarray) -> BlockView:
     delimiters = Delimiters.from_index(index)
-    return BlockView(file, title, start, tokens, decode_pieces(run_tokenizer(out_dir, index), tokens, delimiters),
-                     delimiters)
+    pieces = decode_pieces(run_tokenizer(out_dir, index), tokens, delimiters, delimiter_names(index, delimiters))
+    return BlockView(file, title, start, tokens, pieces, delimiters)
 
 
 def render_block(view: BlockView) -> Panel:
@@ -185,6 +207,8 @@ def render_block(view: BlockView) -> Panel:
     for piece in view.pieces:
         if piece is None:
             body.append(DOC_MARKER, style="bold black on yellow")
+        elif isinstance(piece, Special):
+            body.append(str(piece), style="bold black on cyan")
         else:
             body.append(piece)
     meet = "start(s)" if view.delimiters.prefix else "end(s)"
