@@ -39,6 +39,8 @@ from tokmix.text import size_bytes
 from tokmix.unit_files import CONTENT, LENGTHS, TOKENS, UnitFiles
 
 CACHE_FORMAT = 1  # the unit-format version: what a unit's files hold; a new one makes every older entry a miss
+# what a holdout entry's files hold (2: each document's UTF-8 size too); a new one makes older holdout entries a miss
+HOLDOUT_FORMAT = 2
 ENV = "TOKMIX_CACHE"  # a folder or URL; "off" turns the cache off
 SIZE_ENV = "TOKMIX_CACHE_SIZE"
 DEFAULT_CAP = 50 << 30  # or a quarter of the cache's filesystem, whichever is smaller (default_cap)
@@ -96,10 +98,10 @@ class KeyBase:
         of the documents a run reads (the entry is the prefix an earlier run read), nor the seed, which shuffles
         them into the holdout; not where a huge document is cut, nor the benchmarks: the holdout stage does
         neither."""
-        parts = {"format": CACHE_FORMAT, "kind": HOLDOUT, "tokenizer": self.tokenizer, "oracle": self.oracle,
-                 "delimiters": self.delimiters, "dtype": self.dtype, "provenance": self.provenance,
-                 "decontamination": self.decontamination, "text_field": text_field, "files": files,
-                 "sources": sources}
+        parts = {"format": CACHE_FORMAT, "holdout_format": HOLDOUT_FORMAT, "kind": HOLDOUT,
+                 "tokenizer": self.tokenizer, "oracle": self.oracle, "delimiters": self.delimiters,
+                 "dtype": self.dtype, "provenance": self.provenance, "decontamination": self.decontamination,
+                 "text_field": text_field, "files": files, "sources": sources}
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

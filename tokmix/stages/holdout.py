@@ -27,6 +27,8 @@ from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key
 from tokmix.tokens import Delimiters, write_npy, write_tokens
 from tokmix.unit_files import LENGTHS, TOKENS
 
+UTF8 = "utf8"  # a holdout cache entry's file of each document's UTF-8 size (int64), beside its tokens and lengths
+
 READ_BATCH = 256  # holdout documents encoded per call: large enough to be fast, small enough to stop early
 
 
@@ -83,12 +85,14 @@ def _located_texts(files: list[str], field: str, stream: str, mirrors):
 
 class Read(NamedTuple):
     """What one stream's holdout files gave: documents as (stream, ids, origin), the hashes and lengths
-    (characters) of their texts, and whether the files ran out (`complete`)."""
+    (characters) of their texts, whether the files ran out (`complete`), and each text's UTF-8 size (what the
+    holdout's `bytes` count for a whole document: build_domain)."""
 
     docs: list
     hashes: np.ndarray
     chars: np.ndarray
     complete: bool
+    utf8: np.ndarray
 
 
 def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: float, mirrors,
@@ -101,18 +105,20 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
     earlier read gave them (a token cache entry's, _held): as many as the budget needs are taken from it,
     and the files are read again past them (not encoded) only when it falls short. (`tokmix plan` reads them
     too, to show what each stream gives.)"""
-    docs, hashes, chars, got = [], [], [], 0
+    docs, hashes, chars, utf8, got = [], [], [], [], 0
     field = recipe.streams[stream].text_field
     reader = _located_texts(files, field, stream, mirrors)
     if held is not None:
         taken = _documents_for(held.docs, budget)
         docs = held.docs[:taken]
         got = sum(len(ids) for _, ids, _ in docs)
+        utf8 += held.utf8[:taken].tolist()
         if decontaminate:
             hashes.append(held.hashes[:taken])
             chars += held.chars[:taken].tolist()
         if got >= budget or held.complete:
-            return Read(docs, *_hashes_and_chars(hashes, chars), held.complete and taken == len(held.docs))
+            return Read(docs, *_hashes_and_chars(hashes, chars), held.complete and taken == len(held.docs),
+                        np.array(utf8, np.int64))
         reader = itertools.islice(reader, taken, None)  # read again, not encoded
     complete = False
     while got < budget:
@@ -131,10 +137,11 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
             if got >= budget:
                 batch = batch[: k + 1]
                 break
+        utf8 += [len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass")) for t in batch]
         if decontaminate:  # only decontamination reads them (hashing is a share of this stage worth sparing)
             hashes.append(text_hashes(batch))
             chars += map(len, batch)
-    return Read(docs, *_hashes_and_chars(hashes, chars), complete)
+    return Read(docs, *_hashes_and_chars(hashes, chars), complete, np.array(utf8, np.int64))
 
 
 def _hashes_and_chars(hashes: list, chars: list) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +229,8 @@ def _entry_files(read: Read, dtype: np.dtype) -> dict[str, bytes]:
     """A stream's holdout documents as the files of its cache entry: their tokens and lengths (named as a unit's
     are) and, as the read has them, their texts' hashes and lengths (decontamination) and origins (provenance)."""
     files = {TOKENS: np.concatenate([ids for _, ids, _ in read.docs]).astype(dtype, copy=False).tobytes(),
-             LENGTHS: np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes()}
+             LENGTHS: np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes(),
+             UTF8: read.utf8.astype(np.int64).tobytes()}
     if len(read.hashes) == len(read.docs):
         files["hash"], files["chars"] = read.hashes.astype(np.uint64).tobytes(), read.chars.tobytes()
     if read.docs[0][2] is not None:
@@ -237,11 +245,12 @@ def _held(found: tuple[dict, dict[str, bytes]] | None, stream: str, dtype: np.dt
     if found is None:
         return None
     record, files = found
-    if TOKENS not in files or LENGTHS not in files or ("hash" in files) != decontaminate \
+    if TOKENS not in files or LENGTHS not in files or UTF8 not in files or ("hash" in files) != decontaminate \
             or ("origin" in files) != provenance:
         return None
     try:
         ids, lengths = np.frombuffer(files[TOKENS], dtype), np.frombuffer(files[LENGTHS], np.int64)
+        utf8 = np.frombuffer(files[UTF8], np.int64)
         hashes = np.frombuffer(files.get("hash", b""), np.uint64)
         chars = np.frombuffer(files.get("chars", b""), np.int64)
         origins = np.frombuffer(files["origin"], np.int64).reshape(-1, 3).tolist() if provenance else None
@@ -249,13 +258,14 @@ def _held(found: tuple[dict, dict[str, bytes]] | None, stream: str, dtype: np.dt
         return None
     count = len(lengths)
     if (not int(lengths.sum()) == len(ids) == record["unit"]["tokens"] or count != record["unit"]["documents"]
+            or len(utf8) != count or (count and int(utf8.min()) < 0)
             or (decontaminate and not len(hashes) == len(chars) == count)
             or (origins is not None and len(origins) != count)):
         return None
     ends = np.cumsum(lengths).tolist()
     docs = [(stream, ids[end - n:end], tuple(origins[i]) if origins is not None else None)
             for i, (n, end) in enumerate(zip(lengths.tolist(), ends))]
-    return Read(docs, hashes, chars, record["complete"])
+    return Read(docs, hashes, chars, record["complete"], utf8)
 
 
 def stream_reads(recipe: Recipe, domain: str) -> dict[str, float]:
@@ -290,7 +300,7 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
-    docs, hashes, lengths, from_cache = [], [], [], {}
+    docs, hashes, lengths, utf8, from_cache = [], [], [], [], {}
     for name in names:
         if isinstance(reads[name], Exception):
             raise reads[name]
@@ -298,7 +308,11 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
         docs += read.docs
         hashes.append(read.hashes)
         lengths.append(read.chars)
-    chunks, by_stream, n = draw(docs, names, need, recipe.seed)
+        utf8.append(read.utf8)
+    numbered = [(name, ids, k) for k, (name, ids, _) in enumerate(docs)]  # shuffled as the documents would be
+    chunks, by_stream, n = draw(numbered, names, need, recipe.seed)
+    order = [k for _, _, k in numbered[: len(chunks)]]
+    taken = [docs[k] for k in order]
     if n < need:
         raise TokmixError(
             f"holdout {domain}: its holdout files give only {n:,} of the {need:,} tokens asked for "
@@ -312,7 +326,9 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
     if recipe.layout.provenance:
-        docs_entry = write_holdout_documents(ctx, domain, docs[: len(chunks)], [len(c) for c in chunks])
+        docs_entry = write_holdout_documents(ctx, domain, taken, [len(c) for c in chunks])
+    spelled = SpelledBytes(chunks, [len(ids) for _, ids, _ in taken], np.concatenate(utf8)[order], byte_len,
+                           ctx.delimiters)
     digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
                hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
     # with a token cache, what the reads took from it: index.json's cache entry gathers it (holdout_cache)
@@ -323,15 +339,43 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
         "tokens": int(len(tokens)),
         "targets": int(len(targets)),
         "docs": len(chunks),
-        "bytes": int(byte_len[targets].sum()),
+        "bytes": spelled.of_targets(len(targets)),
         "eval_windows": recipe.holdout.eval_windows,
         "eval_targets": eval_targets,
-        "eval_bytes": int(byte_len[targets[:eval_targets]].sum()),
+        "eval_bytes": spelled.of_targets(eval_targets),
         "tokens_by_stream": by_stream,
         "source_files": ctx.split[domain]["holdout"],
         "checksum": hashlib.new(CHECKSUM, tokens.tobytes()).hexdigest(),
         **({"provenance": docs_entry} if recipe.layout.provenance else {}),
     }
+
+
+class SpelledBytes:
+    """The UTF-8 size of the text a holdout's first targets spell: each document whose text's tokens are all among
+    them counts its text's own UTF-8 size; a document cut by either end of them (the first one's first token is no
+    target; the last one may be cut) counts the bytes of its tokens there (Vocabulary.token_bytes); delimiters count
+    none. For byte-level BPE and tiktoken's encodings, whose tokens spell the text byte for byte, that is the sum of
+    the targets' token bytes (the reference's count); a SentencePiece model's pieces do not (the "▁" it puts before
+    a document, whitespace and text its normalizer rewrites, <unk>), and its whole documents count their text."""
+
+    def __init__(self, chunks: list[np.ndarray], full: list[int], utf8: np.ndarray, byte_len: np.ndarray,
+                 delimiters: Delimiters):
+        self.tokens = np.concatenate(chunks)
+        self.byte_len = byte_len
+        self.starts = np.cumsum([0, *map(len, chunks)])[:-1]  # each chunk's first token
+        self.text = self.starts + len(delimiters.prefix)  # each document's text: [text, text_end) when whole
+        self.text_end = self.starts + np.array(full, np.int64) - len(delimiters.suffix)
+        self.utf8 = utf8
+
+    def of_targets(self, count: int) -> int:
+        """Of targets [0, count): tokens [1, count + 1)."""
+        lo, hi = 1, count + 1
+        whole = (self.text >= lo) & (self.text_end <= hi)
+        total = int(self.utf8[whole].sum())
+        for i in np.flatnonzero(~whole & (self.text < hi) & (self.text_end > lo)).tolist():  # cut by an end
+            a, b = max(int(self.text[i]), lo), min(int(self.text_end[i]), hi)
+            total += int(self.byte_len[self.tokens[a:b]].sum())
+        return total
 
 
 def holdout_cache(ctx: Context) -> dict:
