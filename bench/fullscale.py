@@ -5,6 +5,13 @@ script's tokens/s measured in the same run on a slice of the same corpus, to ext
 the layout.
 
     .venv/bin/python bench/fullscale.py [--corpus bench/work/corpus] [--reference-tokens 30e6]
+    .venv/bin/python bench/fullscale.py --decontaminate none,humaneval,humaneval,none
+
+--decontaminate runs the layout whole once per name in turn (tokmix only; each run's output deleted after it):
+`none` as above, `humaneval` with [decontaminate] against the vendored HumanEval (tests/data/human_eval,
+prompt + canonical_solution, 13-grams), and prints the streams stage's seconds of each, the ratio of the medians,
+the peak tree RSS, what the benchmark dropped, and whether the runs' shards are the same (index.json's sha256):
+decontamination's cost at the full layout, where a run's fixed costs do not weigh as at bench scale.
 
 Build the bench corpus first (python bench/corpus.py bench/work/corpus). Everything else goes to
 bench/work/fullscale/:
@@ -30,6 +37,7 @@ end the removal of the intermediates (the disk column shows them still there whi
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -99,7 +107,13 @@ def build_corpus(base: Path, recipe: dict) -> dict[str, dict[str, list[str]]]:
     return split
 
 
-def write_recipe(recipe: dict, interleave: str = "global") -> Path:
+HUMANEVAL = HERE.parent / "tests" / "data" / "human_eval" / "HumanEval.jsonl.gz"
+BENCHMARKS = {"none": "", "humaneval": ('[decontaminate]\n[decontaminate.benchmarks.humaneval]\n'
+                                        f'files = ["{HUMANEVAL}"]\nfields = ["prompt", "canonical_solution"]\n'
+                                        'id_field = "task_id"\n')}
+
+
+def write_recipe(recipe: dict, interleave: str = "global", benchmarks: str = "none") -> Path:
     lay, hold = dict(recipe["layout"]), recipe["holdout"]
     if interleave != "global":
         lay["interleave"] = f'"{interleave}"'
@@ -112,7 +126,11 @@ def write_recipe(recipe: dict, interleave: str = "global") -> Path:
     for name, spec in recipe["streams"].items():
         lines += ["", f"[streams.{name}]", f'domain = "{spec["domain"]}"', f"share = {spec['share']}",
                   f'files = ["{WORK / "corpus" / FOLDER[name]}/*.parquet"]']
-    path = WORK / ("recipe.toml" if interleave == "global" else f"recipe-{interleave}.toml")
+    if benchmarks != "none":
+        lines += ["", BENCHMARKS[benchmarks]]
+    name = "recipe" + (f"-{interleave}" if interleave != "global" else "") + (
+        f"-{benchmarks}" if benchmarks != "none" else "")
+    path = WORK / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -225,6 +243,8 @@ def main() -> None:
     ap.add_argument("--skip-reference", action="store_true", help="tokmix only (no ratio)")
     ap.add_argument("--reference", type=Path, default=cr.REFERENCE,
                     help=f"the reference script (default {cr.REFERENCE})")
+    ap.add_argument("--decontaminate", default="",
+                    help="comma-separated runs in turn: none, humaneval (e.g. none,humaneval,humaneval,none)")
     ap.add_argument("--interleave", default="global",
                     help="comma-separated interleaves, each a whole run in turn (e.g. global,balanced: their "
                          "assemble times as a ratio; the previous run's output is deleted first)")
@@ -240,12 +260,23 @@ def main() -> None:
     if not args.skip_reference and not args.reference.exists():
         sys.exit(f"{args.reference}: no such file (--reference PATH, or --skip-reference)")
     WORK.mkdir(parents=True, exist_ok=True)
+    # one run at a time over WORK (its runs/tokmix, token cache and results are shared by every worktree linking
+    # bench/work): a second waits for the first instead of deleting its output under it
+    lock = (WORK / "fullscale.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"waiting for another bench/fullscale.py run over {WORK} ...", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
     recipe = tomllib.loads(RECIPE.read_text())
     split = build_corpus(args.corpus.resolve(), recipe)
     base_streams = {n: (s["domain"], s["share"], str((args.corpus / FOLDER[n]).resolve()))
                     for n, s in recipe["streams"].items()}
     tokenizer = cr.tokenizer_once(cr.Setup(recipe["seed"], recipe["layout"], recipe["holdout"], base_streams,
                                            _base_split(args.corpus.resolve(), split)), args.tokenizer_mb)
+    if args.decontaminate:
+        compare_decontamination(recipe, args.decontaminate.split(","))
+        return
     kinds = args.interleave.split(",")
     if kinds != ["global"]:
         compare_interleaves(recipe, kinds, args.reuse_cache)
@@ -295,6 +326,39 @@ def main() -> None:
     print(f"\nbenchmark wall time {time.perf_counter() - t_start:,.0f}s; figures in {WORK / 'results.json'}")
     if max(tok["peaks"].values()) > GIB:
         sys.exit(1)
+
+
+def compare_decontamination(recipe: dict, names: list[str]) -> None:
+    """One whole run per name of BENCHMARKS, in turn (a name given twice runs twice): the streams stage's seconds
+    of each against the runs without, the peak tree RSS, what the benchmarks took, and the shards' sha256."""
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        sys.exit(f"--decontaminate: {', '.join(unknown)}: not one of {', '.join(BENCHMARKS)}")
+    results: dict[str, list[dict]] = {name: [] for name in dict.fromkeys(names)}
+    for name in names:
+        before = _load()
+        run = run_tokmix(write_recipe(recipe, benchmarks=name), WORK / "runs" / "tokmix")
+        after = _load()
+        index = run["index"]
+        found = index.get("benchmark_decontamination") or {}
+        results[name].append({"seconds": run["seconds"], "wall": run["wall"], "peak_rss": max(run["peaks"].values()),
+                              "load": [before, after], "dropped": [found.get("documents", 0), found.get("tokens", 0)],
+                              "shards": [s["sha256"] for s in index["shards"]], "restarts": run["restarts"]})
+        r = results[name][-1]
+        print(f"{name:<10} streams {r['seconds']['streams']:7.1f} s  whole {r['wall']:7.1f} s  peak tree RSS "
+              f"{r['peak_rss'] / MIB:,.0f} MiB  dropped {r['dropped'][0]:,} docs / {r['dropped'][1]:,} tokens  "
+              f"restarts {r['restarts']}  load {before} -> {after}", flush=True)
+        shutil.rmtree(WORK / "runs" / "tokmix", ignore_errors=True)  # ~10 GiB a run
+    median = {name: sorted(r["seconds"]["streams"] for r in runs)[(len(runs) - 1) // 2]
+              for name, runs in results.items()}
+    shards = {json.dumps(r["shards"]) for runs in results.values() for r in runs}
+    for name in median:
+        line = f"{name:<10} median streams {median[name]:.1f} s"
+        if "none" in median:
+            line += f" ({median[name] / median['none']:.3f}x of none)"
+        print(line + f", peak tree RSS {max(r['peak_rss'] for r in results[name]) / MIB:,.0f} MiB")
+    print(f"shards: {'the same sha256 in every run' if len(shards) == 1 else f'{len(shards)} different sets'}")
+    (WORK / "decontamination.json").write_text(json.dumps(results, indent=2))
 
 
 def compare_interleaves(recipe: dict, kinds: list[str], reuse_cache: bool = False) -> None:
