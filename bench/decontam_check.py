@@ -4,6 +4,7 @@
 100k-item set of bench/decontam.py (run it once first: it writes the items file).
 
     .venv/bin/python bench/decontam_check.py [--set humaneval|100k] [--docs 1500] [--passes 3] [--whole] [--pieces]
+        [--word-filter]
     .venv/bin/python bench/decontam_check.py --build [--set 100k]
 
 Prints the CPU seconds of the check (time.process_time, the least of --passes passes, each with a fresh
@@ -64,7 +65,8 @@ PIECES = [("tokmix.stages.decontam", "BenchmarkSet.contaminating"), ("tokmix.sta
           ("tokmix.ngrams", "_chains"), ("tokmix.ngrams", "_pieces"), ("tokmix.stages.decontam", "split_words"),
           ("tokmix.ngrams", "normalized_bytes"), ("tokmix.stages.decontam", "BenchmarkSet._matches"),
           ("tokmix.stages.decontam", "BenchmarkSet.member"), ("tokmix.ngrams", "Words.grams"),
-          ("tokmix.stages.decontam", "BenchmarkSet.candidates"), ("tokmix.stages.decontam", "BenchmarkSet._holding")]
+          ("tokmix.stages.decontam", "BenchmarkSet.candidates"), ("tokmix.stages.decontam", "BenchmarkSet._holding"),
+          ("tokmix.ngrams", "add_normal_forms")]
 
 
 def timed_pieces() -> dict[str, list[float]]:
@@ -132,6 +134,8 @@ def main() -> None:
     parser.add_argument("--build", action="store_true", help="time the set's build alone")
     parser.add_argument("--whole", action="store_true", help="every document of the train files, in batches")
     parser.add_argument("--pieces", action="store_true", help="the CPU seconds of each piece of the check")
+    parser.add_argument("--word-filter", action="store_true",
+                        help="the set's member test as an ngrams.WordFilter (a code whose BenchmarkSet does not)")
     args = parser.parse_args()
     if args.build:
         build_only(args.set)
@@ -146,6 +150,10 @@ def main() -> None:
             if args.pieces and p == args.passes - 1:
                 spent = timed_pieces()
             bench = BenchmarkSet(str(directory))
+            if args.word_filter:
+                from tokmix.ngrams import WordFilter
+
+                bench.member = WordFilter(bench.word_filter, int(bench.word_shift))
             if args.callgrind:
                 callgrind("on")
             start = time.process_time()

@@ -188,6 +188,122 @@ def test_compiled_triple_candidates_equal_numpy(native, monkeypatch):
         native.triple_candidates(["a b c"], TRIPLES[0].bits, 48, 2)
 
 
+# characters of many scripts for the wild runs normalized in the loop: Latin-1 and Latin Extended letters, their
+# combining marks (the run left to _chained), Greek (sigmas: a member), Cyrillic, Arabic and Hebrew, CJK and
+# fullwidth forms, Hangul syllables and jamo (a trailing jamo composes with the syllable before it), characters
+# NFKC expands (ligatures, superscripts, fractions, ellipsis, roman numerals, squared units, U+FDFA's 18
+# characters), Indic vowel signs that compose with their consonant, General and CJK punctuation (separators),
+# emoji with a joiner and a modifier, private use, astral CJK (beyond the table)
+SCRIPTS = ("\u00e9\u00c9\u00f1\u00df\u0153\u0142\u0131\u0130\u01c4\u1e9e", "e\u0301\u0308\u0327\u0338\u20dd\u302a",
+           "\u03b1\u03a3\u03c3\u03c2\u0390\u1f00\u0386", "\u0430\u0416\u0451\u0419", "\u0627\u0644\u05d0\u05b0\ufdfa",
+           "\u4e2d\u6587\u3042\u30a2\uff21\uff41\uff11\uff0c\u3002", "\uac00\ud55c\u1100\u1161\u11a8\u3131",
+           "\ufb01\ufb03\u00b2\u2075\u00bd\u2153\u2026\u2163\u3392\u2122\u212b\u00aa\u02b0\u1d43",
+           "\u0915\u093c\u0b47\u0b3e\u0bc6\u0bbe\u0d46\u0d3e", "\u2014\u2013\u201c\u201d\u2019\u00a0\u2009\u3000\u00a9",
+           "\U0001f600\u200d\U0001f3fb\ufe0f\ue001\U00020000\U0001d400")
+
+
+def script_text(rng: random.Random) -> str:
+    """Words of ASCII letters and of SCRIPTS' characters, between ASCII and non-ASCII separators."""
+    chars = "abcXYZ019" + "".join(rng.sample(SCRIPTS, rng.randrange(1, len(SCRIPTS) + 1)))
+    out = []
+    for _ in range(rng.randrange(1, 40)):
+        out.append("".join(rng.choice(chars) for _ in range(rng.randrange(1, 12))))
+        out.append(rng.choice([" ", " ", " ", ". ", "'", "\n", "\u2014", " \u201c", "\u3000", ""]))
+    return "".join(out)
+
+
+def word_filters(texts: list[str]) -> list[ngrams.WordFilter]:
+    """Word filters (ngrams.WordFilter) of none, about half and all of the texts' normalized words, and a random
+    half of all slots: members, non-members and a member in most wild runs."""
+    hashes = ngrams.split_words(texts).hashes if texts else np.empty(0, np.uint64)
+    rng = np.random.default_rng(len(texts))
+    out = []
+    for share in (0.0, 0.5, 1.0):
+        bits = np.zeros(1 << 13, np.uint8)  # 2**16 slots: shift 48
+        slots = (hashes[rng.random(len(hashes)) < share] >> np.uint64(48)).astype(np.int64)
+        np.bitwise_or.at(bits, slots >> 3, (1 << (slots & 7)).astype(np.uint8))
+        out.append(ngrams.WordFilter(bits, 48))
+    out.append(ngrams.WordFilter(np.random.default_rng(3).integers(0, 256, 1 << 13, dtype=np.uint8), 48))
+    return out
+
+
+def test_wild_runs_normalized_in_the_loop_equal_numpy(native, monkeypatch):
+    """run_candidates with a pair table and a WordFilter: the compiled loop normalizes the wild runs whose
+    characters all have a context-free normal form (ngrams.normal_forms) and decides them itself; the kept texts
+    and pieces are numpy's exactly (TOKMIX_NATIVE=0) and the loop's without the word filter's bits (a plain
+    callable: every wild run left to _chained), for texts of many scripts, combining marks, characters NFKC
+    expands, the fuzzed and long texts of the tests above; the table empty at first (its blocks built as the loop
+    meets them) and whole."""
+    rng = random.Random(41)
+    groups = [[], [""], ["a b"], ["\u00e9"], ["caf\u00e9 na\u00efve r\u00e9sum\u00e9 " * 12],
+              ["\u201cthe cat\u201d " * 30], ["\ufb01ne \uff21\uff22 x\u00b2 " * 20],
+              ["\uac00\u11a8 \u0b47\u0b3e e\u0301 " * 15], ["a " * 40 + "\u03a3 " + "b " * 40]]
+    groups += [[script_text(rng) for _ in range(rng.randrange(1, 10))] for _ in range(80)]
+    groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(20)]
+    groups += [[long_text(rng) + script_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(15)]
+    monkeypatch.setattr(ngrams, "_forms", (np.zeros(ngrams.FORMS_END, np.uint32), b""))
+    decided = 0
+    for whole in (False, True):
+        if whole:
+            ngrams.add_normal_forms(list(range(ngrams.FORMS_END // ngrams.FORMS_BLOCK)))
+        for texts in groups:
+            for table in rng.sample(TABLES[:3], 2):
+                for words in rng.sample(word_filters(texts), 2):
+                    for shortest in rng.sample([2, 3, 13], 2):
+                        monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+                        got = ngrams.run_candidates(texts, table, words, shortest)
+                        before = ngrams.run_candidates(texts, table, words.__call__, shortest)
+                        monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+                        want = ngrams.run_candidates(texts, table, words, shortest)
+                        assert got == want == before, (texts, table.bits, shortest)
+        entries = ngrams.normal_forms()[0]
+        decided += int((entries > 1).sum())
+    assert decided > 100_000  # (most characters of planes 0 and 1 are context-free)
+
+
+def test_normal_forms_are_the_normalization_of_their_runs():
+    """Strings of context-free characters (ngrams.normal_forms) and ASCII ones: their NFKC and lowercase through the
+    byte map, as ngrams._wild_words normalizes a wild run, is their characters' forms end to end, on random
+    strings of all of them and of the commonest scripts; every combining mark and character that composes with
+    one before it has no form; no two-character canonical decomposition is above FORMS_END (where the table
+    looks for those that compose)."""
+    ngrams.add_normal_forms(list(range(ngrams.FORMS_END // ngrams.FORMS_BLOCK)))
+    entries, pool = ngrams.normal_forms()
+    free = np.flatnonzero(entries > 1)
+    assert len(free) > 100_000 and not (entries[0x80:ngrams.FORMS_END] == 0).any()
+    after = ngrams._composes_after()
+    for c in range(0x80, ngrams.FORMS_END):
+        ch = chr(c)
+        if unicodedata.combining(ch) or ch in after:
+            assert entries[c] == 1, hex(c)
+    for c in range(ngrams.FORMS_END, 0x110000):
+        mapping = unicodedata.decomposition(chr(c))
+        assert not mapping or mapping[0] == "<" or len(mapping.split()) != 2, hex(c)
+
+    def form(c: int) -> bytes:
+        if c < 0x80:  # (the byte map lowercases)
+            return bytes([ngrams._BYTE_TABLE[c]])
+        e = int(entries[c])
+        return pool[e >> 8:(e >> 8) + ((e >> 1) & 63)]
+
+    def normalized(text: str) -> bytes:
+        raw, data, _ = ngrams._joined([ngrams._normalized_runs(text)])
+        data[ngrams._punctuation(raw)] = 0
+        return data[1:-9].tobytes()
+
+    rng = random.Random(43)
+    common = [c for c in free.tolist() if c < 0x3100 or 0xFF00 <= c < 0xFFF0] + list(range(0x20, 0x7F))
+    scripts = [ord(c) for c in "".join(SCRIPTS) if ord(c) < ngrams.FORMS_END and entries[ord(c)] > 1]
+    pools = (free.tolist() + list(range(0x20, 0x7F)), common, scripts + [ord("a"), ord(" ")])
+    for chars in pools:
+        for _ in range(3000):
+            codes = [rng.choice(chars) for _ in range(rng.randrange(1, 12))]
+            assert normalized("".join(map(chr, codes))) == b"".join(map(form, codes)), [hex(c) for c in codes]
+    for c in free.tolist():  # each after and before an ASCII letter
+        codes = [ord("e"), c, ord("a")]
+        assert normalized("".join(map(chr, codes))) == b"".join(map(form, codes)), hex(c)
+
+
 def test_a_no_break_space_is_made_a_space_before_nfkc():
     """ngrams._nfkc (NFKC where the quick check says a text is not in NFKC form, a no-break space made a space
     first) is unicodedata's NFKC beside every character that composes, decomposes or is a combining mark, and a
@@ -265,6 +381,8 @@ def test_run_candidates_and_verdicts_equal_with_the_compiled_path_off(native, tm
         assert ngrams.run_candidates(texts, bench.first_pass_pairs(), bench.member, NGRAM) == kept
         for pairs in triples:
             assert ngrams.run_candidates(texts, pairs, bench.member, NGRAM) == kept
+        words = ngrams.WordFilter(bench.word_filter, int(bench.word_shift))  # wild runs decided in the loop
+        assert ngrams.run_candidates(texts, bench.first_pass_pairs(), words, NGRAM) == kept
         verdicts = bench.contaminating(texts)
         monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
         assert ngrams.compiled() is None

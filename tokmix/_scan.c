@@ -16,7 +16,7 @@
  * check on worker threads beside the encoder); no Python object per word. */
 
 #ifndef TOKMIX_SCAN_ABI
-#define TOKMIX_SCAN_ABI 3
+#define TOKMIX_SCAN_ABI 4
 #endif
 
 #define PY_SSIZE_T_CLEAN
@@ -51,6 +51,17 @@ static const uint64_t KEEP[9] = {0, 0xFFull, 0xFFFFull, 0xFFFFFFull, 0xFFFFFFFFu
                                  0xFFFFFFFFFFFFull, 0xFFFFFFFFFFFFFFull, 0xFFFFFFFFFFFFFFFFull};
 static const uint64_t LOWER = 0x2020202020202020ull;
 static const uint64_t MIX1 = 0xBF58476D1CE4E5B9ull;
+static const uint64_t MIX_GOLDEN = 0x9E3779B97F4A7C15ull;
+static const uint64_t MIX2 = 0x94D049BB133111EBull;
+static const uint64_t HASH_STEP = 0x100000001B3ull;
+
+/* splitmix64's finalizer (ngrams._mix) */
+static inline uint64_t mix64(uint64_t x) {
+    x += MIX_GOLDEN;
+    x = (x ^ (x >> 30)) * MIX1;
+    x = (x ^ (x >> 27)) * MIX2;
+    return x ^ (x >> 31);
+}
 
 /* up to 8 bytes from p as a little-endian uint64 (the first n, n <= 8; the rest zero) */
 static inline uint64_t load_le(const unsigned char *p, Py_ssize_t n) {
@@ -284,6 +295,8 @@ static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *
  * runs there too, so its chains are the text's chains there), merged with the next one of its text within
  * MERGE_GAP bytes (the chains between them are the same from either). */
 #define MERGE_GAP 512
+#define FORMS_BLOCK 128  /* ngrams.FORMS_BLOCK */
+#define FORMS_BLOCKS 1024 /* the most blocks of a table of normal forms (ngrams.FORMS_END / FORMS_BLOCK) */
 
 typedef struct {
     const unsigned char *table;  /* the pair table as bits, `bits` bits a class */
@@ -299,7 +312,87 @@ typedef struct {
     Py_ssize_t pending;          /* the index in spans of the text's last wild segment's entry, or -1 */
     Py_ssize_t merge_gap;        /* wild segments this close are merged (MERGE_GAP, TRIPLE_MERGE_GAP) */
     struct Runs *runs;           /* skips_in's scratch: a text's runs and triples */
+    const uint32_t *forms;       /* candidates' wild runs normalized here (NULL: none): ngrams.normal_forms' */
+    Py_ssize_t forms_end;        /* entries (code points below it) and pool */
+    const unsigned char *pool;
+    Py_ssize_t pool_len;
+    const unsigned char *word_filter;  /* ngrams.WordFilter's bits, a word hash's slot its value >> word_shift */
+    int word_shift;
+    unsigned char missing[FORMS_BLOCKS / 8];  /* the blocks of FORMS_BLOCK code points met and not built, a bit each */
 } Chains;
+
+/* Whether a word of the normalized bytes is in the word filter: its first 8 bytes (`head`, little-endian), its
+ * last 8 (`tail`, the last byte at the top), its length; hashed as ngrams.word_hashes */
+static inline int word_member(const Chains *c, uint64_t head, uint64_t tail, Py_ssize_t length) {
+    const int k = length < 8 ? (int)length : 8;
+    const uint64_t hash = mix64(mix64(head ^ ((uint64_t)length * HASH_STEP)) + (tail >> (8 * (8 - k))));
+    const uint64_t slot = hash >> c->word_shift;
+    return (c->word_filter[slot >> 3] >> (slot & 7)) & 1;
+}
+
+/* A wild run p[s:e] (valid UTF-8, no _JOINT) as ngrams._wild_words decides it, its characters' normal forms end to
+ * end (ngrams.normal_forms: they are the run's NFKC and lowercase when every character is context-free), an ASCII
+ * byte as the byte map makes it: 1, with *linked (it has no words, or one is a member or it holds a small sigma)
+ * and *words (its words' count if linked, else 0); 0 if a character of it has no form (not context-free, above the
+ * table, or its block not built yet: noted in c->missing), the run then left to run_candidates as before. */
+static __attribute__((noinline)) int normal_run(const unsigned char *p, Py_ssize_t s, Py_ssize_t e, Chains *c,
+                                                int *linked, Py_ssize_t *words) {
+    Py_ssize_t count = 0, length = 0;
+    uint64_t head = 0, tail = 0;
+    int found = 0;
+    for (Py_ssize_t i = s; i < e;) {
+        const unsigned x = p[i];
+        unsigned char one;
+        const unsigned char *form = &one;
+        Py_ssize_t n = 1;
+        if (x < 0x80) {
+            one = WORD_BYTE[x] ? (unsigned char)(x | 0x20) : 0;  /* a letter lowercased, a digit kept */
+            i++;
+        } else {
+            uint32_t cp;
+            if (x < 0xE0) {
+                cp = ((x & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu);
+                i += 2;
+            } else if (x < 0xF0) {
+                cp = ((x & 0x0Fu) << 12) | ((p[i + 1] & 0x3Fu) << 6) | (p[i + 2] & 0x3Fu);
+                i += 3;
+            } else {
+                cp = ((x & 0x07u) << 18) | ((p[i + 1] & 0x3Fu) << 12) | ((p[i + 2] & 0x3Fu) << 6) | (p[i + 3] & 0x3Fu);
+                i += 4;
+            }
+            if ((Py_ssize_t)cp >= c->forms_end) return 0;
+            const uint32_t entry = c->forms[cp];
+            if (entry <= 1) {
+                if (!entry) c->missing[cp / FORMS_BLOCK / 8] |= (unsigned char)(1u << (cp / FORMS_BLOCK % 8));
+                return 0;
+            }
+            n = (entry >> 1) & 63;
+            if (!(entry & 1) || (Py_ssize_t)(entry >> 8) + n > c->pool_len) return 0;  /* (not ngrams.normal_forms') */
+            form = c->pool + (entry >> 8);
+            found |= (entry >> 7) & 1;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            const unsigned char b = form[j];
+            if (b) {
+                if (length < 8) head |= (uint64_t)b << (8 * length);
+                tail = (tail >> 8) | ((uint64_t)b << 56);
+                length++;
+            } else if (length) {
+                found |= word_member(c, head, tail, length);
+                count++;
+                length = 0;
+                head = tail = 0;
+            }
+        }
+    }
+    if (length) {
+        found |= word_member(c, head, tail, length);
+        count++;
+    }
+    *linked = !(count > 0 && !found);
+    *words = *linked ? count : 0;
+    return 1;
+}
 
 static int push4(Vec *v, int64_t a, int64_t b, int64_t c, int64_t d) {
     return vec_push(v, a) || vec_push(v, b) || vec_push(v, c) || vec_push(v, d);
@@ -327,18 +420,24 @@ static inline __attribute__((always_inline)) int chain_in(const unsigned char *p
     const Py_ssize_t mark = c->spans.size, shortest = c->shortest;
     const unsigned char *table = c->table;
     const int cbits = c->bits, shift = 64 - c->bits;
-    int any = 0, prev_wild = 0, seg_wild = 0;
+    int any = 0, prev_kind = 0, prev_linked = 0, seg_wild = 0;
     uint64_t prev_cls = 0;
     Py_ssize_t seg_start = 0, seg_runs = 0, last_end = 0;
     c->text = t;
     c->exact = exact;
     c->pending = -1;
-/* one run p[S:E] (HIGH: it holds a byte >= 0x80) */
+/* one run p[S:E] (HIGH: it holds a byte >= 0x80). Its kind: 0 plain, 1 wild and decided here (normal_run: linked
+ * or not, its words), 2 wild and left to run_candidates (linked to both neighbours: the most it may be). Two runs
+ * are linked as ngrams._chained links them: a wild run's decision links it to the run before it, and to the next
+ * unless that is wild too (its own decision then), two plain runs by the table. seg_runs counts words (a plain run
+ * one, a decided wild run its words if linked, else none, as _chains counts them). */
 #define RUN(S, E, HIGH)                                                                                         \
     do {                                                                                                        \
         const Py_ssize_t rs = (S), re = (E);                                                                   \
         const int rhigh = ascii ? 0 : (HIGH) != 0; /* (an ASCII text: none, the loop's high bits unused) */     \
         uint64_t rcls = 0;                                                                                      \
+        int rkind = 0, rlinked = 0;                                                                             \
+        Py_ssize_t rwords = 1;                                                                                  \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
                 if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) {                                 \
@@ -346,13 +445,19 @@ static inline __attribute__((always_inline)) int chain_in(const unsigned char *p
                     return 1;                                                                                   \
                 }                                                                                               \
             }                                                                                                   \
+            rkind = c->forms && normal_run(p, rs, re, c, &rlinked, &rwords) ? 1 : 2;                            \
+            if (rkind == 2) rwords = 0;                                                                         \
         } else {                                                                                                \
             const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
             const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
             rcls = (((rhead | LOWER) & KEEP[rk]) * MIX1) >> shift;                                              \
         }                                                                                                       \
-        int rlink = rhigh | prev_wild;                                                                          \
-        if (!rlink && any) {                                                                                    \
+        int rlink = 0;                                                                                          \
+        if (rkind) {                                                                                            \
+            rlink = rkind == 2 || rlinked;                                                                      \
+        } else if (prev_kind) {                                                                                 \
+            rlink = prev_kind == 2 || prev_linked;                                                              \
+        } else if (any) {                                                                                       \
             const uint64_t rat = (prev_cls << cbits) | rcls;                                                    \
             rlink = (table[rat >> 3] >> (rat & 7)) & 1;                                                         \
         }                                                                                                       \
@@ -368,11 +473,12 @@ static inline __attribute__((always_inline)) int chain_in(const unsigned char *p
             seg_runs = 0;                                                                                       \
             seg_wild = 0;                                                                                       \
         }                                                                                                       \
-        seg_runs++;                                                                                             \
-        seg_wild |= rhigh;                                                                                      \
+        seg_runs += rwords;                                                                                     \
+        seg_wild |= rkind == 2;                                                                                 \
         last_end = re;                                                                                          \
         prev_cls = rcls;                                                                                        \
-        prev_wild = rhigh;                                                                                      \
+        prev_kind = rkind;                                                                                      \
+        prev_linked = rlinked;                                                                                  \
     } while (0)
     FOR_EACH_RUN(p, a, b, RUN);
 #undef RUN
@@ -416,18 +522,6 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
 #else
 #define PREFETCH(address) ((void)0)
 #endif
-
-static const uint64_t MIX_GOLDEN = 0x9E3779B97F4A7C15ull;
-static const uint64_t MIX2 = 0x94D049BB133111EBull;
-static const uint64_t HASH_STEP = 0x100000001B3ull;
-
-/* splitmix64's finalizer (ngrams._mix) */
-static inline uint64_t mix64(uint64_t x) {
-    x += MIX_GOLDEN;
-    x = (x ^ (x >> 30)) * MIX1;
-    x = (x ^ (x >> 27)) * MIX2;
-    return x ^ (x >> 31);
-}
 
 /* a text's runs and its triples (skips_in's scratch, grown as needed) */
 typedef struct Runs {
@@ -766,7 +860,13 @@ PyDoc_STRVAR(candidates_doc,
 "its neighbours). `joined`: the UTF-8 of the texts that are not ASCII, each after a zero byte; `spans`: a\n"
 "bytearray of int64 quadruples (text, kind, begin, end) in text order: kind 0 a chain of `shortest` runs or\n"
 "more in an ASCII text (offsets in the str itself), 1 the same in joined, 2 a piece of joined holding wild runs\n"
-"for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of theirs).");
+"for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of theirs).\n\n"
+"candidates(texts, bits_table, bits, shortest, forms, pool, word_filter, word_shift) -> (joined, spans, forced,\n"
+"missing): the same, each wild run whose characters all have a normal form (ngrams.normal_forms: `forms`, a\n"
+"uint32 per code point, and their `pool`) normalized in the loop and its words tested against the word filter\n"
+"(ngrams.WordFilter: its bits, a word hash's slot its value >> word_shift), linked or not as run_candidates links\n"
+"it: a piece of kind 2 only around the others. `missing`: the blocks of ngrams.FORMS_BLOCK code points met and\n"
+"not built, a bit each (bytes, little-endian).");
 
 /* candidates' and triple_candidates' loop: the texts (a list of str, checked) through `chain` with `c` */
 static PyObject *chains_of(PyObject *arg, Chains *c,
@@ -868,20 +968,26 @@ done:
 }
 
 static PyObject *candidates(PyObject *self, PyObject *args) {
-    PyObject *arg, *table_arg;
-    int bits;
+    PyObject *arg, *table_arg, *forms_arg = NULL, *pool_arg = NULL, *filter_arg = NULL;
+    int bits, word_shift = 0;
     Py_ssize_t shortest;
-    Py_buffer table = {0};
-    if (!PyArg_ParseTuple(args, "OOin", &arg, &table_arg, &bits, &shortest)) return NULL;
+    Py_buffer table = {0}, forms = {0}, pool = {0}, filter = {0};
+    PyObject *result = NULL, *missing = NULL;
+    if (!PyArg_ParseTuple(args, "OOin|OOOi", &arg, &table_arg, &bits, &shortest, &forms_arg, &pool_arg,
+                          &filter_arg, &word_shift))
+        return NULL;
     if (!PyList_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "candidates() takes a list of str");
         return NULL;
     }
+    if (forms_arg && (!pool_arg || !filter_arg)) {
+        PyErr_SetString(PyExc_TypeError, "candidates() takes the normal forms, their pool and a word filter together");
+        return NULL;
+    }
     if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
     if (bits < 1 || bits > 31 || table.len != (((Py_ssize_t)1 << (2 * bits)) + 7) / 8) {
-        PyBuffer_Release(&table);
         PyErr_SetString(PyExc_ValueError, "candidates(): the table's size is not 1 << (2 * bits) bits");
-        return NULL;
+        goto done;
     }
     Chains c;
     memset(&c, 0, sizeof c);
@@ -889,8 +995,35 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
     c.bits = bits;
     c.shortest = shortest;
     c.merge_gap = MERGE_GAP;
-    PyObject *result = chains_of(arg, &c, chain_text);
+    if (forms_arg) {
+        if (PyObject_GetBuffer(forms_arg, &forms, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(pool_arg, &pool, PyBUF_SIMPLE) < 0 ||
+            PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0)
+            goto done;
+        if (forms.len % 4 || forms.len / 4 > (Py_ssize_t)FORMS_BLOCKS * FORMS_BLOCK ||
+            word_shift < 4 || word_shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - word_shift))) {
+            PyErr_SetString(PyExc_ValueError, "candidates(): the normal forms or the word filter's size do not agree");
+            goto done;
+        }
+        c.forms = forms.buf;
+        c.forms_end = forms.len / 4;
+        c.pool = pool.buf;
+        c.pool_len = pool.len;
+        c.word_filter = filter.buf;
+        c.word_shift = word_shift;
+    }
+    result = chains_of(arg, &c, chain_text);
+    if (result && forms_arg) {  /* (joined, spans, forced, the blocks met and not built: a bit each) */
+        missing = PyBytes_FromStringAndSize((const char *)c.missing, sizeof c.missing);
+        PyObject *four = missing ? PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
+                                                PyTuple_GET_ITEM(result, 2), missing) : NULL;
+        Py_SETREF(result, four);
+    }
+done:
+    Py_XDECREF(missing);
     PyBuffer_Release(&table);
+    PyBuffer_Release(&forms);
+    PyBuffer_Release(&pool);
+    PyBuffer_Release(&filter);
     return result;
 }
 

@@ -7,7 +7,9 @@ collision never drops a document (tokmix.stages.decontam)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import unicodedata
 import warnings
 from collections.abc import Callable
@@ -183,7 +185,7 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
-SCAN_ABI = 3  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
+SCAN_ABI = 4  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
 REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
 
 
@@ -282,6 +284,99 @@ class TripleFilter:
                       & 1) == 1
 
 
+@dataclass(frozen=True)
+class WordFilter:
+    """A bit filter of word hashes as run_candidates' `member`: `bits`, uint8, a bit per slot, little-endian in
+    each byte; a hash's slot, its value >> `shift`. Called on hashes, whether each one's slot is set. With a pair
+    table, tokmix._scan's loop tests it itself and so normalizes most wild runs there (normal_forms)."""
+
+    bits: np.ndarray
+    shift: int
+
+    def __call__(self, hashes: np.ndarray) -> np.ndarray:
+        slots = hashes >> np.uint64(self.shift)
+        return ((self.bits[(slots >> np.uint64(3)).astype(np.int64)] >> (slots & np.uint64(7)).astype(np.uint8))
+                & 1) == 1
+
+
+# Each character's normal form for the compiled loop's wild runs: NFKC and lowercase of the character alone,
+# through _BYTE_MAP with _punctuation's bytes made separators (zeros), as one uint32 per code point below FORMS_END
+# (0: its block of FORMS_BLOCK not built yet; 1: the character is not context-free, its run is left to _chained;
+# else form << 8 | sigma << 7 | length << 1 | 1, its form's `length` bytes at `form` in the pool, `sigma` if they
+# hold a small sigma). Built from unicodedata itself, a block the first time the loop meets one of its characters.
+FORMS_END = 0x20000  # planes 0 and 1 (beyond: CJK extensions, left to _chained)
+FORMS_BLOCK = 128
+_forms: tuple[np.ndarray, bytes] = (np.zeros(FORMS_END, np.uint32), b"")
+_forms_lock = threading.Lock()
+
+
+def normal_forms() -> tuple[np.ndarray, bytes]:
+    """The characters' normal forms built so far (entries, pool): a snapshot that is never changed (a block built
+    makes a new one), so a loop may read it without the GIL while another thread adds blocks."""
+    return _forms
+
+
+def add_normal_forms(blocks: list[int]) -> None:
+    """Build the blocks (code point // FORMS_BLOCK) that normal_forms lacks."""
+    global _forms
+    with _forms_lock:
+        entries, pool = _forms
+        blocks = sorted({b for b in blocks if 0 <= b < FORMS_END // FORMS_BLOCK and not entries[b * FORMS_BLOCK]})
+        if not blocks:
+            return
+        entries, pool = entries.copy(), bytearray(pool)
+        for block in blocks:
+            _form_block(block, entries, pool)
+        _forms = (entries, bytes(pool))
+
+
+def _form_block(block: int, entries: np.ndarray, pool: bytearray) -> None:
+    """One block's entries (normal_forms). A character is context-free when its NFKD form starts with a starter
+    (combining class 0) that composes with no character before it (_composes_after) and its NFKC form holds no
+    capital sigma (lowercased by its context): then in any string of such characters and ASCII ones, the NFKD
+    forms end to end start each with a starter that nothing before it reorders or composes with, so NFKC of the
+    string is the characters' NFKC forms end to end, and so is its lowercase (Python's only contextual lowercasing
+    is a capital sigma's). Its form here is unicodedata's NFKC of the character alone, lowercased."""
+    after = _composes_after()
+    chars, forms = [], []
+    for c in range(block * FORMS_BLOCK, (block + 1) * FORMS_BLOCK):
+        entries[c] = 1
+        if c < 0x80 or 0xD800 <= c < 0xE000:  # (ASCII: the loop's own; a surrogate never reaches it)
+            continue
+        ch = chr(c)
+        first = unicodedata.normalize("NFKD", ch)[0]
+        if unicodedata.combining(ch) or unicodedata.combining(first) or ch in after or first in after:
+            continue
+        form = unicodedata.normalize("NFKC", ch)
+        if "\u03a3" not in form:
+            chars.append(c)
+            forms.append(form.lower().encode())
+    if not chars:
+        return
+    raw, data, offsets = _joined(forms)
+    data[_punctuation(raw)] = 0
+    for c, a, b in zip(chars, offsets[:-1].tolist(), (offsets[1:] - 1).tolist()):
+        if b - a < 64 and len(pool) < 1 << 24:  # (the longest form is 54 bytes)
+            sigma = b"\xcf\x82" in raw[a:b].tobytes() or b"\xcf\x83" in raw[a:b].tobytes()
+            entries[c] = len(pool) << 8 | sigma << 7 | (b - a) << 1 | 1
+            pool += data[a:b].tobytes()
+
+
+@functools.cache
+def _composes_after() -> frozenset[str]:
+    """Every character that canonical composition may join to a character before it: the second of each
+    two-character canonical decomposition below FORMS_END (composition exclusions included: more than needed,
+    never less; none is above it, tests/test_ngrams_native.py), and the Hangul vowel and trailing jamo."""
+    after = {chr(c) for c in [*range(0x1161, 0x1176), *range(0x11A7, 0x11C3)]}
+    for c in range(FORMS_END):
+        mapping = unicodedata.decomposition(chr(c))
+        if mapping and mapping[0] != "<":
+            parts = mapping.split()
+            if len(parts) == 2:
+                after.add(chr(int(parts[1], 16)))
+    return frozenset(after)
+
+
 def scan(texts: list[str], table: PairTable | None = None) -> RawWords:
     """run_candidates' split of the texts (and `table`'s links): in tokmix._scan's loop where it is built
     (compiled()), else numpy's."""
@@ -369,8 +464,20 @@ def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter
     the chains of plain runs come out of it whole; each piece of a text holding wild runs (a segment of runs
     linked as their NFKC may link them, with the plain runs beside them: an unlinked pair of plain runs at both
     ends, where the text's chains end too) is split by _chained as a text of its own, and its pieces are the
-    text's there. No array per word for the rest (most of a corpus)."""
-    if isinstance(table, PairTable):
+    text's there. No array per word for the rest (most of a corpus). With a pair table and a WordFilter, the loop
+    decides a wild run itself when each of its characters has a context-free normal form (normal_forms: the
+    run's NFKC and lowercase are their forms end to end), its words hashed and tested as _wild_words tests them,
+    and links it as _chained links it; only the segments around the other wild runs (combining marks, characters
+    that compose with the one before, a capital sigma, CJK beyond plane 1, a block not built yet) are _chained's.
+    The same pieces either way (tests/test_ngrams_native.py)."""
+    if isinstance(table, PairTable) and isinstance(member, WordFilter):  # most wild runs normalized in the loop
+        entries, pool = normal_forms()
+        joined, spans, forced, missing = native.candidates(texts, table.packed, table.bits, shortest, entries, pool,
+                                                           member.bits, member.shift)
+        if any(missing):
+            add_normal_forms(np.flatnonzero(np.unpackbits(np.frombuffer(missing, np.uint8),
+                                                          bitorder="little")).tolist())
+    elif isinstance(table, PairTable):
         joined, spans, forced = native.candidates(texts, table.packed, table.bits, shortest)
     else:
         joined, spans, forced = native.triple_candidates(texts, table.bits, table.shift, shortest)
