@@ -299,9 +299,11 @@ def test_normal_forms_are_the_normalization_of_their_runs():
         for _ in range(3000):
             codes = [rng.choice(chars) for _ in range(rng.randrange(1, 12))]
             assert normalized("".join(map(chr, codes))) == b"".join(map(form, codes)), [hex(c) for c in codes]
-    for c in free.tolist():  # each after and before an ASCII letter
+    for c in free.tolist():  # each after and before an ASCII letter; its sigma bit
         codes = [ord("e"), c, ord("a")]
         assert normalized("".join(map(chr, codes))) == b"".join(map(form, codes)), hex(c)
+        lowered = unicodedata.normalize("NFKC", chr(c)).lower()
+        assert (int(entries[c]) >> 7) & 1 == ("\u03c3" in lowered or "\u03c2" in lowered), hex(c)
 
 
 def test_a_no_break_space_is_made_a_space_before_nfkc():

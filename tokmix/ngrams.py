@@ -325,24 +325,46 @@ def add_normal_forms(blocks: list[int]) -> None:
         if not blocks:
             return
         entries, pool = entries.copy(), bytearray(pool)
+        chars, forms = [], []
         for block in blocks:
-            _form_block(block, entries, pool)
+            entries[block * FORMS_BLOCK:(block + 1) * FORMS_BLOCK] = 1
+            _block_forms(block, chars, forms)
+        raw, data, offsets = _joined(forms)  # the forms joined, mapped: the pool's new part, as it is
+        data[_punctuation(raw)] = 0
+        starts, lengths = offsets[:-1], offsets[1:] - 1 - offsets[:-1]
+        lead = np.flatnonzero(raw[:-1] == 0xCF)  # a small sigma's UTF-8: CF 82, CF 83
+        sigma = np.zeros(len(chars), np.int64)
+        sigma[np.searchsorted(starts, lead[(raw[lead + 1] == 0x82) | (raw[lead + 1] == 0x83)], side="right") - 1] = 1
+        keep = lengths < 64  # (the longest form is 54 bytes)
+        if len(pool) + len(data) < 1 << 24:
+            values = (len(pool) + starts) << 8 | sigma << 7 | lengths << 1 | 1
+            entries[np.array(chars, np.int64)[keep]] = values[keep].astype(np.uint32)
+            pool += data.tobytes()
         _forms = (entries, bytes(pool))
 
 
-def _form_block(block: int, entries: np.ndarray, pool: bytearray) -> None:
-    """One block's entries (normal_forms). A character is context-free when its NFKD form starts with a starter
-    (combining class 0) that composes with no character before it (_composes_after) and its NFKC form holds no
-    capital sigma (lowercased by its context): then in any string of such characters and ASCII ones, the NFKD
-    forms end to end start each with a starter that nothing before it reorders or composes with, so NFKC of the
-    string is the characters' NFKC forms end to end, and so is its lowercase (Python's only contextual lowercasing
-    is a capital sigma's). Its form here is unicodedata's NFKC of the character alone, lowercased."""
+def _block_forms(block: int, chars: list[int], forms: list[bytes]) -> None:
+    """The context-free characters of one block (normal_forms) and their forms' UTF-8, appended. A character is
+    context-free when its NFKD form starts with a starter (combining class 0) that composes with no character
+    before it (_composes_after) and its NFKC form holds no capital sigma (lowercased by its context): then in any
+    string of such characters and ASCII ones, the NFKD forms end to end start each with a starter that nothing
+    before it reorders or composes with, so NFKC of the string is the characters' NFKC forms end to end, and so
+    is its lowercase (Python's only contextual lowercasing is a capital sigma's). Its form: unicodedata's NFKC of
+    the character alone, lowercased. A block in NFKD form whole (CJK's: no character of it decomposes, so each is
+    its own NFKD and NFKC form) without a capital sigma and lowercased character for character: its characters
+    tested at once."""
     after = _composes_after()
-    chars, forms = [], []
-    for c in range(block * FORMS_BLOCK, (block + 1) * FORMS_BLOCK):
-        entries[c] = 1
-        if c < 0x80 or 0xD800 <= c < 0xE000:  # (ASCII: the loop's own; a surrogate never reaches it)
-            continue
+    codes = [c for c in range(block * FORMS_BLOCK, (block + 1) * FORMS_BLOCK)
+             if c >= 0x80 and not 0xD800 <= c < 0xE000]  # (ASCII: the loop's own; a surrogate never reaches it)
+    text = "".join(map(chr, codes))
+    lowered = text.lower()
+    if unicodedata.is_normalized("NFKD", text) and "\u03a3" not in text and len(lowered) == len(text):
+        for c, ch, low in zip(codes, text, lowered):
+            if not unicodedata.combining(ch) and ch not in after:
+                chars.append(c)
+                forms.append(low.encode())
+        return
+    for c in codes:
         ch = chr(c)
         first = unicodedata.normalize("NFKD", ch)[0]
         if unicodedata.combining(ch) or unicodedata.combining(first) or ch in after or first in after:
@@ -351,15 +373,6 @@ def _form_block(block: int, entries: np.ndarray, pool: bytearray) -> None:
         if "\u03a3" not in form:
             chars.append(c)
             forms.append(form.lower().encode())
-    if not chars:
-        return
-    raw, data, offsets = _joined(forms)
-    data[_punctuation(raw)] = 0
-    for c, a, b in zip(chars, offsets[:-1].tolist(), (offsets[1:] - 1).tolist()):
-        if b - a < 64 and len(pool) < 1 << 24:  # (the longest form is 54 bytes)
-            sigma = b"\xcf\x82" in raw[a:b].tobytes() or b"\xcf\x83" in raw[a:b].tobytes()
-            entries[c] = len(pool) << 8 | sigma << 7 | (b - a) << 1 | 1
-            pool += data[a:b].tobytes()
 
 
 @functools.cache
@@ -368,12 +381,16 @@ def _composes_after() -> frozenset[str]:
     two-character canonical decomposition below FORMS_END (composition exclusions included: more than needed,
     never less; none is above it, tests/test_ngrams_native.py), and the Hangul vowel and trailing jamo."""
     after = {chr(c) for c in [*range(0x1161, 0x1176), *range(0x11A7, 0x11C3)]}
-    for c in range(FORMS_END):
-        mapping = unicodedata.decomposition(chr(c))
-        if mapping and mapping[0] != "<":
-            parts = mapping.split()
-            if len(parts) == 2:
-                after.add(chr(int(parts[1], 16)))
+    for block in range(0, FORMS_END, FORMS_BLOCK):
+        chars = [chr(c) for c in range(block, block + FORMS_BLOCK) if not 0xD800 <= c < 0xE000]
+        if unicodedata.is_normalized("NFD", "".join(chars)):  # (then no character of it decomposes)
+            continue
+        for ch in chars:
+            mapping = unicodedata.decomposition(ch)
+            if mapping and mapping[0] != "<":
+                parts = mapping.split()
+                if len(parts) == 2:
+                    after.add(chr(int(parts[1], 16)))
     return frozenset(after)
 
 
