@@ -22,6 +22,8 @@ GB) to a temporary folder, each unit deleted once it is counted.
 and code_other's train_00000.parquet): Arrow's iter_batches as the reader runs it, the same with `to_pylist`, the
 reader the stage uses (`unit_text_lists`) without places, with places, with places and CRC-32s, and with the
 stage's batching (`list_batches`, `take_kept`); and the CRC-32s alone by the crc32 tokmix uses and by zlib's.
+Then the reader with tokmix._scan's compiled pass against the reader without it (TOKMIX_NATIVE=0), alternating
+in one process: the reading path by thread CPU, and the encoder on each one's fresh strs by process CPU.
 
 Run bench/fullscale.py once first (it builds bench/work/fullscale/). Units are written to a temporary folder
 and deleted.
@@ -276,6 +278,55 @@ def measure_pieces(files: list[str], passes: int) -> None:
             run()
             times.append(time.thread_time() - t0)
         print(f"  {name:38s} {min(times):6.3f}  ({', '.join(f'{t:.3f}' for t in sorted(times))})", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+    measure_native(chosen, passes)
+
+
+def measure_native(chosen: list, passes: int) -> None:
+    """The reader with tokmix._scan's compiled pass (its strs, their CRC-32s and each non-ASCII str's UTF-8 kept)
+    against the reader without it (TOKMIX_NATIVE=0), alternating in one process, by thread CPU: the reading
+    path as the stage runs it (places, checksums, batching); and the encoder on a pass's fresh strs from each (its
+    first pass warms it), by process CPU (its pool thread's too), with the strs made before the clock starts."""
+    from tokmix.sources import Places
+    from tokmix.sources.parquet import _native_texts, unit_text_lists
+    from tokmix.stages import shared_encoder
+    from tokmix.stages.streams import list_batches
+
+    def lists(native: bool) -> list[list]:
+        os.environ["TOKMIX_NATIVE"] = "1" if native else "0"
+        found = []
+        for u in chosen:
+            where = Places(checksums=True, kept=True)
+            for batch in list_batches(unit_text_lists(u.pieces, "text", "s", [], 1 << 40, where), 1 << 40):
+                where.take_kept(len(batch))
+                found.append(batch)
+        return found
+
+    os.environ.pop("TOKMIX_NATIVE", None)
+    if _native_texts() is None:
+        print("tokmix._scan's arrow_texts is not built: no compiled pass to compare")
+        return
+    encoder = shared_encoder(str(WORK / "tokenizer" / "tokenizer.json"), "fastokens")
+    for batch in lists(False):  # the warm-up pass
+        encoder.encode_batch(batch)
+    read: dict[bool, list[float]] = {True: [], False: []}
+    encode: dict[bool, list[float]] = {True: [], False: []}
+    for p in range(passes):
+        for native in (True, False) if p % 2 == 0 else (False, True):
+            t0 = time.thread_time()
+            work = lists(native)
+            read[native].append(time.thread_time() - t0)
+            t0 = time.process_time()
+            for batch in work:
+                encoder.encode_batch(batch)
+            encode[native].append(time.process_time() - t0)
+            del work
+    os.environ.pop("TOKMIX_NATIVE", None)
+    for name, got in (("reading path (thread CPU)", read), ("encoder on its strs (process CPU)", encode)):
+        new, old = min(got[True]), min(got[False])
+        print(f"  {name:38s} compiled {new:6.3f} / without {old:6.3f} s: {100 * (new - old) / old:+.1f}%  "
+              f"(compiled {', '.join(f'{t:.3f}' for t in got[True])}; without "
+              f"{', '.join(f'{t:.3f}' for t in got[False])})", flush=True)
     print(f"load {os.getloadavg()[0]:.2f} at the end")
 
 

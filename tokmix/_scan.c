@@ -16,7 +16,7 @@
  * check on worker threads beside the encoder); no Python object per word. */
 
 #ifndef TOKMIX_SCAN_ABI
-#define TOKMIX_SCAN_ABI 4
+#define TOKMIX_SCAN_ABI 5
 #endif
 
 #define PY_SSIZE_T_CLEAN
@@ -1113,6 +1113,8 @@ done:
     return result;
 }
 
+static int add_arrow_functions(PyObject *m);  /* gamma's section, at the end */
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"table_links", table_links, METH_VARARGS, table_links_doc},
@@ -1128,7 +1130,298 @@ PyMODINIT_FUNC PyInit__scan(void) {
     for (int c = 0; c < 256; c++)
         WORD_BYTE[c] = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "ABI", TOKMIX_SCAN_ABI) < 0)
+    if (m && (PyModule_AddIntConstant(m, "ABI", TOKMIX_SCAN_ABI) < 0 || add_arrow_functions(m) < 0))
         Py_CLEAR(m);
     return m;
+}
+
+/* ---- gamma's section: an Arrow string batch to its texts (tokmix.sources.parquet) --------------------------
+ * arrow_texts(): one pass from an Arrow string / large_string batch's value offsets and data buffer to the batch's
+ * list[str] (the str values of pyarrow's to_pylist: each one CPython's own UTF-8 decode of the value's bytes, so an
+ * invalid value raises the UnicodeDecodeError to_pylist raises) and, when asked, each value's CRC-32 (zlib's: the
+ * provenance checksums tokmix.text.crc32 gives); and each non-ASCII str made with its UTF-8 kept in CPython's own
+ * cache (PyCompactUnicodeObject.utf8, allocated as PyUnicode_AsUTF8AndSize's unicode_fill_utf8 allocates it, so
+ * unicode_dealloc frees it: PyObject_Malloc up to 3.12, PyMem_Malloc in 3.13; PYTHONMALLOC=debug checks the pair on
+ * each version, by hand: docs/benchmarks.md), which the encoder then reads instead of encoding the str again (fastokens
+ * asks each str for its UTF-8 with the GIL held: docs/benchmarks.md). The cache is filled only on CPython 3.10-3.13
+ * (their headers' layout, checked) with the GIL, not with the limited API, and only in a str this call alone holds
+ * (a fresh object, refcount 1: never a shared singleton); elsewhere the strs are the same, their cache left empty.
+ * TEXTS_ABI: this section's arguments and results, which tokmix.sources.parquet checks before it uses them. */
+
+#define TOKMIX_TEXTS_ABI 1
+
+#if !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030A0000 && \
+    PY_VERSION_HEX < 0x030E0000
+#define TOKMIX_UTF8_PREFILL 1
+#else
+#define TOKMIX_UTF8_PREFILL 0
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TOKMIX_CRC_CLMUL 1
+#include <immintrin.h>
+#else
+#define TOKMIX_CRC_CLMUL 0
+#endif
+
+static uint32_t CRC_TABLE[8][256];  /* zlib's CRC-32 (reflected 0xEDB88320), slice by 8 */
+static int crc_clmul;               /* the CPU has PCLMULQDQ and SSE4.1 */
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        CRC_TABLE[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int k = 1; k < 8; k++) CRC_TABLE[k][n] = CRC_TABLE[0][CRC_TABLE[k - 1][n] & 0xFF] ^ (CRC_TABLE[k - 1][n] >> 8);
+#if TOKMIX_CRC_CLMUL
+    __builtin_cpu_init();
+    crc_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+}
+
+/* the register form (pre- and post-inverted by the caller), by table */
+static uint32_t crc_table(uint32_t c, const unsigned char *p, Py_ssize_t n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= c;
+        c = CRC_TABLE[7][lo & 0xFF] ^ CRC_TABLE[6][(lo >> 8) & 0xFF] ^ CRC_TABLE[5][(lo >> 16) & 0xFF] ^
+            CRC_TABLE[4][lo >> 24] ^ CRC_TABLE[3][hi & 0xFF] ^ CRC_TABLE[2][(hi >> 8) & 0xFF] ^
+            CRC_TABLE[1][(hi >> 16) & 0xFF] ^ CRC_TABLE[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n-- > 0) c = CRC_TABLE[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+#if TOKMIX_CRC_CLMUL
+/* the register form over n bytes, n >= 64 and a multiple of 16: folding by carry-less multiplication (Gopal et al.,
+ * "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ Instruction", Intel 2009; the bit-reflected
+ * constants of its appendix for zlib's polynomial) */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_fold(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 0x00));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
+    __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    p += 64;
+    n -= 64;
+    while (n >= 64) {
+        __m128i x5 = _mm_clmulepi64_si128(x1, k1k2, 0x00), x6 = _mm_clmulepi64_si128(x2, k1k2, 0x00);
+        __m128i x7 = _mm_clmulepi64_si128(x3, k1k2, 0x00), x8 = _mm_clmulepi64_si128(x4, k1k2, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, k1k2, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, k1k2, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, k1k2, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, k1k2, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)(p + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(p + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(p + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(p + 0x30)));
+        p += 64;
+        n -= 64;
+    }
+    /* four lanes into one */
+    __m128i x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x4), x5);
+    while (n >= 16) {
+        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+        x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11),
+                                         _mm_loadu_si128((const __m128i *)p)), x5);
+        p += 16;
+        n -= 16;
+    }
+    /* 128 bits to 64, then to 32, then Barrett's reduction */
+    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), k5k0, 0x00), x2);
+    x2 = _mm_clmulepi64_si128(_mm_and_si128(x1, low32), poly, 0x10);
+    x2 = _mm_clmulepi64_si128(_mm_and_si128(x2, low32), poly, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+/* zlib.crc32(bytes) of n bytes at p */
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+#if TOKMIX_CRC_CLMUL
+    if (crc_clmul && n >= 64) {
+        Py_ssize_t whole = n & ~(Py_ssize_t)15;
+        c = crc_fold(c, p, whole);
+        p += whole;
+        n -= whole;
+    }
+#endif
+    return ~crc_table(c, p, n);
+}
+
+/* the value offsets (count + 1, 4 or 8 bytes each) as int64, checked: ascending, within the data's size */
+static int read_offsets(const Py_buffer *offsets, int width, Py_ssize_t data_len, Py_ssize_t *count,
+                        int64_t **out) {
+    if ((width != 4 && width != 8) || offsets->len % width || offsets->len < width) {
+        PyErr_SetString(PyExc_ValueError, "arrow_texts(): offsets must hold count + 1 values of `width` bytes");
+        return -1;
+    }
+    Py_ssize_t n = offsets->len / width;
+    int64_t *o = PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (!o) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const unsigned char *b = offsets->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (width == 4) {
+            int32_t v;
+            memcpy(&v, b + 4 * i, 4);
+            o[i] = v;
+        } else {
+            memcpy(&o[i], b + 8 * i, 8);
+        }
+        if (o[i] < 0 || o[i] > data_len || (i && o[i] < o[i - 1])) {
+            PyMem_Free(o);
+            PyErr_SetString(PyExc_ValueError, "arrow_texts(): offsets out of order or past the data buffer");
+            return -1;
+        }
+    }
+    *count = n - 1;
+    *out = o;
+    return 0;
+}
+
+/* keep the n bytes at p (the str's UTF-8) as s's UTF-8 cache: -1 (MemoryError) or 0 */
+static int keep_utf8(PyObject *s, const char *p, Py_ssize_t n) {
+#if TOKMIX_UTF8_PREFILL
+    if (Py_REFCNT(s) != 1 || !PyUnicode_IS_COMPACT(s) || PyUnicode_IS_ASCII(s))
+        return 0;
+    PyCompactUnicodeObject *c = (PyCompactUnicodeObject *)s;
+    if (c->utf8 != NULL)
+        return 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    char *cache = PyMem_Malloc((size_t)n + 1);  /* 3.13's unicode_dealloc frees it by PyMem_Free */
+#else
+    char *cache = PyObject_Malloc((size_t)n + 1);
+#endif
+    if (!cache) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(cache, p, (size_t)n);
+    cache[n] = '\0';
+    c->utf8 = cache;
+    c->utf8_length = n;
+#else
+    (void)s, (void)p, (void)n;
+#endif
+    return 0;
+}
+
+/* each value's CRC-32 as a list of ints; the checksums computed without the GIL */
+static PyObject *checksums_of(const int64_t *o, Py_ssize_t count, const unsigned char *bytes) {
+    uint32_t *sums = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(uint32_t));
+    if (!sums) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) sums[i] = crc32_of(bytes + o[i], (Py_ssize_t)(o[i + 1] - o[i]));
+    Py_END_ALLOW_THREADS
+    PyObject *crcs = PyList_New(count);
+    for (Py_ssize_t i = 0; crcs && i < count; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(sums[i]);
+        if (!v) Py_CLEAR(crcs);
+        else PyList_SET_ITEM(crcs, i, v);
+    }
+    PyMem_Free(sums);
+    return crcs;
+}
+
+PyDoc_STRVAR(arrow_texts_doc,
+"arrow_texts(offsets, data, width, checksums, keep_utf8) -> (list[str], list[int] | None)\n\n"
+"The strs of an Arrow string batch's values (pyarrow's to_pylist, without nulls: the caller refuses a batch that\n"
+"has any): `offsets` its count + 1 value offsets (`width` 4 or 8 bytes each, the batch's own slice of them),\n"
+"`data` its data buffer (None: empty). With `checksums`, each value's CRC-32 (zlib's), else None. With\n"
+"`keep_utf8`, each non-ASCII str holds its UTF-8 in CPython's cache (UTF8_PREFILL: where it can).\n"
+"An invalid value raises CPython's UnicodeDecodeError for its bytes.");
+
+static PyObject *arrow_texts(PyObject *self, PyObject *args) {
+    Py_buffer offsets, data = {0};
+    PyObject *data_obj;
+    int width, checksums, keep;
+    if (!PyArg_ParseTuple(args, "y*Oipp", &offsets, &data_obj, &width, &checksums, &keep)) return NULL;
+    if (data_obj != Py_None && PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
+    PyObject *texts = NULL, *crcs = NULL, *result = NULL;
+    int64_t *o = NULL;
+    Py_ssize_t count;
+    const unsigned char *bytes = data.buf ? data.buf : (const unsigned char *)"";
+    if (read_offsets(&offsets, width, data.buf ? data.len : 0, &count, &o) < 0) goto done;
+    if (checksums && !(crcs = checksums_of(o, count, bytes))) goto done;
+    if (!(texts = PyList_New(count))) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *p = (const char *)bytes + o[i];
+        Py_ssize_t n = (Py_ssize_t)(o[i + 1] - o[i]);
+        PyObject *s = PyUnicode_DecodeUTF8(p, n, NULL);
+        if (!s) goto done;
+        PyList_SET_ITEM(texts, i, s);
+        if (keep && keep_utf8(s, p, n) < 0) goto done;
+    }
+    result = PyTuple_Pack(2, texts, crcs ? crcs : Py_None);
+done:
+    Py_XDECREF(texts);
+    Py_XDECREF(crcs);
+    PyMem_Free(o);
+    PyBuffer_Release(&offsets);
+    if (data_obj != Py_None) PyBuffer_Release(&data);
+    return result;
+}
+
+PyDoc_STRVAR(crc32s_doc,
+"crc32s(offsets, data, width) -> list[int]\n\n"
+"Each value's CRC-32 (zlib's) of an Arrow batch's offsets and data buffer, as arrow_texts gives them.");
+
+static PyObject *crc32s(PyObject *self, PyObject *args) {
+    Py_buffer offsets, data = {0};
+    PyObject *data_obj, *result = NULL;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*Oi", &offsets, &data_obj, &width)) return NULL;
+    if (data_obj != Py_None && PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
+    int64_t *o = NULL;
+    Py_ssize_t count;
+    if (read_offsets(&offsets, width, data.buf ? data.len : 0, &count, &o) == 0)
+        result = checksums_of(o, count, data.buf ? data.buf : (const unsigned char *)"");
+    PyMem_Free(o);
+    PyBuffer_Release(&offsets);
+    if (data_obj != Py_None) PyBuffer_Release(&data);
+    return result;
+}
+
+static PyMethodDef arrow_methods[] = {
+    {"arrow_texts", arrow_texts, METH_VARARGS, arrow_texts_doc},
+    {"crc32s", crc32s, METH_VARARGS, crc32s_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_arrow_functions(PyObject *m) {
+    crc_init();
+    if (PyModule_AddFunctions(m, arrow_methods) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "TEXTS_ABI", TOKMIX_TEXTS_ABI) < 0) return -1;
+    return PyModule_AddIntConstant(m, "UTF8_PREFILL", TOKMIX_UTF8_PREFILL);
 }

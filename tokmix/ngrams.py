@@ -185,7 +185,7 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
-SCAN_ABI = 4  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
+SCAN_ABI = 5  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
 REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
 
 

@@ -69,18 +69,20 @@ def texts(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
 
 def unit_text_lists(pieces: tuple[Piece, ...], field: str, stream: str, mirrors, huge: int | None,
                     places: Places | None = None) -> Iterator[list[str | HugeText]]:
-    """A unit's parquet pieces' documents (units.read_texts' order and errors), an Arrow batch at a time."""
+    """A unit's parquet pieces' documents (units.read_texts' order and errors), an Arrow batch at a time, for
+    the encoder: each non-ASCII text holds its UTF-8 where tokmix._scan can keep it (_native_texts)."""
     for i, piece in enumerate(pieces):
         if places is not None:
             places.piece = i
         with reading(piece.path, stream, mirrors):
-            yield from text_lists(piece, field, stream, mirrors, huge, False, places)
+            yield from text_lists(piece, field, stream, mirrors, huge, False, places, keep_utf8=True)
 
 
 def text_lists(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
-               skip_huge: bool = False, places: Places | None = None) -> Iterator[list[str | HugeText]]:
+               skip_huge: bool = False, places: Places | None = None, keep_utf8: bool = False
+               ) -> Iterator[list[str | HugeText]]:
     """texts(), an Arrow batch at a time (empty texts included): the streams stage batches them for the
-    tokenizer without a Python step per document."""
+    tokenizer without a Python step per document. `keep_utf8`: see _batch_texts."""
     with open_file(piece.path, mirrors) as f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
@@ -109,13 +111,11 @@ def text_lists(piece: Piece, field: str, stream: str, mirrors, huge: int | None,
                 batches = (b.column(0) for b in pf.iter_batches(batch_size=rows, row_groups=[group], columns=[field],
                                                                 use_threads=False))
             for column in batches:
-                if pa.types.is_dictionary(column.type):
-                    column = column.dictionary_decode()
+                texts, crcs, lengths = _batch_texts(column, piece, field, stream, huge, row,
+                                                    places is not None and places.checksums is not None, keep_utf8)
                 if places is not None:
-                    offsets, data = _offsets(column)
-                    places.add(row, len(column), None if places.checksums is None else _crc32s(offsets, data),
-                               empty=np.diff(offsets) == 0)
-                yield _column_texts(column, piece, field, stream, huge, row)
+                    places.add(row, len(column), crcs, empty=lengths == 0)
+                yield texts
                 row += len(column)
 
 
@@ -147,6 +147,49 @@ def _offsets(column: pa.Array) -> tuple[np.ndarray, pa.Buffer | None]:
     wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
     offsets = np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)
     return offsets[column.offset:column.offset + len(column) + 1], column.buffers()[2]
+
+
+def _native_texts():
+    """tokmix._scan's arrow_texts where it is built with this reader's TEXTS_ABI and TOKMIX_NATIVE is not "0"
+    (read at each call, as tokmix.ngrams reads it), else None: the same texts and checksums then come from
+    to_pylist and tokmix.text.crc32."""
+    if _SCAN is None or os.environ.get("TOKMIX_NATIVE") == "0":
+        return None
+    return _SCAN.arrow_texts
+
+
+def _load_scan():
+    try:
+        from tokmix import _scan
+    except ImportError:  # not built, or a .so that does not load: tokmix.ngrams names it
+        return None
+    return _scan if getattr(_scan, "TEXTS_ABI", None) == TEXTS_ABI else None
+
+
+TEXTS_ABI = 1  # tokmix/_scan.c's TOKMIX_TEXTS_ABI (its arrow_texts' arguments and results): bump both together
+_SCAN = _load_scan()
+
+
+def _batch_texts(column: pa.Array, piece: Piece, field: str, stream: str, huge: int | None, row: int,
+                 checksums: bool, keep_utf8: bool) -> tuple[list[str | HugeText], list[int] | None, np.ndarray]:
+    """One batch's documents (`row`: the file's row number of its first), their CRC-32s when asked, and their
+    byte lengths. Where tokmix._scan is built, one compiled pass makes the strs (CPython's UTF-8 decode of each
+    value, as to_pylist's) and the checksums from the batch's offsets and buffer, and with `keep_utf8` each
+    non-ASCII str keeps its UTF-8, which the encoder then copies instead of encoding the str again."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    offsets, data = _offsets(column)
+    lengths = np.diff(offsets)
+    native = _native_texts()
+    if native is None or column.null_count or (huge is not None and len(lengths) and lengths.max() > huge):
+        crcs = _crc32s(offsets, data) if checksums else None
+        return _column_texts(column, piece, field, stream, huge, row), crcs, lengths
+    try:
+        texts, crcs = native(offsets, data, offsets.itemsize, checksums, keep_utf8)
+    except UnicodeDecodeError as e:
+        raise bad(stream, piece.path, f"row {row + _first_not_utf8(column, huge)}",
+                  f"invalid UTF-8 ({e.reason})") from None
+    return texts, crcs, lengths
 
 
 def utf8_crc32s(column: pa.Array) -> list[int]:
