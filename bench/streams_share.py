@@ -10,6 +10,7 @@ average is printed beside them.
     .venv/bin/python bench/streams_share.py [--units 40] [--rounds 3] [--workers 2]
     .venv/bin/python bench/streams_share.py --full [--rounds 2]
     .venv/bin/python bench/streams_share.py --pieces [--passes 7] [--pieces-files F.parquet ...]
+    .venv/bin/python bench/streams_share.py --native [--units 16] [--rounds 6]
 
 `--full` measures the full layout's own texts instead: every stream's train files in the split's order, unit by
 unit until the stream's budget, once (the layout's repeated files warm the encoder as they warm the stage's):
@@ -24,6 +25,9 @@ reader the stage uses (`unit_text_lists`) without places, with places, with plac
 stage's batching (`list_batches`, `take_kept`); and the CRC-32s alone by the crc32 tokmix uses and by zlib's.
 Then the reader with tokmix._scan's compiled pass against the reader without it (TOKMIX_NATIVE=0), alternating
 in one process: the reading path by thread CPU, and the encoder on each one's fresh strs by process CPU.
+
+`--native` times the unit function itself with that pass and without it, alternating in one process on the
+threads (`--units` in the recipe's proportions, `--rounds` pairs after a warm-up round), by process CPU.
 
 Run bench/fullscale.py once first (it builds bench/work/fullscale/). Units are written to a temporary folder
 and deleted.
@@ -330,6 +334,51 @@ def measure_native(chosen: list, passes: int) -> None:
     print(f"load {os.getloadavg()[0]:.2f} at the end")
 
 
+def measure_native_stage(total: int, rounds: int, workers: int) -> None:
+    """The unit function with tokmix._scan's compiled reading pass and without it (TOKMIX_NATIVE=0), alternating
+    in one process (one encoder, warmed by round 0, which is not counted): process CPU per pass (see --native)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokmix.backends import huge_doc_chars
+    from tokmix.stages import shared_encoder
+    from tokmix.stages.streams import UnitTask, tokenize_unit
+
+    tokenizer = str(WORK / "tokenizer" / "tokenizer.json")
+    chosen = units(per_stream(total))
+    huge = huge_doc_chars(tokenizer)
+    shared_encoder(tokenizer, "fastokens")
+    out = Path(tempfile.mkdtemp(prefix="streams-share-native-"))
+    cpu: dict[str, list[float]] = {"1": [], "0": []}
+    tokens = 0
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tokmix-worker") as pool:
+            for r in range(rounds + 1):
+                for mode in ("1", "0") if r % 2 == 0 else ("0", "1"):
+                    os.environ["TOKMIX_NATIVE"] = mode
+                    tasks = []
+                    for u in chosen:
+                        folder = out / mode / u.stream
+                        folder.mkdir(parents=True, exist_ok=True)
+                        tasks.append(UnitTask(u, "text", tokenizer, "fastokens", "<u2", str(folder), None, (), huge,
+                                              provenance=True))
+                    load, (u0, s0, _), t0 = os.getloadavg()[0], _user_sys(), time.perf_counter()
+                    tokens = sum(record["tokens"] for record in pool.map(tokenize_unit, tasks))
+                    seconds, (u1, s1, _) = time.perf_counter() - t0, _user_sys()
+                    if r:
+                        cpu[mode].append(u1 - u0 + s1 - s0)
+                    print(f"round {r}{' (warm-up)' if not r else ''}: {'compiled' if mode == '1' else 'without':8s} "
+                          f"{tokens / 1e6:.1f}M tokens, CPU {u1 - u0 + s1 - s0:.2f} s (user {u1 - u0:.2f}, sys "
+                          f"{s1 - s0:.2f}), {seconds:.2f} s (load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+                    shutil.rmtree(out / mode)
+    finally:
+        os.environ.pop("TOKMIX_NATIVE", None)
+        shutil.rmtree(out, ignore_errors=True)
+    new, old = statistics.median(cpu["1"]), statistics.median(cpu["0"])
+    print(f"median CPU compiled {new:.2f} / without {old:.2f} s: {100 * (new - old) / old:+.1f}% "
+          f"({1e9 * new / tokens:.1f} / {1e9 * old / tokens:.1f} ns a token); pairs lower with it: "
+          f"{sum(a < b for a, b in zip(cpu['1'], cpu['0']))} of {len(cpu['1'])}")
+
+
 def main() -> None:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -341,6 +390,8 @@ def main() -> None:
     ap.add_argument("--pieces", action="store_true", help="the reading pieces by thread CPU (see above)")
     ap.add_argument("--pieces-files", nargs="+", help="parquet files for --pieces")
     ap.add_argument("--passes", type=int, default=7, help="passes of each piece with --pieces (default: %(default)s)")
+    ap.add_argument("--native", action="store_true",
+                    help="the unit function with and without tokmix._scan's reading pass, alternating (see above)")
     ap.add_argument("--only", choices=("stage", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["TOKMIX_BENCH_WORK"] = str(args.work.resolve())  # for the measures' processes
@@ -348,6 +399,9 @@ def main() -> None:
     if args.pieces:
         measure_pieces(args.pieces_files or [str(WORK / "corpus" / d / "train_00000.parquet")
                                              for d in ("web", "edu", "code_other")], args.passes)
+        return
+    if args.native:
+        measure_native_stage(args.units, args.rounds, args.workers)
         return
     if args.only:
         done = measure_full(args.only, args.workers) if args.full else measure(args.only, args.units, args.workers)
