@@ -343,7 +343,7 @@ def compare_decontamination(recipe: dict, names: list[str]) -> None:
         found = index.get("benchmark_decontamination") or {}
         results[name].append({"seconds": run["seconds"], "wall": run["wall"], "peak_rss": max(run["peaks"].values()),
                               "load": [before, after], "dropped": [found.get("documents", 0), found.get("tokens", 0)],
-                              "shards": [s["sha256"] for s in index["shards"]], "restarts": run["restarts"]})
+                              "shards": [s["checksum"] for s in index["shards"]], "restarts": run["restarts"]})
         r = results[name][-1]
         print(f"{name:<10} streams {r['seconds']['streams']:7.1f} s  whole {r['wall']:7.1f} s  peak tree RSS "
               f"{r['peak_rss'] / MIB:,.0f} MiB  dropped {r['dropped'][0]:,} docs / {r['dropped'][1]:,} tokens  "
