@@ -58,6 +58,7 @@ ITEMS_KEPT = 8192  # items' words a process keeps for checking candidates (about
 FIRST_PASS_GROUPS = 8  # the first pass's last groups that tell whether it pays (BenchmarkSet._first_pass_pays)
 FIRST_PASS_PROBE = 16
 GRAMS_KEPT = 16384  # candidate n-grams a process keeps the verdict of (the items holding each)
+RUN_MIN = 2  # consecutive candidates of one item checked together (BenchmarkSet._runs)
 ARRAYS = ("grams", "items", "filter", "words", "word_starts", "word_filter", "pairs", "triples", "mixed")
 # arrays that only spare work, not in the set's fingerprint: the pair and triple filters (ngrams.run_candidates)
 # and the hashes whose items' n-grams are not all the same words ("mixed", a function of the fingerprinted words)
@@ -787,7 +788,8 @@ class BenchmarkSet:
         self.triple_shift = np.uint64(record["triple_filter_shift"])
         self.pair_table = (pair_table(self.words, self.word_starts)  # (linked takes the triple filter over it)
                            if len(self.words) <= PAIR_TABLE_WORD_BYTES and self.triples is None else None)
-        self.mixed = set(np.load(files["mixed"]).tolist())
+        self.mixed_hashes = np.load(files["mixed"])  # sorted
+        self.mixed = set(self.mixed_hashes.tolist())
         self.lengths = sorted({self.n, *record["short_lengths"]})  # every k-gram a document is hashed at
         self._items: dict[int, tuple[bytes, int]] = {}
         self._verified: dict[tuple[int, bytes], tuple[object, np.ndarray] | None] = {}
@@ -809,12 +811,12 @@ class BenchmarkSet:
             self._items[item] = (b"\0" + b"\0".join(words) + b"\0", len(words))
         return self._items[item]
 
-    def _holding(self, hash_value: int, lo: int, hi: int, k: int, gram: bytes) -> tuple[object, np.ndarray] | None:
+    def _holding(self, hash_value: int, lo: int, hi: int, k: int, gram: bytes) -> tuple[object, object] | None:
         """The items whose k-grams (an item of k words: all of them) include `gram` (its words, each between
-        zero bytes), among those with an n-gram of its hash (grams[lo:hi]), and a key that is the same for the
-        same gram: None when no item holds it. A hash stands for one sequence of words (the build compared them;
-        "mixed" otherwise), so the first item tells for all of them: one comparison, however many items share
-        it."""
+        zero bytes), among those with an n-gram of its hash (grams[lo:hi]), as Found.add takes them (a key that
+        is the same for the same gram, and `hi`: items[lo:hi], or the items themselves): None when no item holds
+        it. A hash stands for one sequence of words (the build compared them; "mixed" otherwise), so the first
+        item tells for all of them: one comparison, however many items share it."""
         key = (k, gram)
         if key not in self._verified:
             if len(self._verified) >= GRAMS_KEPT:
@@ -823,7 +825,7 @@ class BenchmarkSet:
                 held = np.array([item for item in self.items[lo:hi].tolist() if self._holds(item, k, gram)], np.uint32)
                 self._verified[key] = (key, held) if len(held) else None
             else:
-                self._verified[key] = (lo, self.items[lo:hi]) if self._holds(int(self.items[lo]), k, gram) else None
+                self._verified[key] = (lo, hi) if self._holds(int(self.items[lo]), k, gram) else None
         return self._verified[key]
 
     def _holds(self, item: int, k: int, gram: bytes) -> bool:
@@ -874,25 +876,63 @@ class BenchmarkSet:
 
     def _matches(self, group: Words, found: Found) -> None:
         """Add to `found` the n-grams each text of the group shares with an item, every candidate compared byte
-        for byte with the item's words."""
+        for byte with the item's words: a run of them at once where it can be (_runs), else one by one."""
         member = self.member(group.hashes)  # words of some item (or a few more)
         for k in self.lengths:
             hashes, at = group.grams(k, member)
             cand, lo, hi = self.candidates(hashes)
             if not len(cand):
                 continue
-            starts = at[cand]
+            starts, values = at[cand], hashes[cand]
+            texts = group.text_of(starts)
+            if k == self.n and len(cand) >= RUN_MIN:
+                left = self._runs(group, starts, texts, values, lo, hi, found)
+                starts, texts, values, lo, hi = (part[left] for part in (starts, texts, values, lo, hi))
             first, last = group.starts[starts], group.ends[starts + k - 1]
-            for text, value, a, b, s, e in zip(group.text_of(starts).tolist(), hashes[cand].tolist(), lo.tolist(),
-                                               hi.tolist(), first.tolist(), last.tolist()):
+            for text, value, a, b, s, e in zip(texts.tolist(), values.tolist(), lo.tolist(), hi.tolist(),
+                                               first.tolist(), last.tolist()):
                 gram = b"\0" + _SEPARATORS.sub(b"\0", group.data[s:e].tobytes()) + b"\0"  # one zero between words
                 held = self._holding(value, a, b, k, gram)
                 if held is not None:
                     found.add(text, *held)
 
+    def _runs(self, group: Words, starts: np.ndarray, texts: np.ndarray, values: np.ndarray, lo: np.ndarray,
+              hi: np.ndarray, found: Found) -> np.ndarray:
+        """The candidate n-grams (of ngram words, in word order: `starts`, their first words) checked a run at a
+        time: a run of candidates at consecutive words of one text whose hashes' first item is the same, none of
+        them "mixed", is that item's n-grams all when the run's whole word sequence is in that item's words (each
+        n-gram in the run is then one of the item's, and its hash's items are all that hold it: _holding's
+        verdict for each). A planted passage of 110 words gives ~100 such candidates: one comparison instead of
+        a hundred. Returns the candidates left to check one by one (the runs that are not an item's)."""
+        n = self.n
+        first = self.items[lo]
+        new = np.ones(len(starts), bool)  # a run starts here
+        new[1:] = (starts[1:] != starts[:-1] + 1) | (texts[1:] != texts[:-1]) | (first[1:] != first[:-1])
+        if self.mixed:  # a mixed hash's candidate is checked alone
+            alone = np.isin(values, self.mixed_hashes)
+            new |= alone
+            new[1:] |= alone[:-1]
+        heads = np.flatnonzero(new)
+        ends = np.append(heads[1:], len(starts))
+        long = ends - heads >= RUN_MIN
+        if not long.any():
+            return np.arange(len(starts))
+        left = np.ones(len(starts), bool)
+        heads, ends = heads[long], ends[long]
+        begin = group.starts[starts[heads]].tolist()  # the run's first word's first byte, its last word's end
+        finish = group.ends[starts[ends - 1] + n - 1].tolist()
+        data = group.data
+        for a, b, s, e, item, text in zip(heads.tolist(), ends.tolist(), begin, finish, first[heads].tolist(),
+                                          texts[heads].tolist()):
+            words = b"\0" + _SEPARATORS.sub(b"\0", data[s:e].tobytes()) + b"\0"
+            if words in self._item_bytes(item)[0]:  # (more words than ngram: the item has more too)
+                found.add_run(text, lo[a:b].tolist(), hi[a:b].tolist())
+                left[a:b] = False
+        return np.flatnonzero(left)
+
     def contaminating(self, texts: list) -> list[list[int]]:
         """For each text, the items it shares at least min_matches n-grams with (sorted; [] for most)."""
-        found = Found(self.min_matches)
+        found = Found(self.min_matches, self.items)
         group: list[int] = []
         chars = 0
 
@@ -948,35 +988,47 @@ class BenchmarkSet:
 
 
 class Found:
-    """What texts share with items: per text, each distinct n-gram it shares (a key) and the items holding it;
-    a text's items are those holding at least min_matches of its n-grams. `renumbered(texts)`: the same, for a
-    group whose text t is texts[t]."""
+    """What texts share with items: per text, each distinct n-gram it shares (a key) and the items holding it
+    (an int `hi`, for a key that is an int `lo`: the set's items[lo:hi], the items of a hash; else the items
+    themselves); a text's items are those holding at least min_matches of its n-grams. `renumbered(texts)`: the
+    same, for a group whose text t is texts[t]."""
 
-    def __init__(self, min_matches: int, base: Found | None = None, texts: list[int] | None = None):
+    def __init__(self, min_matches: int, items: np.ndarray, base: Found | None = None,
+                 texts: list[int] | None = None):
         self.min_matches = min_matches
+        self.set_items = items
         self.by_text: dict[int, dict] = base.by_text if base is not None else defaultdict(dict)
         self.texts = texts
 
     def renumbered(self, texts: list[int]) -> Found:
-        return Found(self.min_matches, self, texts)
+        return Found(self.min_matches, self.set_items, self, texts)
 
-    def add(self, text: int, key, items: np.ndarray) -> None:
+    def add(self, text: int, key, held) -> None:
         text = self.texts[text] if self.texts is not None else text
-        self.by_text[text][key] = items
+        self.by_text[text][key] = held
+
+    def add_run(self, text: int, los: list[int], his: list[int]) -> None:
+        """add(text, lo, hi) for each of the hashes items[lo:hi] of a run."""
+        text = self.texts[text] if self.texts is not None else text
+        self.by_text[text].update(zip(los, his))
 
     def items(self, text: int) -> list[int]:
         grams = self.by_text.get(text)
         if not grams:
             return []
-        if len(grams) == 1:
-            items = np.asarray(next(iter(grams.values())))
-            return items.tolist() if self.min_matches == 1 else []
+        if len(grams) == 1 and self.min_matches != 1:
+            return []
+        ranges = [(lo, hi) for lo, hi in grams.items() if type(lo) is int]
+        parts = [np.asarray(held) for key, held in grams.items() if type(key) is not int]
+        if ranges:
+            lo, hi = np.array(ranges, np.int64).T
+            sizes = hi - lo
+            at = np.arange(int(sizes.sum())) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+            parts.append(self.set_items[at])
+        held = np.concatenate(parts).astype(np.int64)
         if self.min_matches == 1:  # the items of any of its n-grams
-            return np.unique(np.concatenate([np.asarray(items) for items in grams.values()])).tolist()
-        top = max(int(np.asarray(items).max()) for items in grams.values()) + 1
-        counts = np.zeros(top, np.int32)
-        for items in grams.values():  # an item holds a gram once: no index twice in one
-            counts[items] += 1
+            return np.unique(held).tolist()
+        counts = np.bincount(held)  # an item holds a gram once: no index twice in one
         return np.flatnonzero(counts >= self.min_matches).tolist()
 
 
