@@ -9,6 +9,7 @@ drops contaminated documents before tokenization (action "drop") or keeps and co
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -44,11 +45,12 @@ from tokmix.ngrams import (
     word_ends,
 )
 from tokmix.recipe import Recipe
-from tokmix.shards import CONTAMINATION_NAME, DamagedFile, file_checksum, read_json, write_record
+from tokmix.shards import CONTAMINATION_NAME, RECORD_SEAL, DamagedFile, file_checksum, read_json, write_record
 from tokmix.sources import HugeText
 from tokmix.sources import benchmarks as benchmarks_module
 from tokmix.sources.benchmarks import benchmark_files, file_bytes, file_format, file_sha256, iter_items
 from tokmix.stages import cached, release_memory
+from tokmix.store import storage
 
 FILTER_BITS_PER_GRAM = 16  # the bit filter's size: ~1/16 of a text's n-grams reach the sorted array's search
 MIN_FILTER_BITS = 1 << 16
@@ -1039,68 +1041,188 @@ def benchmark_set(directory: str) -> BenchmarkSet:
 
 
 # ---------------------------------------------------------------------------- what the streams dropped
-def item_benchmarks(record: dict) -> list[tuple[str, int]]:
-    """(benchmark, index in it) of every item of the set, by the set's item number."""
-    out = []
-    for name, bench in record["benchmarks"].items():
-        out += [(name, i) for i in range(bench["items"])]
-    return out
+# A stream record's contaminated documents ("places" of its benchmark_contamination) as arrays, each in base64:
+# a document's file (in "files": [path, kind]), item count, place and tokens; then every document's items in
+# order. ~28 bytes a document in memory where a dict each took ~1 KiB with contamination.json's (1M documents).
+PLACES_FORMAT = 1
+DOCUMENT_DTYPE = np.dtype([("file", "<u4"), ("items", "<u4"), ("place", "<i8"), ("tokens", "<i8")])
+ITEM_DTYPE = np.dtype("<u4")
+PLACES_AT_ONCE = 4096  # contamination.json's items written a chunk of this many places at a time
+
+
+def item_firsts(record: dict) -> tuple[list[str], np.ndarray]:
+    """The set's benchmarks and where each one's items start in the set's item numbers (one more: the end)."""
+    names = list(record["benchmarks"])
+    return names, np.cumsum([0] + [record["benchmarks"][name]["items"] for name in names])
 
 
 def stream_contamination(records: list[dict], last_docs: int | None, record: dict) -> dict:
     """A stream's contaminated documents, from the records of the units it tokenized (in order; `last_docs`:
     the documents the last one gives the stream, None for all): each one's file, place (parquet row, JSONL
-    line in the file, 0-based), tokens and items, and the sums per benchmark."""
-    owner = item_benchmarks(record)
+    line in the file, 0-based), tokens and items (as arrays: PLACES_FORMAT), and the sums per benchmark."""
     lines: dict[str, int] = {}
-    places = []
+    files: dict[tuple[str, str], int] = {}
+    documents, items = [], []
     for number, unit in enumerate(records):
         base = []
         for (path, kind, *_), n in zip(unit["pieces"], unit.get("lines") or [0] * len(unit["pieces"])):
             base.append(lines.get(path, 0) if kind == "jsonl" else 0)
             lines[path] = lines.get(path, 0) + n
-        for at, piece, place, tokens, *items in unit.get("contaminated", []):
+        rows, held = [], []
+        for at, piece, place, tokens, *its in unit.get("contaminated", []):
             if number == len(records) - 1 and last_docs is not None and at >= last_docs:
                 continue  # past the stream's last document
             path, kind = unit["pieces"][piece][:2]
-            places.append({"file": path, "kind": kind, "place": place + base[piece], "tokens": tokens,
-                           "items": items})
+            rows.append((files.setdefault((path, kind), len(files)), len(its), place + base[piece], tokens))
+            held += its
+        documents.append(np.array(rows, DOCUMENT_DTYPE))
+        items.append(np.array(held, ITEM_DTYPE))
+    docs = np.concatenate(documents) if documents else np.empty(0, DOCUMENT_DTYPE)
+    held = np.concatenate(items) if items else np.empty(0, ITEM_DTYPE)
+    names, firsts = item_firsts(record)
+    doc_of = np.repeat(np.arange(len(docs)), docs["items"])
+    bench_of = np.searchsorted(firsts, held, side="right") - 1
     by_benchmark = {}
-    for name in record["benchmarks"]:
-        mine = [p for p in places if any(owner[i][0] == name for i in p["items"])]
-        by_benchmark[name] = {"documents": len(mine), "tokens": sum(p["tokens"] for p in mine),
-                              "items": len({i for p in mine for i in p["items"] if owner[i][0] == name})}
-    return {"documents": len(places), "tokens": sum(p["tokens"] for p in places), "by_benchmark": by_benchmark,
+    for b, name in enumerate(names):
+        mine = bench_of == b
+        theirs = np.unique(doc_of[mine])
+        by_benchmark[name] = {"documents": len(theirs), "tokens": int(docs["tokens"][theirs].sum()),
+                              "items": len(np.unique(held[mine]))}
+    places = {"format": PLACES_FORMAT, "files": [list(f) for f in files],
+              "documents": base64.b64encode(docs.tobytes()).decode("ascii"),
+              "items": base64.b64encode(held.tobytes()).decode("ascii")}
+    return {"documents": len(docs), "tokens": int(docs["tokens"].sum()), "by_benchmark": by_benchmark,
             "places": places}
 
 
-def contamination_record(record: dict, metas: dict[str, dict]) -> dict:
-    """contamination.json: every contaminated item (benchmark, index, id) with the training places that
-    matched it (stream, file, row or line), in benchmark and item order."""
-    owner = item_benchmarks(record)
-    found: dict[int, list] = defaultdict(list)
-    for stream, meta in metas.items():
-        for place in meta["benchmark_contamination"]["places"]:
-            for item in place["items"]:
-                found[item].append({"stream": stream, "file": place["file"], "kind": place["kind"],
-                                    "place": place["place"], "tokens": place["tokens"]})
-    items = [{"benchmark": owner[i][0], "index": owner[i][1], "id": record["ids"][i], "places": found[i]}
-             for i in sorted(found)]
-    return {"normalization": record["normalization"], "ngram": record["ngram"],
+def stream_places(places: dict | list) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
+    """A stream record's places as (files, documents, items): stream_contamination's arrays (or the list of
+    dicts, one a document, of a record written before them)."""
+    if isinstance(places, dict):
+        return (places["files"], np.frombuffer(base64.b64decode(places["documents"]), DOCUMENT_DTYPE),
+                np.frombuffer(base64.b64decode(places["items"]), ITEM_DTYPE))
+    files: dict[tuple[str, str], int] = {}
+    docs = np.array([(files.setdefault((p["file"], p["kind"]), len(files)), len(p["items"]), p["place"], p["tokens"])
+                     for p in places], DOCUMENT_DTYPE)
+    return [list(f) for f in files], docs, np.array([i for p in places for i in p["items"]], ITEM_DTYPE)
+
+
+def write_contamination(layout, record: dict, metas: dict[str, dict]) -> dict:
+    """Write contamination.json (sealed) beside index.json: every contaminated item (benchmark, index, id) with
+    the training places that matched it (stream, file, row or line), in benchmark and item order, each item's in
+    stream and place order. Returns index.json's entry for it. Written PLACES_AT_ONCE places at a time, its seal
+    and checksum computed on the way: write_record's bytes, without the whole record in memory (json.dumps of
+    a dict a place took ~1 KiB a place)."""
+    streams = list(metas)
+    parts = [stream_places(meta["benchmark_contamination"]["places"]) for meta in metas.values()]
+    item = np.concatenate([held for _, _, held in parts] + [np.empty(0, ITEM_DTYPE)])
+    stream = np.concatenate([np.full(len(held), s, np.uint32) for s, (_, _, held) in enumerate(parts)]
+                            + [np.empty(0, np.uint32)])
+    doc = np.concatenate([np.repeat(np.arange(len(docs), dtype=np.int64), docs["items"])
+                          for _, docs, _ in parts] + [np.empty(0, np.int64)])
+    order = np.argsort(item, kind="stable")  # by item, each one's in stream and place order
+    item, stream, doc = item[order], stream[order], doc[order]
+    del order
+    names, firsts = item_firsts(record)
+    found = np.bincount(np.searchsorted(firsts, np.unique(item), side="right") - 1, minlength=len(names))
+    head = {"normalization": record["normalization"], "ngram": record["ngram"],
             "min_matches": record["min_matches"], "action": record["action"],
-            "set_fingerprint": record["fingerprint"], "items": items}
+            "set_fingerprint": record["fingerprint"], "items": ITEMS_MARK}
+    before, after = json.dumps({**head, RECORD_SEAL: SEAL_MARK}, indent=2).split(json.dumps(ITEMS_MARK))
+    middle, end = after.split(json.dumps(SEAL_MARK))
+    sorted_before, sorted_after = json.dumps(head, sort_keys=True).split(json.dumps(ITEMS_MARK))
+    seal, checksum = hashlib.sha256(), hashlib.sha256()
+    pending = storage(layout.contamination).create(layout.contamination)
+
+    def write(text: str) -> None:
+        data = text.encode()
+        checksum.update(data)
+        pending.f.write(data)
+        pending.written()
+
+    try:
+        write(before)
+        seal.update(sorted_before.encode())
+        for indented, compact in _items_json(record, names, firsts, streams, parts, item, stream, doc):
+            write(indented)
+            seal.update(compact.encode())
+        seal.update(sorted_after.encode())
+        write(middle + json.dumps(seal.hexdigest()) + end)
+        pending.commit()
+    except BaseException:
+        pending.abort()
+        raise
+    return index_entry(record, metas, dict(zip(names, found.tolist())), checksum.hexdigest())
 
 
-def index_entry(record: dict, metas: dict[str, dict], contamination: dict, checksum: str) -> dict:
-    """index.json's "benchmark_decontamination": the set, and per benchmark and stream what was found."""
+def _items_json(record: dict, names: list[str], firsts: np.ndarray, streams: list[str], parts: list,
+               item: np.ndarray, stream: np.ndarray, doc: np.ndarray):
+    """contamination.json's "items" list as json.dumps writes it in the record (indent=2) and in its seal
+    (sort_keys), in pieces of PLACES_AT_ONCE places: (item, stream, document) of each place sorted by item, the
+    places' file, place and tokens gathered from the streams' arrays a chunk at a time."""
+    if not len(item):
+        yield "[]", "[]"
+        return
+    new = np.concatenate([[True], item[1:] != item[:-1]])
+    last = np.append(new[1:], True)
+    quoted = [[(json.dumps(path), json.dumps(kind)) for path, kind in files] for files, _, _ in parts]
+    streams_json = [json.dumps(s) for s in streams]
+    names_json = [json.dumps(name) for name in names]
+    for lo in range(0, len(item), PLACES_AT_ONCE):
+        hi = min(len(item), lo + PLACES_AT_ONCE)
+        rows_stream, rows_doc = stream[lo:hi], doc[lo:hi]
+        file, place, tokens = (np.empty(hi - lo, np.int64) for _ in range(3))
+        for s, (_, docs, _) in enumerate(parts):
+            mine = rows_stream == s
+            if mine.any():
+                chosen = docs[rows_doc[mine]]
+                file[mine], place[mine], tokens[mine] = chosen["file"], chosen["place"], chosen["tokens"]
+        values = item[lo:hi]
+        bench = (np.searchsorted(firsts, values, side="right") - 1).tolist()
+        indented, compact = [], []
+        for r, (i, b, s, f, p, t, first, end) in enumerate(zip(
+                values.tolist(), bench, rows_stream.tolist(), file.tolist(), place.tolist(), tokens.tolist(),
+                new[lo:hi].tolist(), last[lo:hi].tolist()), lo):
+            path, kind = quoted[s][f]
+            if first:
+                name, ident = names_json[b], record["ids"][i]
+                ident = json.dumps(ident) if isinstance(ident, (str, int)) else None
+                if ident is None:  # (an id is a string or an integer: benchmarks.iter_items)
+                    raise TypeError(f"item {i}'s id is a {type(record['ids'][i]).__name__}")
+                index = i - int(firsts[b])
+                indented.append((",\n    " if r else "[\n    ") + f'{{\n      "benchmark": {name},\n      "index": '
+                                f'{index},\n      "id": {ident},\n      "places": [\n        ')
+                compact.append((", " if r else "[") + f'{{"benchmark": {name}, "id": {ident}, "index": {index}, '
+                               '"places": [')
+            else:
+                indented.append(",\n        ")
+                compact.append(", ")
+            indented.append(f'{{\n          "stream": {streams_json[s]},\n          "file": {path},\n          "kind": '
+                            f'{kind},\n          "place": {p},\n          "tokens": {t}\n        }}')
+            compact.append(f'{{"file": {path}, "kind": {kind}, "place": {p}, "stream": {streams_json[s]}, '
+                           f'"tokens": {t}}}')
+            if end:
+                indented.append("\n      ]\n    }")
+                compact.append("]}")
+        if hi == len(item):
+            indented.append("\n  ]")
+            compact.append("]")
+        yield "".join(indented), "".join(compact)
+
+
+ITEMS_MARK, SEAL_MARK = "\0items\0", "\0seal\0"  # where the items and the seal go in the dump of the rest
+
+
+def index_entry(record: dict, metas: dict[str, dict], found: dict[str, int], checksum: str) -> dict:
+    """index.json's "benchmark_decontamination": the set, and per benchmark and stream what was found (`found`:
+    the items found of each benchmark)."""
     benchmarks = {}
     for name, bench in record["benchmarks"].items():
         by_stream = {s: m["benchmark_contamination"]["by_benchmark"][name] for s, m in metas.items()}
         benchmarks[name] = {
             "files": bench["files"], "fields": bench["fields"], "items": bench["items"], "ngrams": bench["ngrams"],
             "short_items": bench["short_items"], "empty_items": bench["empty_items"],
-            "items_found": sum(1 for item in contamination["items"] if item["benchmark"] == name),
-            "by_stream": by_stream,
+            "items_found": found[name], "by_stream": by_stream,
         }
     return {"normalization": record["normalization"], "ngram": record["ngram"],
             "min_matches": record["min_matches"], "action": record["action"],
@@ -1108,11 +1230,3 @@ def index_entry(record: dict, metas: dict[str, dict], contamination: dict, check
             "documents": sum(m["benchmark_contamination"]["documents"] for m in metas.values()),
             "tokens": sum(m["benchmark_contamination"]["tokens"] for m in metas.values()),
             "benchmarks": benchmarks, "file": CONTAMINATION_NAME, "sha256": checksum}
-
-
-def write_contamination(layout, record: dict, metas: dict[str, dict]) -> dict:
-    """Write contamination.json (sealed) beside index.json; returns index.json's entry for it."""
-    contamination = contamination_record(record, metas)
-    write_record(layout.contamination, contamination)
-    checksum = hashlib.sha256(layout.contamination.read_bytes()).hexdigest()
-    return index_entry(record, metas, contamination, checksum)
