@@ -488,10 +488,12 @@ def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter
     that compose with the one before, a capital sigma, CJK beyond plane 1, a block not built yet) are _chained's.
     The same pieces either way (tests/test_ngrams_native.py)."""
     if isinstance(table, PairTable) and isinstance(member, WordFilter):  # most wild runs normalized in the loop
-        entries, pool = normal_forms()
-        joined, spans, forced, missing = native.candidates(texts, table.packed, table.bits, shortest, entries, pool,
-                                                           member.bits, member.shift)
-        if any(missing):
+        for _ in range(2):  # the blocks met and not built yet, built and the loop run again once (cheaper
+            entries, pool = normal_forms()  # than _chained's numpy over their runs)
+            joined, spans, forced, missing = native.candidates(texts, table.packed, table.bits, shortest, entries,
+                                                               pool, member.bits, member.shift)
+            if not any(missing):
+                break
             add_normal_forms(np.flatnonzero(np.unpackbits(np.frombuffer(missing, np.uint8),
                                                           bitorder="little")).tolist())
     elif isinstance(table, PairTable):
