@@ -845,7 +845,12 @@ class BenchmarkSet:
         at = np.searchsorted(self.grams, hashes[maybe])
         found = (at < len(self.grams)) & (self.grams[np.minimum(at, len(self.grams) - 1)] == hashes[maybe])
         maybe, lo = maybe[found], at[found]
-        return maybe, lo, np.searchsorted(self.grams, hashes[maybe], side="right")
+        hi = lo + 1  # most hashes have one entry: the second search only for those with more
+        more = self.grams[np.minimum(hi, len(self.grams) - 1)] == hashes[maybe]
+        more &= hi < len(self.grams)
+        if more.any():
+            hi[more] = np.searchsorted(self.grams, hashes[maybe[more]], side="right")
+        return maybe, lo, hi
 
     def linked(self, heads: np.ndarray, lengths: np.ndarray) -> Links:
         """Whether each word (its first 8 bytes lowercased and its length, ngrams.run_candidates) and the next may
