@@ -1,10 +1,14 @@
-"""Shared fixtures: one real finished run per session, which tests copy before changing anything, and one Ray
+"""Shared fixtures: one real finished run per session (built once for both pytest-xdist workers), which tests copy
+before changing anything, the demo corpus with its trained tokenizer (built once, copied per module), and one Ray
 head, which every Ray test runs on. How pytest-xdist's workers share the tests out. And no silent gaps: under
 CI=true a skipped test fails the run unless its reason is on the allow-list below."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,17 +28,59 @@ ALLOWED_SKIPS = ("torch is not installed", "megatron-core is not installed",
                  "the reference script is not beside this clone")
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A read-only folder `build` fills once for the whole session: under pytest-xdist the first worker to ask
+    builds it under a lock in the session's folder (the workers' basetemps' parent) and the other takes it as it
+    is, instead of building the same again (the finished run: ~6.6 CPU-s). A build that failed or was cut short
+    leaves no mark, so the next asker builds it again (and fails the same way)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root, built = base / f"shared-{name}", base / f"shared-{name}.built"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build(root)
+            built.touch()
+    return root
+
+
+def _finished_run(root: Path) -> None:
+    import tokmix
+
+    recipe = make_inputs(root, doc_limit=400, rows_per_group=16, decontaminate=True)
+    tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=1, keep_streams=True)
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory) -> Path:
     """A real run of the test corpus (decontamination on), finished and validated, its intermediates kept:
-    root/out under a root that holds its corpus, split file, tokenizer and recipe. Read-only: copy it before
-    changing anything."""
-    import tokmix
+    root/out under a root that holds its corpus, split file, tokenizer and recipe. Read-only (both workers read
+    it): copy it before changing anything."""
+    return built_once(tmp_path_factory, "finished-run", _finished_run) / "out"
 
-    root = tmp_path_factory.mktemp("finished-run")
-    recipe = make_inputs(root, doc_limit=400, rows_per_group=16, decontaminate=True)
-    tokmix.run(tokmix.load_recipe(recipe), root / "out", workers=1, keep_streams=True)
-    return root / "out"
+
+def _demo_inputs(root: Path) -> None:
+    from tests.test_plan import train_demo_tokenizer
+    from tokmix.demo import build_demo_corpus
+
+    train_demo_tokenizer(build_demo_corpus(root / "corpus"), root / "tokenizer.json")
+
+
+@pytest.fixture(scope="session")
+def demo_inputs(tmp_path_factory) -> Path:
+    """tokmix.demo's corpus (root/corpus, its recipe demo.toml) and a byte-level BPE trained beforehand on part of
+    its train text (root/tokenizer.json, tests/test_plan.train_demo_tokenizer), built once (~3.8 CPU-s) for the
+    modules that run the demo recipe. Read-only: demo_copy gives a module its own."""
+    return built_once(tmp_path_factory, "demo-inputs", _demo_inputs)
+
+
+def demo_copy(demo_inputs: Path, root: Path) -> tuple[Path, Path]:
+    """A copy of demo_inputs in `root` (its recipe's paths are relative): (root/corpus/demo.toml, its tokenizer)."""
+    shutil.copytree(demo_inputs, root, dirs_exist_ok=True)
+    return root / "corpus" / "demo.toml", root / "tokenizer.json"
 
 
 _ray_head: dict[str, object] = {}  # the running head: its RayNode and address
@@ -126,17 +172,18 @@ def ray_local_run(ray_corpus, ray_cache, tmp_path_factory) -> Path:
 # fixtures (real runs) are built once, and modules are handed out in collection order: the heaviest first, so
 # that the short ones fill in at the end. Files listed in SAME_WORKER run in the worker of the file they map
 # to: every Ray test runs where the Ray head is.
-# Measured under pytest -n 2 on 30c89e9 (CPU seconds of everything the module's tests started, a cpuacct cgroup
-# per worker; wall of the module in its worker, at load 5-8): faults 78 CPU-s (174 s), store 57 (141),
-# pretrained 46 (201), integrity 45 (112), ray + ray_cluster 55 (98; first: its head starts while the other
-# worker works), trust 37 (94), pipeline 30 (92), decontam_cache 27 (76), untrusted_state 24 (104),
-# user_errors 23 (56), backends 20 (55), leftovers 19 (62), huge_documents 15 (54), epochs 15 (37); every other
-# module under 13 CPU-s and 53 s, so that the last ones handed out end within a few seconds of each other (the
-# two workers ended 48 s apart when untrusted_state and pretrained, unlisted, came late in the order).
-HEAVY_FIRST = ("test_ray", "test_faults", "test_store", "test_pretrained", "test_integrity", "test_trust",
-               "test_pipeline", "test_decontam_cache", "test_untrusted_state", "test_user_errors", "test_backends",
-               "test_leftovers", "test_huge_documents", "test_epochs", "test_decontam_reads",
-               "test_tokenizer_edge_cases", "test_decontam_kill", "test_decontam_mixes")
+# Measured under pytest -n 2 on 448c645 (CPU seconds of everything the module's tests started, a cpuacct cgroup
+# per worker; 890 CPU-s in all at load 4.6-10.5): tokenizer_edge_cases 87 (53 of them in the pytest worker: the
+# oracles on runs of 20,000 characters and 20,000 short texts), faults 83, store 60, ray + ray_cluster 61 (first:
+# its head starts while the other worker works), pretrained 50, integrity 47, trust 39, pipeline 29,
+# decontam_cache 26, user_errors 25, untrusted_state 23, backends 22, decontam_kill 22, ngrams_native 21 (117 s
+# of wall), decontam_reads 20, leftovers 18, decontam 18, epochs 17, decontam_build 17, conformance_wide 16;
+# every other module under 13 CPU-s, so that the last ones handed out end within a few seconds of each other.
+HEAVY_FIRST = ("test_ray", "test_tokenizer_edge_cases", "test_faults", "test_store", "test_pretrained",
+               "test_integrity", "test_trust", "test_pipeline", "test_decontam_cache", "test_user_errors",
+               "test_untrusted_state", "test_backends", "test_decontam_kill", "test_ngrams_native",
+               "test_decontam_reads", "test_leftovers", "test_decontam", "test_epochs", "test_decontam_build",
+               "test_conformance_wide", "test_cache", "test_huge_documents", "test_report", "test_decontam_mixes")
 SAME_WORKER = {"tests/test_ray_cluster.py": "tests/test_ray.py"}
 
 

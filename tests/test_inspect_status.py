@@ -18,9 +18,9 @@ import pytest
 from rich.console import Console
 from tokenizers import Tokenizer
 
+from tests.conftest import demo_copy
 from tests.pausing import wait_for_pause
-from tests.test_plan import TRAINED, recipe_variant, train_demo_tokenizer
-from tokmix.demo import build_demo_corpus
+from tests.test_plan import TRAINED, recipe_variant
 from tokmix.errors import TokmixError
 from tokmix.inspect import DOC_MARKER, read_block, read_window, render_block, summary
 from tokmix.recipe import load_recipe
@@ -33,11 +33,10 @@ PAUSE_SECONDS = 120  # how long the run may take to reach code_py on a loaded ma
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[Path, Path]:
-    """(the demo recipe with a tokenizer trained beforehand, its finished run)"""
+def demo(tmp_path_factory, demo_inputs) -> tuple[Path, Path]:
+    """(the demo recipe with a tokenizer trained beforehand (tests/conftest.py's demo_inputs), its finished run)"""
     root = tmp_path_factory.mktemp("inspect")
-    trained = build_demo_corpus(root / "corpus")
-    tokenizer = train_demo_tokenizer(trained, root / "tokenizer.json")
+    trained, tokenizer = demo_copy(demo_inputs, root)
     recipe = recipe_variant(trained, "given.toml", {TRAINED: f'[tokenizer]\npath = "{tokenizer}"\n'})
     out = root / "run"
     run(load_recipe(recipe), out, workers=2)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_plan import TRAINED, recipe_variant, train_demo_tokenizer
-from tokmix.demo import build_demo_corpus
+from tests.conftest import demo_copy
+from tests.test_plan import TRAINED, recipe_variant
 from tokmix.errors import TokmixError
 from tokmix.provenance import DOC_DTYPE
 from tokmix.recipe import load_recipe
@@ -26,12 +26,11 @@ VOID = {"meta", "img", "br", "hr", "link", "input"}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
+def runs(tmp_path_factory, demo_inputs) -> tuple[Path, Path]:
     """The demo run with its intermediates, and a copy of it without them. The tokenizer is trained beforehand
-    on a part of the train text (1.5 s rather than the run's 4 s on all of it)."""
+    on a part of the train text (1.5 s rather than the run's 4 s on all of it; tests/conftest.py's demo_inputs)."""
     root = tmp_path_factory.mktemp("report")
-    trained = build_demo_corpus(root / "corpus")
-    tokenizer = train_demo_tokenizer(trained, root / "tokenizer.json")
+    trained, tokenizer = demo_copy(demo_inputs, root)
     recipe = recipe_variant(trained, "given.toml", {TRAINED: f'[tokenizer]\npath = "{tokenizer}"\n'})
     kept = root / "kept"
     run(load_recipe(recipe), kept, keep_streams=True, workers=2)
