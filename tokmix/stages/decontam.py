@@ -32,6 +32,7 @@ from tokmix.ngrams import (
     Links,
     PairTable,
     TripleFilter,
+    WordFilter,
     Words,
     gram_hashes_at,
     head_prefixes,
@@ -788,6 +789,8 @@ class BenchmarkSet:
         triples = np.asarray(np.load(files["triples"], mmap_mode="r"))
         self.triples = triples if len(triples) else None  # a large set's triple filter
         self.triple_shift = np.uint64(record["triple_filter_shift"])
+        # the word filter as the first pass takes it: tokmix._scan's loop then tests a wild run's words itself
+        self.word_bits = WordFilter(self.word_filter, int(self.word_shift))
         self.pair_table = (pair_table(self.words, self.word_starts)  # (linked takes the triple filter over it)
                            if len(self.words) <= PAIR_TABLE_WORD_BYTES and self.triples is None else None)
         self.mixed_hashes = np.load(files["mixed"])  # sorted
@@ -948,7 +951,7 @@ class BenchmarkSet:
             if self._first_pass_pays():
                 size = sum(map(len, pieces))
                 pieces, owners = [], []
-                for at, spans in run_candidates([texts[i] for i in group], self.first_pass_pairs(), self.member,
+                for at, spans in run_candidates([texts[i] for i in group], self.first_pass_pairs(), self.word_bits,
                                                 self.lengths[0]):
                     spans = [texts[group[at]]] if spans is None else spans  # (None: the whole text)
                     pieces += spans
