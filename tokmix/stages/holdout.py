@@ -325,9 +325,10 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
         raise TokmixError(
             f"holdout {domain}: eval_windows x seq_len = {eval_targets:,} targets but the holdout has {len(targets):,}"
         )
+    sizes = [len(c) for c in chunks]
     if recipe.layout.provenance:
-        docs_entry = write_holdout_documents(ctx, domain, taken, [len(c) for c in chunks])
-    spelled = SpelledBytes(chunks, [len(ids) for _, ids, _ in taken], np.concatenate(utf8)[order], byte_len,
+        docs_entry = write_holdout_documents(ctx, domain, taken, sizes)
+    spelled = SpelledBytes(tokens, sizes, [len(ids) for _, ids, _ in taken], np.concatenate(utf8)[order], byte_len,
                            ctx.delimiters)
     digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
                hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
@@ -358,11 +359,12 @@ class SpelledBytes:
     the targets' token bytes (the reference's count); a SentencePiece model's pieces do not (the "▁" it puts before
     a document, whitespace and text its normalizer rewrites, <unk>), and its whole documents count their text."""
 
-    def __init__(self, chunks: list[np.ndarray], full: list[int], utf8: np.ndarray, byte_len: np.ndarray,
-                 delimiters: Delimiters):
-        self.tokens = np.concatenate(chunks)
+    def __init__(self, tokens: np.ndarray, sizes: list[int], full: list[int], utf8: np.ndarray,
+                 byte_len: np.ndarray, delimiters: Delimiters):
+        """`tokens`: the holdout, its documents' pieces end to end (`sizes` tokens each, of `full` when whole)."""
+        self.tokens = tokens
         self.byte_len = byte_len
-        self.starts = np.cumsum([0, *map(len, chunks)])[:-1]  # each chunk's first token
+        self.starts = np.cumsum([0, *sizes])[:-1]  # each piece's first token
         self.text = self.starts + len(delimiters.prefix)  # each document's text: [text, text_end) when whole
         self.text_end = self.starts + np.array(full, np.int64) - len(delimiters.suffix)
         self.utf8 = utf8
