@@ -261,6 +261,56 @@ def test_wild_runs_normalized_in_the_loop_equal_numpy(native, monkeypatch):
     assert decided > 100_000  # (most characters of planes 0 and 1 are context-free)
 
 
+def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
+    """run_candidates with a triple filter and a WordFilter: the compiled loop (triple_candidates) decides the wild
+    runs whose characters all have a context-free normal form and none of whose words is a member (a break between
+    chains); the kept texts and pieces are numpy's exactly (TOKMIX_NATIVE=0) and the loop's with every wild run
+    left to _chained (a plain callable), for texts of many scripts (combining marks, capital sigma, characters
+    past plane 1), the fuzzed and long texts, phrases of a dense filter around wild runs; the forms empty at first
+    and whole."""
+    rng = random.Random(43)
+    groups = [[], [""], ["a b c"], ["\u00e9"], ["caf\u00e9 na\u00efve r\u00e9sum\u00e9 " * 12],
+              ["x y z " * 30 + "\u00e9\u0301 " + "x y z " * 30], ["x y z " * 30 + "\u03a3\u03b1 " + "x y z " * 30],
+              ["x y z " * 30 + "\U00020000 " + "x y z " * 30], ["a " * 40 + "\u03a3 " + "b " * 40]]
+    groups += [[("one two three four " * k)[:-1] + rng.choice(["", " \u00e9", "\u0436", ". ", " \u2014 "])
+                + (" five six seven eight" * k) for k in range(1, 12)] for _ in range(4)]
+    groups += [[script_text(rng) for _ in range(rng.randrange(1, 10))] for _ in range(60)]
+    groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(20)]
+    groups += [[long_text(rng) + script_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(15)]
+    monkeypatch.setattr(ngrams, "_forms", (np.zeros(ngrams.FORMS_END, np.uint32), b""))
+    for whole in (False, True):
+        if whole:
+            ngrams.add_normal_forms(list(range(ngrams.FORMS_END // ngrams.FORMS_BLOCK)))
+        for texts in groups:
+            for triples in rng.sample(TRIPLES, 2):
+                for words in rng.sample(word_filters(texts), 2):
+                    for shortest in rng.sample([3, 5, 13], 2):
+                        monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+                        got = ngrams.run_candidates(texts, triples, words, shortest)
+                        before = ngrams.run_candidates(texts, triples, words.__call__, shortest)
+                        monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+                        want = ngrams.run_candidates(texts, triples, words, shortest)
+                        assert got == want == before, (texts, triples.shift, shortest)
+    with pytest.raises(ValueError):  # a word filter of another size than its shift says
+        native.triple_candidates(["a b c"], TRIPLES[0].bits, TRIPLES[0].shift, 3, *ngrams.normal_forms(),
+                                 np.zeros(100, np.uint8), 48)
+
+
+def fuzz_against_chained(native, seed: int, rounds: int) -> None:
+    """_candidates_native with a triple filter and a WordFilter against _chained itself, on script texts."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        texts = [script_text(rng) + rng.choice(["", " one two three four five"]) for _ in range(rng.randrange(1, 8))]
+        for words in word_filters(texts):
+            triples, shortest = rng.choice(TRIPLES), rng.choice([3, 4, 13])
+            got = ngrams._candidates_native(texts, native, triples, words, shortest)
+            assert got == ngrams._chained(texts, triples, words, shortest), (texts, triples.shift, shortest)
+
+
+def test_triple_loop_fuzzed_against_chained(native):
+    fuzz_against_chained(native, 44, 200)
+
+
 def test_normal_forms_are_the_normalization_of_their_runs():
     """Strings of context-free characters (ngrams.normal_forms) and ASCII ones: their NFKC and lowercase through the
     byte map, as ngrams._wild_words normalizes a wild run, is their characters' forms end to end, on random

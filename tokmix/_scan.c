@@ -16,7 +16,7 @@
  * check on worker threads beside the encoder); no Python object per word. */
 
 #ifndef TOKMIX_SCAN_ABI
-#define TOKMIX_SCAN_ABI 5
+#define TOKMIX_SCAN_ABI 6
 #endif
 
 #define PY_SSIZE_T_CLEAN
@@ -528,7 +528,8 @@ typedef struct Runs {
     int64_t *start, *end;
     uint64_t *slot;
     signed char *may;          /* per triple: 1 may be, 0 not, -1 not read yet (its slot's bit) */
-    unsigned char *wild;
+    unsigned char *wild;       /* per run: 0 plain, 1 wild, 2 wild and decided unlinked (normal_run: no word of
+                                  it a member; a break, as run_candidates' unlinked wild run: no triple with it) */
     Py_ssize_t cap;
 } Runs;
 
@@ -567,10 +568,14 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         const int rhigh = ascii ? 0 : (HIGH) != 0;                                                             \
         uint64_t rprefix = 0;                                                                                   \
         if (m >= r->cap && runs_room(r, m + 1)) return -1;                                                      \
+        unsigned rwild = (unsigned)rhigh; /* 1 wild, 2 wild and unlinked (decided here: a break) */              \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
                 if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) return 1;                         \
             }                                                                                                   \
+            int rlinked = 1;                                                                                    \
+            Py_ssize_t rwords = 0;                                                                              \
+            if (c->forms && normal_run(p, rs, re, c, &rlinked, &rwords) && !rlinked) rwild = 2;                 \
         } else {                                                                                                \
             const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
             const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
@@ -578,10 +583,11 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         }                                                                                                       \
         r->start[m] = rs;                                                                                       \
         r->end[m] = re;                                                                                         \
-        r->wild[m] = (unsigned char)rhigh;                                                                      \
+        r->wild[m] = (unsigned char)rwild;                                                                      \
         if (m >= 2) {                                                                                           \
             const Py_ssize_t j = m - 2;                                                                         \
-            r->may[j] = (r->wild[j] | r->wild[j + 1] | rhigh) ? 1 : -1;                                         \
+            const unsigned rany = r->wild[j] | r->wild[j + 1] | rwild;                                          \
+            r->may[j] = rany & 2 ? 0 : rany ? 1 : -1;                                                           \
             r->slot[j] = mix64(prev_pair * HASH_STEP ^ rprefix) >> shift;                                       \
         }                                                                                                       \
         if (m >= 1) prev_pair = mix64(prev_prefix * HASH_STEP ^ rprefix);                                       \
@@ -602,14 +608,14 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         if (q_ < tri && may[q_] < 0) PREFETCH(filter + (slot[q_] >> 3));                                        \
     } while (0)
 /* pair i, i + 1 of plain runs in no triple that may be: a wild segment's bound */
-#define CUT(i) (!wild[i] && !wild[(i) + 1] && !MAYZ((i) - 1) && !MAYZ(i))
+#define CUT(i) (wild[i] != 1 && wild[(i) + 1] != 1 && !MAYZ((i) - 1) && !MAYZ(i))
     /* the chains (blocks of `need` triples or more) and the wild segments (runs first..last), in text order */
     Py_ssize_t j = 0, w = 0, sf = -1, sl = -1, k = -1, e = -1;
     int want_seg = 1, want_block = 1;
     for (;;) {
         if (want_seg) {  /* the next wild run's segment: back and on to the nearest bounds */
             want_seg = 0;
-            while (w < m && !wild[w]) w++;
+            while (w < m && wild[w] != 1) w++;
             sf = sl = -1;
             if (w < m) {
                 sf = sl = w;
@@ -1031,14 +1037,26 @@ PyDoc_STRVAR(triple_candidates_doc,
 "triple_candidates(texts, filter, shift, shortest) -> (joined, spans, forced)\n\n"
 "candidates() with a filter of triples instead of a pair table (ngrams.TripleFilter: `filter` a bit per slot,\n"
 "1 << (64 - shift) of them, little-endian in each byte; a triple's slot its hash >> shift), `shortest` >= 3:\n"
-"the spans of its chains of plain runs and of its pieces with wild runs, as candidates() gives them.");
+"the spans of its chains of plain runs and of its pieces with wild runs, as candidates() gives them.\n\n"
+"triple_candidates(texts, filter, shift, shortest, forms, pool, word_filter, word_shift) -> (joined, spans,\n"
+"forced, missing): the same, each wild run whose characters all have a normal form and none of whose words is\n"
+"in the word filter (nor a small sigma: run_candidates' unlinked wild run) decided in the loop, a break between\n"
+"chains (no piece of kind 2 for it); the other wild runs as before. `missing` as candidates() gives it.");
 
 static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     PyObject *arg, *filter_arg;
     int shift;
     Py_ssize_t shortest;
-    Py_buffer filter = {0};
-    if (!PyArg_ParseTuple(args, "OOin", &arg, &filter_arg, &shift, &shortest)) return NULL;
+    PyObject *forms_arg = NULL, *pool_arg = NULL, *words_arg = NULL, *result = NULL, *missing = NULL;
+    int word_shift = 0;
+    Py_buffer filter = {0}, forms = {0}, pool = {0}, words = {0};
+    Chains c;
+    Runs runs;
+    memset(&c, 0, sizeof c);
+    memset(&runs, 0, sizeof runs);
+    if (!PyArg_ParseTuple(args, "OOin|OOOi", &arg, &filter_arg, &shift, &shortest, &forms_arg, &pool_arg,
+                          &words_arg, &word_shift))
+        return NULL;
     if (!PyList_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "triple_candidates() takes a list of str");
         return NULL;
@@ -1047,28 +1065,56 @@ static PyObject *triple_candidates(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "triple_candidates(): shortest is less than 3");
         return NULL;
     }
-    if (PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0) return NULL;
-    if (shift < 4 || shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - shift))) {
-        PyBuffer_Release(&filter);
-        PyErr_SetString(PyExc_ValueError, "triple_candidates(): the filter's size is not 1 << (64 - shift) bits");
+    if (forms_arg && (!pool_arg || !words_arg)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "triple_candidates() takes the normal forms, their pool and a word filter together");
         return NULL;
     }
-    Chains c;
-    memset(&c, 0, sizeof c);
+    if (PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0) return NULL;
+    if (shift < 4 || shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - shift))) {
+        PyErr_SetString(PyExc_ValueError, "triple_candidates(): the filter's size is not 1 << (64 - shift) bits");
+        goto done;
+    }
     c.filter = filter.buf;
     c.shift = shift;
     c.shortest = shortest;
     c.merge_gap = TRIPLE_MERGE_GAP;
-    Runs runs;
-    memset(&runs, 0, sizeof runs);
     c.runs = &runs;
-    PyObject *result = chains_of(arg, &c, triple_text);
+    if (forms_arg) {
+        if (PyObject_GetBuffer(forms_arg, &forms, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(pool_arg, &pool, PyBUF_SIMPLE) < 0 ||
+            PyObject_GetBuffer(words_arg, &words, PyBUF_SIMPLE) < 0)
+            goto done;
+        if (forms.len % 4 || forms.len / 4 > (Py_ssize_t)FORMS_BLOCKS * FORMS_BLOCK ||
+            word_shift < 4 || word_shift > 61 || words.len != ((Py_ssize_t)1 << (61 - word_shift))) {
+            PyErr_SetString(PyExc_ValueError,
+                            "triple_candidates(): the normal forms or the word filter's size do not agree");
+            goto done;
+        }
+        c.forms = forms.buf;
+        c.forms_end = forms.len / 4;
+        c.pool = pool.buf;
+        c.pool_len = pool.len;
+        c.word_filter = words.buf;
+        c.word_shift = word_shift;
+    }
+    result = chains_of(arg, &c, triple_text);
+    if (result && forms_arg) {  /* (joined, spans, forced, the blocks met and not built: a bit each) */
+        missing = PyBytes_FromStringAndSize((const char *)c.missing, sizeof c.missing);
+        PyObject *four = missing ? PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
+                                                PyTuple_GET_ITEM(result, 2), missing) : NULL;
+        Py_SETREF(result, four);
+    }
+done:
+    Py_XDECREF(missing);
     PyMem_RawFree(runs.start);
     PyMem_RawFree(runs.end);
     PyMem_RawFree(runs.slot);
     PyMem_RawFree(runs.may);
     PyMem_RawFree(runs.wild);
     PyBuffer_Release(&filter);
+    PyBuffer_Release(&forms);
+    PyBuffer_Release(&pool);
+    PyBuffer_Release(&words);
     return result;
 }
 

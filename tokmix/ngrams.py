@@ -185,7 +185,7 @@ def word_bounds(letter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Links = tuple[np.ndarray, np.ndarray | None]  # run_candidates' pairs: (each word and the next, each and the next two)
 
 NATIVE_ENV = "TOKMIX_NATIVE"  # "0": the first pass in numpy even where tokmix._scan is built (docs/architecture.md)
-SCAN_ABI = 5  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
+SCAN_ABI = 6  # tokmix/_scan.c's TOKMIX_SCAN_ABI, its module's ABI: bump both on any change to its functions'
 REBUILD = "rebuild it with `python setup.py build_ext --inplace` (or `pip install -e .`)"
 
 
@@ -497,11 +497,15 @@ def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter
     and links it as _chained links it; only the segments around the other wild runs (combining marks, characters
     that compose with the one before, a capital sigma, CJK beyond plane 1, a block not built yet) are _chained's.
     The same pieces either way (tests/test_ngrams_native.py)."""
-    if isinstance(table, PairTable) and isinstance(member, WordFilter):  # most wild runs normalized in the loop
+    if isinstance(member, WordFilter):  # most wild runs normalized in the loop
         for _ in range(2):  # the blocks met and not built yet, built and the loop run again once (cheaper
             entries, pool = normal_forms()  # than _chained's numpy over their runs)
-            joined, spans, forced, missing = native.candidates(texts, table.packed, table.bits, shortest, entries,
-                                                               pool, member.bits, member.shift)
+            if isinstance(table, PairTable):
+                joined, spans, forced, missing = native.candidates(texts, table.packed, table.bits, shortest,
+                                                                   entries, pool, member.bits, member.shift)
+            else:
+                joined, spans, forced, missing = native.triple_candidates(texts, table.bits, table.shift, shortest,
+                                                                          entries, pool, member.bits, member.shift)
             if not any(missing):
                 break
             add_normal_forms(np.flatnonzero(np.unpackbits(np.frombuffer(missing, np.uint8),
