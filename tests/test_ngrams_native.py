@@ -299,8 +299,10 @@ def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
 def fuzz_against_chained(native, seed: int, rounds: int) -> None:
     """_candidates_native with a triple filter and a WordFilter against _chained itself, on script texts."""
     rng = random.Random(seed)
+    few = ["a", "b", "c", "\u00e9", "x\u00e9", "\u00e9\u2014\u00e9", "\u2014", "\u00e9y", "e\u0301", "\u03a3"]
     for _ in range(rounds):
         texts = [script_text(rng) + rng.choice(["", " one two three four five"]) for _ in range(rng.randrange(1, 8))]
+        texts += [" ".join(rng.choice(few) for _ in range(rng.randrange(1, 12)))]  # wild runs side by side
         for words in word_filters(texts):
             triples, shortest = rng.choice(TRIPLES), rng.choice([3, 4, 13])
             got = ngrams._candidates_native(texts, native, triples, words, shortest)
@@ -308,7 +310,7 @@ def fuzz_against_chained(native, seed: int, rounds: int) -> None:
 
 
 def test_triple_loop_fuzzed_against_chained(native):
-    fuzz_against_chained(native, 44, 200)
+    fuzz_against_chained(native, 44, 400)
 
 
 def test_normal_forms_are_the_normalization_of_their_runs():

@@ -528,8 +528,9 @@ typedef struct Runs {
     int64_t *start, *end;
     uint64_t *slot;
     signed char *may;          /* per triple: 1 may be, 0 not, -1 not read yet (its slot's bit) */
-    unsigned char *wild;       /* per run: 0 plain, 1 wild, 2 wild and decided unlinked (normal_run: no word of
-                                  it a member; a break, as run_candidates' unlinked wild run: no triple with it) */
+    unsigned char *wild;       /* per run: 0 plain, 1 wild (its segment run_candidates'), or decided (normal_run):
+                                  2 unlinked (no word of it a member: a break, no triple with it may be), 4 linked
+                                  with one word (a word whose triples all may be: a plain run's place in a block) */
     Py_ssize_t cap;
 } Runs;
 
@@ -568,14 +569,16 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         const int rhigh = ascii ? 0 : (HIGH) != 0;                                                             \
         uint64_t rprefix = 0;                                                                                   \
         if (m >= r->cap && runs_room(r, m + 1)) return -1;                                                      \
-        unsigned rwild = (unsigned)rhigh; /* 1 wild, 2 wild and unlinked (decided here: a break) */              \
+        unsigned rwild = (unsigned)rhigh; /* Runs' wild: 1 left to run_candidates, 2 or 4 decided here */         \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
                 if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) return 1;                         \
             }                                                                                                   \
             int rlinked = 1;                                                                                    \
             Py_ssize_t rwords = 0;                                                                              \
-            if (c->forms && normal_run(p, rs, re, c, &rlinked, &rwords) && !rlinked) rwild = 2;                 \
+            if (c->forms && normal_run(p, rs, re, c, &rlinked, &rwords) && (!rlinked || rwords == 1))           \
+                rwild = rlinked ? 4 : 2;                                                                        \
+            if (rwild == 4 && m && r->wild[m - 1] == 2) rwild = 1; /* (_chained links the two: its segment) */  \
         } else {                                                                                                \
             const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
             const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
@@ -608,14 +611,14 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         if (q_ < tri && may[q_] < 0) PREFETCH(filter + (slot[q_] >> 3));                                        \
     } while (0)
 /* pair i, i + 1 of plain runs in no triple that may be: a wild segment's bound */
-#define CUT(i) (wild[i] != 1 && wild[(i) + 1] != 1 && !MAYZ((i) - 1) && !MAYZ(i))
+#define CUT(i) (!(wild[i] & 1) && !(wild[(i) + 1] & 1) && !MAYZ((i) - 1) && !MAYZ(i))
     /* the chains (blocks of `need` triples or more) and the wild segments (runs first..last), in text order */
     Py_ssize_t j = 0, w = 0, sf = -1, sl = -1, k = -1, e = -1;
     int want_seg = 1, want_block = 1;
     for (;;) {
         if (want_seg) {  /* the next wild run's segment: back and on to the nearest bounds */
             want_seg = 0;
-            while (w < m && wild[w] != 1) w++;
+            while (w < m && !(wild[w] & 1)) w++;
             sf = sl = -1;
             if (w < m) {
                 sf = sl = w;
@@ -1039,9 +1042,9 @@ PyDoc_STRVAR(triple_candidates_doc,
 "1 << (64 - shift) of them, little-endian in each byte; a triple's slot its hash >> shift), `shortest` >= 3:\n"
 "the spans of its chains of plain runs and of its pieces with wild runs, as candidates() gives them.\n\n"
 "triple_candidates(texts, filter, shift, shortest, forms, pool, word_filter, word_shift) -> (joined, spans,\n"
-"forced, missing): the same, each wild run whose characters all have a normal form and none of whose words is\n"
-"in the word filter (nor a small sigma: run_candidates' unlinked wild run) decided in the loop, a break between\n"
-"chains (no piece of kind 2 for it); the other wild runs as before. `missing` as candidates() gives it.");
+"forced, missing): the same, each wild run whose characters all have a normal form decided in the loop when\n"
+"none of its words is in the word filter (nor a small sigma: a break between chains) or it has one word and is\n"
+"linked (a word whose triples all may be); no piece of kind 2 for those. `missing` as candidates() gives it.");
 
 static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     PyObject *arg, *filter_arg;
