@@ -18,6 +18,9 @@ decontamination adds, less at the mercy of the machine's load than wall time), t
 process tree (polled every 50 ms), and the documents and tokens the benchmarks took (index.json). The load
 average is printed beside them.
 
+One run at a time over bench/work/decontam (bench/worklock.py): a second waits, as every worktree shares
+bench/work.
+
 With --warm-sets, every run has a token cache of its own, fresh (so that it still tokenizes every unit, and
 fills the cache as any run with one does, the run without included), holding only the built benchmark set of
 its recipe: a run of each recipe first fills a cache, whose entries but the set's are then removed, and each
@@ -47,6 +50,9 @@ from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worklock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "bench" / "work" / "corpus"
@@ -239,6 +245,7 @@ def main() -> None:
     parser.add_argument("--code", type=Path, help="a folder holding the tokmix package to run (default: this one)")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    lock = worklock.hold(WORK, "decontam")  # noqa: F841 (its out-* folders and caches are every worktree's)
     items_file = WORK / f"synthetic-words-{args.items}.jsonl"
     if not items_file.exists():
         big_set(items_file, args.items)

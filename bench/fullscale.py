@@ -37,7 +37,6 @@ end the removal of the intermediates (the disk column shows them still there whi
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -58,6 +57,7 @@ else:  # pragma: no cover
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import compare_reference as cr  # noqa: E402  (the reference harness, the tree sampler, the tokenizer)
+import worklock  # noqa: E402
 
 WORK = HERE / "work" / "fullscale"
 RECIPE = HERE.parent / "recipes" / "gpt-u-20m.toml"
@@ -262,12 +262,7 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     # one run at a time over WORK (its runs/tokmix, token cache and results are shared by every worktree linking
     # bench/work): a second waits for the first instead of deleting its output under it
-    lock = (WORK / "fullscale.lock").open("w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"waiting for another bench/fullscale.py run over {WORK} ...", flush=True)
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = worklock.hold(WORK, "fullscale")  # noqa: F841 (held until the process exits)
     recipe = tomllib.loads(RECIPE.read_text())
     split = build_corpus(args.corpus.resolve(), recipe)
     base_streams = {n: (s["domain"], s["share"], str((args.corpus / FOLDER[n]).resolve()))
