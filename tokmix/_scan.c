@@ -976,21 +976,54 @@ done:
     return result;
 }
 
+/* candidates() / triple_candidates() (`name`) given the normal forms, their pool and a word filter: each buffer
+ * taken (the caller releases them, taken or not) and set in `c`; 0, or -1 with the exception set. */
+static int take_forms(Chains *c, const char *name, PyObject *forms_arg, PyObject *pool_arg, PyObject *words_arg,
+                      int word_shift, Py_buffer *forms, Py_buffer *pool, Py_buffer *words) {
+    if (!pool_arg || !words_arg) {
+        PyErr_Format(PyExc_TypeError, "%s() takes the normal forms, their pool and a word filter together", name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(forms_arg, forms, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(pool_arg, pool, PyBUF_SIMPLE) < 0 ||
+        PyObject_GetBuffer(words_arg, words, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (forms->len % 4 || forms->len / 4 > (Py_ssize_t)FORMS_BLOCKS * FORMS_BLOCK ||
+        word_shift < 4 || word_shift > 61 || words->len != ((Py_ssize_t)1 << (61 - word_shift))) {
+        PyErr_Format(PyExc_ValueError, "%s(): the normal forms or the word filter's size do not agree", name);
+        return -1;
+    }
+    c->forms = forms->buf;
+    c->forms_end = forms->len / 4;
+    c->pool = pool->buf;
+    c->pool_len = pool->len;
+    c->word_filter = words->buf;
+    c->word_shift = word_shift;
+    return 0;
+}
+
+/* chains_of's (joined, spans, forced) with the blocks the loop met and not built (a bit each) as a fourth: a new
+ * reference for `result`, which it takes; NULL with the exception set. */
+static PyObject *with_missing(PyObject *result, const Chains *c) {
+    if (!result) return NULL;
+    PyObject *missing = PyBytes_FromStringAndSize((const char *)c->missing, sizeof c->missing);
+    PyObject *four = missing ? PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
+                                            PyTuple_GET_ITEM(result, 2), missing) : NULL;
+    Py_XDECREF(missing);
+    Py_DECREF(result);
+    return four;
+}
+
 static PyObject *candidates(PyObject *self, PyObject *args) {
     PyObject *arg, *table_arg, *forms_arg = NULL, *pool_arg = NULL, *filter_arg = NULL;
     int bits, word_shift = 0;
     Py_ssize_t shortest;
     Py_buffer table = {0}, forms = {0}, pool = {0}, filter = {0};
-    PyObject *result = NULL, *missing = NULL;
+    PyObject *result = NULL;
     if (!PyArg_ParseTuple(args, "OOin|OOOi", &arg, &table_arg, &bits, &shortest, &forms_arg, &pool_arg,
                           &filter_arg, &word_shift))
         return NULL;
     if (!PyList_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "candidates() takes a list of str");
-        return NULL;
-    }
-    if (forms_arg && (!pool_arg || !filter_arg)) {
-        PyErr_SetString(PyExc_TypeError, "candidates() takes the normal forms, their pool and a word filter together");
         return NULL;
     }
     if (PyObject_GetBuffer(table_arg, &table, PyBUF_SIMPLE) < 0) return NULL;
@@ -1004,31 +1037,11 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
     c.bits = bits;
     c.shortest = shortest;
     c.merge_gap = MERGE_GAP;
-    if (forms_arg) {
-        if (PyObject_GetBuffer(forms_arg, &forms, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(pool_arg, &pool, PyBUF_SIMPLE) < 0 ||
-            PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0)
-            goto done;
-        if (forms.len % 4 || forms.len / 4 > (Py_ssize_t)FORMS_BLOCKS * FORMS_BLOCK ||
-            word_shift < 4 || word_shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - word_shift))) {
-            PyErr_SetString(PyExc_ValueError, "candidates(): the normal forms or the word filter's size do not agree");
-            goto done;
-        }
-        c.forms = forms.buf;
-        c.forms_end = forms.len / 4;
-        c.pool = pool.buf;
-        c.pool_len = pool.len;
-        c.word_filter = filter.buf;
-        c.word_shift = word_shift;
-    }
+    if (forms_arg && take_forms(&c, "candidates", forms_arg, pool_arg, filter_arg, word_shift, &forms, &pool, &filter))
+        goto done;
     result = chains_of(arg, &c, chain_text);
-    if (result && forms_arg) {  /* (joined, spans, forced, the blocks met and not built: a bit each) */
-        missing = PyBytes_FromStringAndSize((const char *)c.missing, sizeof c.missing);
-        PyObject *four = missing ? PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
-                                                PyTuple_GET_ITEM(result, 2), missing) : NULL;
-        Py_SETREF(result, four);
-    }
+    if (forms_arg) result = with_missing(result, &c);
 done:
-    Py_XDECREF(missing);
     PyBuffer_Release(&table);
     PyBuffer_Release(&forms);
     PyBuffer_Release(&pool);
@@ -1050,7 +1063,7 @@ static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     PyObject *arg, *filter_arg;
     int shift;
     Py_ssize_t shortest;
-    PyObject *forms_arg = NULL, *pool_arg = NULL, *words_arg = NULL, *result = NULL, *missing = NULL;
+    PyObject *forms_arg = NULL, *pool_arg = NULL, *words_arg = NULL, *result = NULL;
     int word_shift = 0;
     Py_buffer filter = {0}, forms = {0}, pool = {0}, words = {0};
     Chains c;
@@ -1068,11 +1081,6 @@ static PyObject *triple_candidates(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "triple_candidates(): shortest is less than 3");
         return NULL;
     }
-    if (forms_arg && (!pool_arg || !words_arg)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "triple_candidates() takes the normal forms, their pool and a word filter together");
-        return NULL;
-    }
     if (PyObject_GetBuffer(filter_arg, &filter, PyBUF_SIMPLE) < 0) return NULL;
     if (shift < 4 || shift > 61 || filter.len != ((Py_ssize_t)1 << (61 - shift))) {
         PyErr_SetString(PyExc_ValueError, "triple_candidates(): the filter's size is not 1 << (64 - shift) bits");
@@ -1083,32 +1091,12 @@ static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     c.shortest = shortest;
     c.merge_gap = TRIPLE_MERGE_GAP;
     c.runs = &runs;
-    if (forms_arg) {
-        if (PyObject_GetBuffer(forms_arg, &forms, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(pool_arg, &pool, PyBUF_SIMPLE) < 0 ||
-            PyObject_GetBuffer(words_arg, &words, PyBUF_SIMPLE) < 0)
-            goto done;
-        if (forms.len % 4 || forms.len / 4 > (Py_ssize_t)FORMS_BLOCKS * FORMS_BLOCK ||
-            word_shift < 4 || word_shift > 61 || words.len != ((Py_ssize_t)1 << (61 - word_shift))) {
-            PyErr_SetString(PyExc_ValueError,
-                            "triple_candidates(): the normal forms or the word filter's size do not agree");
-            goto done;
-        }
-        c.forms = forms.buf;
-        c.forms_end = forms.len / 4;
-        c.pool = pool.buf;
-        c.pool_len = pool.len;
-        c.word_filter = words.buf;
-        c.word_shift = word_shift;
-    }
+    if (forms_arg && take_forms(&c, "triple_candidates", forms_arg, pool_arg, words_arg, word_shift, &forms, &pool,
+                                &words))
+        goto done;
     result = chains_of(arg, &c, triple_text);
-    if (result && forms_arg) {  /* (joined, spans, forced, the blocks met and not built: a bit each) */
-        missing = PyBytes_FromStringAndSize((const char *)c.missing, sizeof c.missing);
-        PyObject *four = missing ? PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
-                                                PyTuple_GET_ITEM(result, 2), missing) : NULL;
-        Py_SETREF(result, four);
-    }
+    if (forms_arg) result = with_missing(result, &c);
 done:
-    Py_XDECREF(missing);
     PyMem_RawFree(runs.start);
     PyMem_RawFree(runs.end);
     PyMem_RawFree(runs.slot);
