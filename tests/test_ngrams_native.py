@@ -241,24 +241,33 @@ def test_wild_runs_normalized_in_the_loop_equal_numpy(native, monkeypatch):
     groups += [[script_text(rng) for _ in range(rng.randrange(1, 10))] for _ in range(80)]
     groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(20)]
     groups += [[long_text(rng) + script_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(15)]
+    decided = loop_equals_numpy(monkeypatch, rng, groups, TABLES[:3], [2, 3, 13])
+    assert decided > 100_000  # (most characters of planes 0 and 1 are context-free)
+
+
+def loop_equals_numpy(monkeypatch, rng: random.Random, groups: list[list[str]], filters: list,
+                      lengths: list[int]) -> int:
+    """For each group, with two of `filters` (pair tables or triple filters), two of its word filters and two of
+    `lengths` as the shortest item: run_candidates' compiled loop deciding wild runs (a WordFilter) gives what it
+    gives with every wild run left to _chained (a plain callable) and what numpy gives (TOKMIX_NATIVE=0); the
+    forms empty at first, then whole. Returns the code points the forms held decided, summed over the two."""
     monkeypatch.setattr(ngrams, "_forms", (np.zeros(ngrams.FORMS_END, np.uint32), b""))
     decided = 0
     for whole in (False, True):
         if whole:
             ngrams.add_normal_forms(list(range(ngrams.FORMS_END // ngrams.FORMS_BLOCK)))
         for texts in groups:
-            for table in rng.sample(TABLES[:3], 2):
+            for pairs in rng.sample(filters, 2):
                 for words in rng.sample(word_filters(texts), 2):
-                    for shortest in rng.sample([2, 3, 13], 2):
+                    for shortest in rng.sample(lengths, 2):
                         monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
-                        got = ngrams.run_candidates(texts, table, words, shortest)
-                        before = ngrams.run_candidates(texts, table, words.__call__, shortest)
+                        got = ngrams.run_candidates(texts, pairs, words, shortest)
+                        before = ngrams.run_candidates(texts, pairs, words.__call__, shortest)
                         monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
-                        want = ngrams.run_candidates(texts, table, words, shortest)
-                        assert got == want == before, (texts, table.bits, shortest)
-        entries = ngrams.normal_forms()[0]
-        decided += int((entries > 1).sum())
-    assert decided > 100_000  # (most characters of planes 0 and 1 are context-free)
+                        want = ngrams.run_candidates(texts, pairs, words, shortest)
+                        assert got == want == before, (texts, getattr(pairs, "shift", pairs.bits), shortest)
+        decided += int((ngrams.normal_forms()[0] > 1).sum())
+    return decided
 
 
 def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
@@ -277,20 +286,7 @@ def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
     groups += [[script_text(rng) for _ in range(rng.randrange(1, 10))] for _ in range(60)]
     groups += [[fuzzed_text(rng) for _ in range(rng.randrange(1, 12))] for _ in range(20)]
     groups += [[long_text(rng) + script_text(rng) for _ in range(rng.randrange(1, 6))] for _ in range(15)]
-    monkeypatch.setattr(ngrams, "_forms", (np.zeros(ngrams.FORMS_END, np.uint32), b""))
-    for whole in (False, True):
-        if whole:
-            ngrams.add_normal_forms(list(range(ngrams.FORMS_END // ngrams.FORMS_BLOCK)))
-        for texts in groups:
-            for triples in rng.sample(TRIPLES, 2):
-                for words in rng.sample(word_filters(texts), 2):
-                    for shortest in rng.sample([3, 5, 13], 2):
-                        monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
-                        got = ngrams.run_candidates(texts, triples, words, shortest)
-                        before = ngrams.run_candidates(texts, triples, words.__call__, shortest)
-                        monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
-                        want = ngrams.run_candidates(texts, triples, words, shortest)
-                        assert got == want == before, (texts, triples.shift, shortest)
+    loop_equals_numpy(monkeypatch, rng, groups, TRIPLES, [3, 5, 13])
     with pytest.raises(ValueError):  # a word filter of another size than its shift says
         native.triple_candidates(["a b c"], TRIPLES[0].bits, TRIPLES[0].shift, 3, *ngrams.normal_forms(),
                                  np.zeros(100, np.uint8), 48)
