@@ -496,6 +496,8 @@ def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter
     run's NFKC and lowercase are their forms end to end), its words hashed and tested as _wild_words tests them,
     and links it as _chained links it; only the segments around the other wild runs (combining marks, characters
     that compose with the one before, a capital sigma, CJK beyond plane 1, a block not built yet) are _chained's.
+    With a triple filter and a WordFilter, the loop decides such a wild run only when none of its words is a
+    member (a break between chains) or it is one linked word (its triples all may be); the rest are _chained's.
     The same pieces either way (tests/test_ngrams_native.py)."""
     if isinstance(member, WordFilter):  # most wild runs normalized in the loop
         for _ in range(2):  # the blocks met and not built yet, built and the loop run again once (cheaper
