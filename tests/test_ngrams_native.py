@@ -272,11 +272,10 @@ def loop_equals_numpy(monkeypatch, rng: random.Random, groups: list[list[str]], 
 
 def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
     """run_candidates with a triple filter and a WordFilter: the compiled loop (triple_candidates) decides the wild
-    runs whose characters all have a context-free normal form and none of whose words is a member (a break between
-    chains); the kept texts and pieces are numpy's exactly (TOKMIX_NATIVE=0) and the loop's with every wild run
-    left to _chained (a plain callable), for texts of many scripts (combining marks, capital sigma, characters
-    past plane 1), the fuzzed and long texts, phrases of a dense filter around wild runs; the forms empty at first
-    and whole."""
+    runs whose characters all have a context-free normal form and finds the chains around them; the kept texts
+    and pieces are numpy's exactly (TOKMIX_NATIVE=0) and the loop's with every wild run left to _chained (a plain
+    callable), for texts of many scripts (combining marks, capital sigma, characters past plane 1), the fuzzed and
+    long texts, phrases of a dense filter around wild runs; the forms empty at first and whole."""
     rng = random.Random(43)
     groups = [[], [""], ["a b c"], ["\u00e9"], ["caf\u00e9 na\u00efve r\u00e9sum\u00e9 " * 12],
               ["x y z " * 30 + "\u00e9\u0301 " + "x y z " * 30], ["x y z " * 30 + "\u03a3\u03b1 " + "x y z " * 30],
@@ -293,16 +292,26 @@ def test_wild_runs_decided_in_the_triple_loop_equal_numpy(native, monkeypatch):
 
 
 def fuzz_against_chained(native, seed: int, rounds: int) -> None:
-    """_candidates_native with a triple filter and a WordFilter against _chained itself, on script texts."""
+    """_candidates_native with a triple filter and a WordFilter against _chained itself, on script texts and wild
+    runs side by side: of no word, one, two, 7 and 14 (a chain of its own), after an unlinked one, beside runs left
+    to _chained (a combining mark, a capital sigma). A text of context-free runs alone leaves no piece to _chained
+    (triple_candidates decides all its wild runs)."""
     rng = random.Random(seed)
-    few = ["a", "b", "c", "\u00e9", "x\u00e9", "\u00e9\u2014\u00e9", "\u2014", "\u00e9y", "e\u0301", "\u03a3"]
+    free = ["a", "b", "c", "\u00e9", "x\u00e9", "\u00e9\u2014\u00e9", "\u2014", "\u00e9y", "don\u2019t",
+            "\u00e9\u2014" * 7, "\u2014\u00e9" * 14]
+    few = [*free, "e\u0301", "\u03a3"]
+    ngrams.add_normal_forms([0])  # (all blocks below FORMS_FIRST, the first time: free's)
     for _ in range(rounds):
         texts = [script_text(rng) + rng.choice(["", " one two three four five"]) for _ in range(rng.randrange(1, 8))]
-        texts += [" ".join(rng.choice(few) for _ in range(rng.randrange(1, 12)))]  # wild runs side by side
+        side = " ".join(rng.choice(free) for _ in range(rng.randrange(1, 12)))  # wild runs side by side
+        texts += [" ".join(rng.choice(few) for _ in range(rng.randrange(1, 12))), side]
         for words in word_filters(texts):
             triples, shortest = rng.choice(TRIPLES), rng.choice([3, 4, 13])
             got = ngrams._candidates_native(texts, native, triples, words, shortest)
             assert got == ngrams._chained(texts, triples, words, shortest), (texts, triples.shift, shortest)
+            spans = native.triple_candidates([side], triples.bits, triples.shift, shortest, *ngrams.normal_forms(),
+                                             words.bits, words.shift)[1]
+            assert 2 not in np.frombuffer(spans, np.int64)[1::4].tolist(), (side, triples.shift, shortest)
 
 
 def test_triple_loop_fuzzed_against_chained(native):

@@ -506,7 +506,12 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
  * runs), kept with shortest - 2 triples or more. A pair of plain runs in no triple that may be is linked by
  * nothing: a wild run's segment reaches back and on to the nearest such pairs, and is a piece for
  * run_candidates (its bounds are unlinked pairs for run_candidates too, so its chains are the text's chains
- * there), merged as with a pair table; a block inside it is run_candidates' too.
+ * there), merged as with a pair table; a block inside it is run_candidates' too. With the normal forms and a word
+ * filter, a wild run decided here (normal_run) is unlinked (a break) or linked, and a linked one of one word after
+ * no unlinked one is a plain run whose triples all may be, in the blocks; the segment around the other linked ones
+ * (no word, many, or after an unlinked one, which _chained links to it) has its chains found here as _chained
+ * finds them (exact_chains: they never cross its bounds either), unless a wild run of it is left to
+ * run_candidates.
  *
  * The filter is far larger than the caches (32 MiB for the 100k set): a read of it is a miss, so a text's runs
  * come first (bounds, wild, each triple's slot) and the bits are read only where they decide something: a block
@@ -530,7 +535,10 @@ typedef struct Runs {
     signed char *may;          /* per triple: 1 may be, 0 not, -1 not read yet (its slot's bit) */
     unsigned char *wild;       /* per run: 0 plain, 1 wild (its segment run_candidates'), or decided (normal_run):
                                   2 unlinked (no word of it a member: a break, no triple with it may be), 4 linked
-                                  with one word (a word whose triples all may be: a plain run's place in a block) */
+                                  with one word (a word whose triples all may be: a plain run's place in a block),
+                                  8 linked otherwise (no word, two or more, or just after an unlinked one: its
+                                  segment's chains found here as _chained finds them, exact_chains) */
+    int64_t *words;            /* per run: its words as _chains counts them (plain 1, unlinked 0, linked its own) */
     Py_ssize_t cap;
 } Runs;
 
@@ -548,8 +556,57 @@ static int runs_room(Runs *r, Py_ssize_t need) {
     if (m) r->may = m;
     unsigned char *w = PyMem_RawRealloc(r->wild, cap);
     if (w) r->wild = w;
-    if (!s || !e || !l || !m || !w) return -1;
+    int64_t *n = PyMem_RawRealloc(r->words, cap * sizeof(int64_t));
+    if (n) r->words = n;
+    if (!s || !e || !l || !m || !w || !n) return -1;
     r->cap = cap;
+    return 0;
+}
+
+/* whether triple j (runs j to j + 2, j < m - 2) may be, as _chained's triples say: always with a linked wild run
+ * (or one left to run_candidates), else its slot's bit; with an unlinked one and no linked one, not (may's 0:
+ * _chained reads the bit of the wild run's raw head there, which can only link two plain runs into a chain of two
+ * words, never kept) */
+static inline int triple_may(Runs *r, const unsigned char *filter, Py_ssize_t j) {
+    if ((r->wild[j] | r->wild[j + 1] | r->wild[j + 2]) & 13) return 1;
+    if (r->may[j] < 0) r->may[j] = (filter[r->slot[j] >> 3] >> (r->slot[j] & 7)) & 1;
+    return r->may[j];
+}
+
+/* whether runs i and i + 1 (i < m - 1) are linked, as _chained links them: by the second's decision if it is wild,
+ * else by the first's if that is, else when they are two of a triple that may be */
+static inline int runs_linked(Runs *r, const unsigned char *filter, Py_ssize_t m, Py_ssize_t i) {
+    if (r->wild[i + 1]) return r->wild[i + 1] != 2;
+    if (r->wild[i]) return r->wild[i] != 2;
+    return (i >= 1 && triple_may(r, filter, i - 1)) || (i + 2 < m && triple_may(r, filter, i));
+}
+
+/* The chains of runs sf..sl of a text's m runs into c->spans (kind `exact`), as _chained's _chains finds them: a
+ * segment whose wild runs are all decided (2, 4, 8), no chain through its bounds. A chain is a maximal sequence of
+ * linked pairs, cut at the middle run of three that may not be (the run in both chains), kept with `shortest`
+ * words or more (Runs' words; an unlinked run is in a chain only as its first, before a linked wild run, and adds
+ * none); a linked wild run in no chain is a chain of its own words. */
+static __attribute__((noinline)) int exact_chains(Runs *r, Py_ssize_t m, Py_ssize_t sf, Py_ssize_t sl, Chains *c) {
+    const unsigned char *filter = c->filter;
+    for (Py_ssize_t j = sf > 0 ? sf - 1 : 0; j < sl && j + 2 < m; j++) {
+        if (r->may[j] < 0) PREFETCH(filter + (r->slot[j] >> 3));
+    }
+    Py_ssize_t i = sf;
+    while (i <= sl) {
+        if (i < sl && runs_linked(r, filter, m, i)) {
+            Py_ssize_t last = i + 1, words = r->words[i] + r->words[i + 1];
+            int on;  /* the pair after the chain's last is linked */
+            while ((on = last < sl && runs_linked(r, filter, m, last)) && triple_may(r, filter, last - 1))
+                words += r->words[++last];
+            if (words >= c->shortest && push4(&c->spans, c->text, c->exact, r->start[i], r->end[last])) return -1;
+            i = on ? last : last + 1;
+        } else {
+            if (r->wild[i] == 8 && r->words[i] >= c->shortest &&
+                push4(&c->spans, c->text, c->exact, r->start[i], r->end[i]))
+                return -1;
+            i++;
+        }
+    }
     return 0;
 }
 
@@ -569,16 +626,15 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         const int rhigh = ascii ? 0 : (HIGH) != 0;                                                             \
         uint64_t rprefix = 0;                                                                                   \
         if (m >= r->cap && runs_room(r, m + 1)) return -1;                                                      \
-        unsigned rwild = (unsigned)rhigh; /* Runs' wild: 1 left to run_candidates, 2 or 4 decided here */         \
+        unsigned rwild = (unsigned)rhigh; /* Runs' wild: 1 left to run_candidates, 2, 4 or 8 decided here */      \
+        Py_ssize_t rwords = 1;                                                                                  \
         if (rhigh) {                                                                                            \
             for (Py_ssize_t ri = rs; ri + 2 < re; ri++) {                                                      \
                 if (p[ri] == 0xEE && p[ri + 1] == 0x80 && p[ri + 2] == 0x80) return 1;                         \
             }                                                                                                   \
             int rlinked = 1;                                                                                    \
-            Py_ssize_t rwords = 0;                                                                              \
-            if (c->forms && normal_run(p, rs, re, c, &rlinked, &rwords) && (!rlinked || rwords == 1))           \
-                rwild = rlinked ? 4 : 2;                                                                        \
-            if (rwild == 4 && m && r->wild[m - 1] == 2) rwild = 1; /* (_chained links the two: its segment) */  \
+            if (c->forms && normal_run(p, rs, re, c, &rlinked, &rwords))                                        \
+                rwild = !rlinked ? 2 : rwords == 1 && !(m && r->wild[m - 1] == 2) ? 4 : 8;                     \
         } else {                                                                                                \
             const Py_ssize_t rn = re - rs, rk = rn < 8 ? rn : 8;                                               \
             const uint64_t rhead = rs + 8 <= b + 1 ? load_le(p + rs, 8) : load_le(p + rs, rk);                 \
@@ -587,6 +643,7 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         r->start[m] = rs;                                                                                       \
         r->end[m] = re;                                                                                         \
         r->wild[m] = (unsigned char)rwild;                                                                      \
+        r->words[m] = rwords;                                                                                   \
         if (m >= 2) {                                                                                           \
             const Py_ssize_t j = m - 2;                                                                         \
             const unsigned rany = r->wild[j] | r->wild[j + 1] | rwild;                                          \
@@ -611,20 +668,22 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         if (q_ < tri && may[q_] < 0) PREFETCH(filter + (slot[q_] >> 3));                                        \
     } while (0)
 /* pair i, i + 1 of plain runs in no triple that may be: a wild segment's bound */
-#define CUT(i) (!(wild[i] & 1) && !(wild[(i) + 1] & 1) && !MAYZ((i) - 1) && !MAYZ(i))
+#define CUT(i) (!(wild[i] & 9) && !(wild[(i) + 1] & 9) && !MAYZ((i) - 1) && !MAYZ(i))
     /* the chains (blocks of `need` triples or more) and the wild segments (runs first..last), in text order */
     Py_ssize_t j = 0, w = 0, sf = -1, sl = -1, k = -1, e = -1;
-    int want_seg = 1, want_block = 1;
+    int want_seg = 1, want_block = 1, seg_left = 0;
     for (;;) {
         if (want_seg) {  /* the next wild run's segment: back and on to the nearest bounds */
             want_seg = 0;
-            while (w < m && !(wild[w] & 1)) w++;
+            while (w < m && !(wild[w] & 9)) w++;
             sf = sl = -1;
             if (w < m) {
                 sf = sl = w;
                 while (sf > 0 && !CUT(sf - 1)) sf--;
                 while (sl + 1 < m && !CUT(sl)) sl++;
                 w = sl + 1;
+                seg_left = 0;  /* a run of it left to run_candidates: the segment is its, else its chains found here */
+                for (Py_ssize_t q = sf; q <= sl && !seg_left; q++) seg_left = wild[q] & 1;
             }
         }
         if (want_block) {  /* the next block of `need` triples that may be, from triple j on (j == 0, or j - 1 not) */
@@ -653,15 +712,19 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
                 break;
             }
         }
-        if (k >= 0 && sf >= 0 && k >= sf && k <= sl) {  /* a block inside the wild segment: run_candidates' */
+        if (k >= 0 && sf >= 0 && k >= sf && k <= sl) {  /* a block inside the wild segment: found with it */
             want_block = 1;
             continue;
         }
         if (sf >= 0 && (k < 0 || sf < k)) {
-            c->seg_start = r->start[sf];
-            c->last_end = r->end[sl];
-            c->seg_wild = 1;
-            if (close_segment(c)) return -1;
+            if (seg_left) {
+                c->seg_start = r->start[sf];
+                c->last_end = r->end[sl];
+                c->seg_wild = 1;
+                if (close_segment(c)) return -1;
+            } else if (exact_chains(r, m, sf, sl, c)) {
+                return -1;
+            }
             want_seg = 1;
             continue;
         }
@@ -1055,9 +1118,9 @@ PyDoc_STRVAR(triple_candidates_doc,
 "1 << (64 - shift) of them, little-endian in each byte; a triple's slot its hash >> shift), `shortest` >= 3:\n"
 "the spans of its chains of plain runs and of its pieces with wild runs, as candidates() gives them.\n\n"
 "triple_candidates(texts, filter, shift, shortest, forms, pool, word_filter, word_shift) -> (joined, spans,\n"
-"forced, missing): the same, each wild run whose characters all have a normal form decided in the loop when\n"
-"none of its words is in the word filter (nor a small sigma: a break between chains) or it has one word and is\n"
-"linked (a word whose triples all may be); no piece of kind 2 for those. `missing` as candidates() gives it.");
+"forced, missing): the same, each wild run whose characters all have a normal form decided in the loop as\n"
+"candidates() decides it (its words tested against the word filter) and its chains found as run_candidates\n"
+"finds them: a piece of kind 2 only around the others. `missing` as candidates() gives it.");
 
 static PyObject *triple_candidates(PyObject *self, PyObject *args) {
     PyObject *arg, *filter_arg;
@@ -1102,6 +1165,7 @@ done:
     PyMem_RawFree(runs.slot);
     PyMem_RawFree(runs.may);
     PyMem_RawFree(runs.wild);
+    PyMem_RawFree(runs.words);
     PyBuffer_Release(&filter);
     PyBuffer_Release(&forms);
     PyBuffer_Release(&pool);

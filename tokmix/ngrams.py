@@ -287,8 +287,8 @@ class TripleFilter:
 @dataclass(frozen=True)
 class WordFilter:
     """A bit filter of word hashes as run_candidates' `member`: `bits`, uint8, a bit per slot, little-endian in
-    each byte; a hash's slot, its value >> `shift`. Called on hashes, whether each one's slot is set. With a pair
-    table, tokmix._scan's loop tests it itself and so normalizes most wild runs there (normal_forms)."""
+    each byte; a hash's slot, its value >> `shift`. Called on hashes, whether each one's slot is set. tokmix._scan's
+    loop (a pair table's or a triple filter's) tests it itself and so normalizes most wild runs there (normal_forms)."""
 
     bits: np.ndarray
     shift: int
@@ -496,9 +496,9 @@ def _candidates_native(texts: list[str], native, table: PairTable | TripleFilter
     run's NFKC and lowercase are their forms end to end), its words hashed and tested as _wild_words tests them,
     and links it as _chained links it; only the segments around the other wild runs (combining marks, characters
     that compose with the one before, a capital sigma, CJK beyond plane 1, a block not built yet) are _chained's.
-    With a triple filter and a WordFilter, the loop decides such a wild run only when none of its words is a
-    member (a break between chains) or it is one linked word (its triples all may be); the rest are _chained's.
-    The same pieces either way (tests/test_ngrams_native.py)."""
+    With a triple filter and a WordFilter, the loop decides the same wild runs and finds the chains around them
+    as _chained's _chains finds them (a run's words counted, the triples with a linked one all may be); the
+    segments around the others are _chained's. The same pieces either way (tests/test_ngrams_native.py)."""
     if isinstance(member, WordFilter):  # most wild runs normalized in the loop
         for _ in range(2):  # the blocks met and not built yet, built and the loop run again once (cheaper
             entries, pool = normal_forms()  # than _chained's numpy over their runs)
