@@ -289,7 +289,7 @@ def test_the_key_is_every_part_that_decides_a_units_bytes(tmp_path):
     key = unit_key(**parts)
     changed = {"tokenizer": "u", "oracle": "tokenizers 2", "delimiters": {"prefix": [1], "suffix": []},
                "dtype": "<u4", "huge_doc_chars": 1 << 62, "provenance": False, "text_field": "content",
-               "unit_index": 1, "pieces": [[str(source), "parquet", 0, 2]], "decontamination": "holdout-exact",
+               "unit_index": 1, "pieces": [[str(source), "parquet", 0, 2]], "decontamination": "holdout-exact 2",
                "benchmarks": "ngrams"}
     assert all(unit_key(**{**parts, name: value}) != key for name, value in changed.items())
     os.utime(source, ns=(1, 1))  # rewritten in place at the same size: another file
@@ -298,7 +298,7 @@ def test_the_key_is_every_part_that_decides_a_units_bytes(tmp_path):
     # a stream's holdout documents: the run's parts that decide their ids and what is kept of them, and its
     # holdout files; not where a huge document is cut nor the benchmarks (the holdout stage does neither)
     base = dict(tokenizer="t", oracle="tokenizers 1", delimiters={"prefix": [0], "suffix": []}, dtype="<u2",
-                huge_doc_chars=1 << 22, provenance=True, decontamination="holdout-exact", benchmarks=None)
+                huge_doc_chars=1 << 22, provenance=True, decontamination="holdout-exact 2", benchmarks=None)
     files, identity = [str(source)], [source_identity(str(source), 10)]
     held = KeyBase(**base).holdout_key("text", files, identity)
     assert held != key

@@ -224,31 +224,41 @@ def test_holdout_copies_in_train_files_are_dropped_and_counted(corpus, tmp_path)
     for text in planted:
         ids, _ = encoder.encode_batch([text])
         assert bytes([0, 0]) + ids.astype("<u2").tobytes() not in train_tokens
-    # holdouts whose lengths files are gone are remade (the lengths decide which texts are hashed): the same result
+    # holdouts whose keys files are gone are remade (the keys decide which texts are hashed): the same result
     out, state = tmp_path / "out", tmp_path / "out/tokmix-state"
     first = outputs(out)
-    for path in [*state.glob("holdout*.lengths.npy"), state / "done.json", *out.glob("train_*.bin")]:
+    for path in [*state.glob("holdout*.keys.npy"), state / "done.json", *out.glob("train_*.bin")]:
         path.unlink()
     shutil.rmtree(out / "streams")
     again = tokmix.run(tokmix.load_recipe(root / "recipe.toml"), out, workers=2)
-    assert (state / "holdout.lengths.npy").exists() and list(state.glob("holdout_*.lengths.npy"))
+    assert (state / "holdout.keys.npy").exists() and list(state.glob("holdout_*.keys.npy"))
     assert again["decontamination"] == index["decontamination"]
     assert outputs(out) == first
 
 
-def test_only_texts_of_a_holdout_length_are_hashed_and_copies_are_found():
-    from tokmix.sources import HugeText, text_hashes
+def test_only_texts_of_a_holdout_key_are_hashed_and_copies_are_found():
+    from tokmix.provenance import text_crc32
+    from tokmix.sources import HugeText, text_hashes, text_keys
     from tokmix.stages.streams import holdout_copies
 
     held = ["the held out document", "ünïcødé held out 😀", ""]
-    hashes, lengths = np.unique(text_hashes(held)), np.unique([len(t) for t in held])
+    hashes, keys = np.unique(text_hashes(held)), np.unique(text_keys(held, text_crc32(held)))
     texts = ["the held out document", "the held out documenT", "a train document", "ünïcødé held out 😀",
-             HugeText(b"the held out document", "f", "s"), HugeText(b"other bytes", "f", "s"), ""]
-    want = [True, False, False, True, True, False, True]
-    assert holdout_copies(texts, hashes, lengths).tolist() == want
+             HugeText(b"the held out document", "f", "s"), HugeText("ünïcødé held out 😀".encode(), "f", "s"),
+             HugeText(b"other bytes", "f", "s"), ""]
+    want = [True, False, False, True, True, True, False, True]
+    assert holdout_copies(texts, hashes, keys).tolist() == want
     assert holdout_copies(texts, hashes, None).tolist() == want
-    assert holdout_copies(texts, hashes, np.array([3], np.int64)).tolist() == [False, False, False, False, True,
-                                                                                 False, False]
+    assert holdout_copies(texts, hashes, keys, text_keys(texts, text_crc32(texts))).tolist() == want
+    # a key is each text's characters (a HugeText's counted from its UTF-8) above the CRC-32 of its bytes
+    crcs = text_crc32(texts).astype(np.uint64)
+    chars = np.array([len(t) for t in [*texts[:4], texts[0], texts[3], "other bytes", ""]], np.uint64)
+    assert text_keys(texts, crcs).tolist() == ((chars << np.uint64(32)) | crcs).tolist()
+    # a key in common is only a reason to hash: a text whose key is a holdout document's is no copy unless its
+    # hash is one too
+    forged = np.unique(np.concatenate([keys, text_keys(["a train document"], text_crc32(["a train document"]))]))
+    assert holdout_copies(texts, hashes, forged).tolist() == want
+    assert holdout_copies(texts, hashes, keys[:1]).tolist() == [t == "" for t in texts]
 
 
 def test_cli_bad_input_is_one_line_and_debug_shows_the_traceback(corpus, tmp_path):

@@ -59,8 +59,9 @@ def unit_key(*, tokenizer: str, oracle: str, delimiters: dict, dtype: str, huge_
     blocks, seed, interleave, schedule and the output directory do not). `tokenizer`: the tokenizer file's
     sha256; `oracle`: the library whose ids are the tokenizer's and its version; `pieces`: the unit's cut
     (Unit.describe()); `sources`: each piece's file identity (source_identity); `unit_index`: the unit's place in
-    its stream (its places file names it); `decontamination`: the holdout documents' hashes and lengths files'
-    sha256 (None: off); `benchmarks`: the benchmark n-gram set's fingerprint (None: none)."""
+    its stream (its places file names it); `decontamination`: how the holdout documents' copies are dropped
+    (tokmix.stages.HOLDOUT_COPIES; None: they are not); `benchmarks`: the benchmark n-gram set's fingerprint
+    (None: none)."""
     parts = {"format": CACHE_FORMAT, "tokenizer": tokenizer, "oracle": oracle, "delimiters": delimiters,
              "dtype": dtype, "huge_doc_chars": huge_doc_chars, "provenance": provenance, "text_field": text_field,
              "unit_index": unit_index, "pieces": pieces, "sources": sources, "decontamination": decontamination,
@@ -94,7 +95,7 @@ class KeyBase:
         """The key of a stream's holdout documents (HOLDOUT entries): its holdout files in the split's order, each
         one's identity (source_identity), the text field, and of the run's parts those that decide the documents'
         ids and what is kept of them (tokenizer, oracle, delimiters, dtype, provenance: their places and text
-        checksums, decontamination: their texts' hashes and lengths). Not the shares, which decide only how many
+        checksums, decontamination: their texts' hashes and keys). Not the shares, which decide only how many
         of the documents a run reads (the entry is the prefix an earlier run read), nor the seed, which shuffles
         them into the holdout; not where a huge document is cut, nor the benchmarks: the holdout stage does
         neither."""

@@ -184,9 +184,9 @@ class Layout:
     contamination = _In("root", CONTAMINATION_NAME)
 
     def holdout_state(self, domain: str, kind: str) -> Path:
-        """What the holdout stage keeps of a domain: its documents' "hashes" and "lengths" (characters), and the
-        "record" of their checksums."""
-        suffix = {"hashes": "hashes.npy", "lengths": "lengths.npy", "record": "json"}[kind]
+        """What the holdout stage keeps of a domain: its documents' "hashes" and "keys" (tokmix.sources.text_keys),
+        and the "record" of their checksums."""
+        suffix = {"hashes": "hashes.npy", "keys": "keys.npy", "record": "json"}[kind]
         return self.state / f"holdout_{domain}.{suffix}"
 
     @property
@@ -257,8 +257,8 @@ class Layout:
             and not self.record.is_symlink()
 
     def holdout_copies(self, kind: str) -> Path:
-        """Every domain's holdout documents in one sorted array, "hashes" (of their texts) or "lengths" (in
-        characters): written by the holdout stage, read by the streams stage to drop exact copies."""
+        """Every domain's holdout documents in one sorted array, "hashes" (of their texts) or "keys"
+        (tokmix.sources.text_keys): written by the holdout stage, read by the streams stage to drop exact copies."""
         return self.state / f"holdout.{kind}.npy"
 
     def shard_record(self, shard_file: str) -> Path:

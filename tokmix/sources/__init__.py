@@ -20,11 +20,12 @@ from tokmix.sources.units import (  # noqa: E402
     plan_units,
     read_texts,
     text_hashes,
+    text_keys,
 )
 
 __all__ = [
     "HEAVY_ROW_GROUP_BYTES", "HugeText", "Piece", "Places", "SourceError", "Split", "Unit", "batches", "create_split",
     "document_ids",
     "expand", "file_kind", "file_size", "iter_file_texts", "load_or_create_split", "open_file", "parse_mirrors",
-    "plan_units", "read_texts", "remap", "stream_files", "text_hashes",
+    "plan_units", "read_texts", "remap", "stream_files", "text_hashes", "text_keys",
 ]

@@ -140,6 +140,16 @@ class HugeText:
     def utf8(self):
         return self.data
 
+    def chars(self) -> int:
+        """Its length in characters, as the str it holds would have: the bytes that start a character (any but
+        a UTF-8 continuation byte), counted a slice at a time."""
+        data = memoryview(self.data).cast("B")
+        return sum(int(np.count_nonzero((np.frombuffer(data[at:at + CHAR_SLICE], np.uint8) & 0xC0) != 0x80))
+                   for at in range(0, len(data), CHAR_SLICE))
+
+
+CHAR_SLICE = 16 << 20  # HugeText.chars's slices: a 200 MB document's count holds 16 MB of numpy at a time
+
 
 def bad(stream: str, path: str, where: str, what: str) -> SourceError:
     return SourceError(f"stream {stream}: file {path}: {where}: {what}")

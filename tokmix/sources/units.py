@@ -156,3 +156,12 @@ def text_hashes(texts: list[str]) -> np.ndarray:
     digests = b"".join(hashlib.blake2b(t.utf8() if isinstance(t, HugeText) else t.encode("utf-8"),
                                        digest_size=8).digest() for t in texts)
     return np.frombuffer(digests, dtype=np.uint64)
+
+
+def text_keys(texts: list, crcs: np.ndarray) -> np.ndarray:
+    """A 64-bit key of each document that its exact copies share: its length in characters (the low 32 bits of
+    it) above `crcs`, the CRC-32 of its UTF-8 bytes (tokmix.provenance.text_crc32; the reader gives them with
+    provenance, so the key costs no pass over the text, and computed they are ~3.6x cheaper than text_hashes).
+    Two texts with keys apart differ; a key in common is only a reason to compare their hashes."""
+    chars = np.fromiter((t.chars() if isinstance(t, HugeText) else len(t) for t in texts), np.uint64, len(texts))
+    return ((chars & np.uint64(0xFFFFFFFF)) << np.uint64(32)) | np.asarray(crcs).astype(np.uint64)

@@ -173,12 +173,18 @@ def cache_key_base(ctx: Context) -> KeyBase:
                     ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None)
 
 
+# the token cache key's part for runs that drop their holdout documents' copies: how they are found, and how a
+# cached unit records its kept documents for that check ("2": by their keys, tokmix.sources.text_keys, not every
+# document's hash). Another value makes those runs' older entries, units and holdout reads, a miss.
+HOLDOUT_COPIES = "holdout-exact 2"
+
+
 def key_base(recipe: Recipe, tokenizer_sha256: str, delimiters: Delimiters, dtype: np.dtype, huge_doc_chars: int,
              benchmark_fingerprint: str | None) -> KeyBase:
     """The key parts a recipe's units share, as a run (cache_key_base) and `tokmix plan` both build them."""
     return KeyBase(tokenizer=tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
                    delimiters=delimiters.to_index(), dtype=dtype.str, huge_doc_chars=huge_doc_chars,
                    provenance=recipe.layout.provenance,
-                   decontamination="holdout-exact" if recipe.holdout.decontaminate else None,
+                   decontamination=HOLDOUT_COPIES if recipe.holdout.decontaminate else None,
                    benchmarks=(f"{benchmark_fingerprint} {recipe.decontaminate.action}"
                                if benchmark_fingerprint is not None else None))

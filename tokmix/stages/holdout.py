@@ -22,7 +22,7 @@ from tokmix.format.records import HoldoutEntry, Index
 from tokmix.provenance import DOC_DTYPE, text_crc32
 from tokmix.recipe import Recipe
 from tokmix.shards import CHECKSUM, DamagedFile, Part, damage, read_json, write_bytes, write_record
-from tokmix.sources import Places, file_kind, file_size, iter_file_texts, stream_files, text_hashes
+from tokmix.sources import Places, file_kind, file_size, iter_file_texts, stream_files, text_hashes, text_keys
 from tokmix.stages import UNITS_IN_FLIGHT_PER_WORKER, Context, Window, cache_key_base, shared_encoder
 from tokmix.tokens import Delimiters, write_npy, write_tokens
 from tokmix.unit_files import LENGTHS, TOKENS
@@ -36,17 +36,17 @@ def hashes_path(ctx: Context, domain: str) -> Path:
     return ctx.layout.holdout_state(domain, "hashes")
 
 
-def lengths_path(ctx: Context, domain: str) -> Path:
-    return ctx.layout.holdout_state(domain, "lengths")
+def keys_path(ctx: Context, domain: str) -> Path:
+    return ctx.layout.holdout_state(domain, "keys")
 
 
 def record_path(ctx: Context, domain: str) -> Path:
-    """The checksums of the domain's hashes and lengths files (its val file's is in index.json)."""
+    """The checksums of the domain's hashes and keys files (its val file's is in index.json)."""
     return ctx.layout.holdout_state(domain, "record")
 
 
 def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None:
-    """Why a committed holdout cannot be used, or None: its val file, hashes and lengths must be the bytes whose
+    """Why a committed holdout cannot be used, or None: its val file, hashes and keys must be the bytes whose
     checksums were recorded (index.json, the domain's record)."""
     val = ctx.layout.val(domain)
     parts = [Part(val, entry.checksum, "index.json")]
@@ -60,19 +60,19 @@ def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None
         return f"its record {e.path.name}: {e.why}"
     if record is None:
         return f"{record_path(ctx, domain).name} is missing"
-    return damage([Part(path, record.get(path.name)) for path in (hashes_path(ctx, domain), lengths_path(ctx, domain))])
+    return damage([Part(path, record.get(path.name)) for path in (hashes_path(ctx, domain), keys_path(ctx, domain))])
 
 
-def _union(paths: list, dtype) -> np.ndarray:
+def _union(paths: list) -> np.ndarray:
     parts = [np.load(p) for p in paths]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype)
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
 
 def write_holdout_copies(ctx: Context) -> None:
-    """The hashes and the lengths of every holdout document of every domain, each merged into one sorted file
-    (Layout.holdout_copies) that the streams stage drops exact copies of holdout documents by."""
-    for kind, path_of, dtype in (("hashes", hashes_path, np.uint64), ("lengths", lengths_path, np.int64)):
-        write_npy(ctx.layout.holdout_copies(kind), _union([path_of(ctx, d) for d in ctx.recipe.domains], dtype))
+    """The hashes and the keys (text_keys) of every holdout document of every domain, each merged into one sorted
+    file (Layout.holdout_copies) that the streams stage drops exact copies of holdout documents by."""
+    for kind, path_of in (("hashes", hashes_path), ("keys", keys_path)):
+        write_npy(ctx.layout.holdout_copies(kind), _union([path_of(ctx, d) for d in ctx.recipe.domains]))
 
 
 def _located_texts(files: list[str], field: str, stream: str, mirrors):
@@ -84,13 +84,13 @@ def _located_texts(files: list[str], field: str, stream: str, mirrors):
 
 
 class Read(NamedTuple):
-    """What one stream's holdout files gave: documents as (stream, ids, origin), the hashes and lengths
-    (characters) of their texts, whether the files ran out (`complete`), and each text's UTF-8 size (what the
-    holdout's `bytes` count for a whole document: build_domain)."""
+    """What one stream's holdout files gave: documents as (stream, ids, origin), the hashes and keys (text_keys)
+    of their texts, whether the files ran out (`complete`), and each text's UTF-8 size (what the holdout's
+    `bytes` count for a whole document: build_domain)."""
 
     docs: list
     hashes: np.ndarray
-    chars: np.ndarray
+    keys: np.ndarray
     complete: bool
     utf8: np.ndarray
 
@@ -100,12 +100,12 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
                 provenance: bool = False, held: Read | None = None) -> Read:
     """Documents of one stream's holdout files, in file order, empty ones included (each its delimiters alone),
     up to and including the one that crosses `budget` tokens, as (stream, ids, origin): with `provenance`
-    origin is (file's position in `files`, place, CRC-32 of the text), else None; and the hashes and lengths
-    (characters) of their texts, or none without `decontaminate`. `held`: the first of those documents as an
+    origin is (file's position in `files`, place, CRC-32 of the text), else None; and the hashes and keys
+    (text_keys) of their texts, or none without `decontaminate`. `held`: the first of those documents as an
     earlier read gave them (a token cache entry's, _held): as many as the budget needs are taken from it,
     and the files are read again past them (not encoded) only when it falls short. (`tokmix plan` reads them
     too, to show what each stream gives.)"""
-    docs, hashes, chars, utf8, got = [], [], [], [], 0
+    docs, hashes, keys, utf8, got = [], [], [], [], 0
     field = recipe.streams[stream].text_field
     reader = _located_texts(files, field, stream, mirrors)
     if held is not None:
@@ -115,9 +115,9 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
         utf8 += held.utf8[:taken].tolist()
         if decontaminate:
             hashes.append(held.hashes[:taken])
-            chars += held.chars[:taken].tolist()
+            keys.append(held.keys[:taken])
         if got >= budget or held.complete:
-            return Read(docs, *_hashes_and_chars(hashes, chars), held.complete and taken == len(held.docs),
+            return Read(docs, *_hashes_and_keys(hashes, keys), held.complete and taken == len(held.docs),
                         np.array(utf8, np.int64))
         reader = itertools.islice(reader, taken, None)  # read again, not encoded
     complete = False
@@ -130,9 +130,10 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
         ids, lengths = encoder.encode_batch(batch)
         framed = delimiters.frame(ids, lengths, dtype)
         docs_ids = np.split(framed, np.cumsum(lengths + delimiters.per_document)[:-1])
-        crcs = text_crc32(batch).tolist() if provenance else None
+        crcs = text_crc32(batch) if provenance or decontaminate else None
+        checksums = crcs.tolist() if provenance else None
         for k, doc in enumerate(docs_ids):
-            docs.append((stream, doc, (*located[k][1], crcs[k]) if provenance else None))
+            docs.append((stream, doc, (*located[k][1], checksums[k]) if provenance else None))
             got += len(doc)
             if got >= budget:
                 batch = batch[: k + 1]
@@ -140,12 +141,12 @@ def read_stream(recipe: Recipe, encoder, stream: str, files: list[str], budget: 
         utf8 += [len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass")) for t in batch]
         if decontaminate:  # only decontamination reads them (hashing is a share of this stage worth sparing)
             hashes.append(text_hashes(batch))
-            chars += map(len, batch)
-    return Read(docs, *_hashes_and_chars(hashes, chars), complete, np.array(utf8, np.int64))
+            keys.append(text_keys(batch, crcs[:len(batch)]))
+    return Read(docs, *_hashes_and_keys(hashes, keys), complete, np.array(utf8, np.int64))
 
 
-def _hashes_and_chars(hashes: list, chars: list) -> tuple[np.ndarray, np.ndarray]:
-    return np.concatenate(hashes) if hashes else np.empty(0, np.uint64), np.array(chars, np.int64)
+def _hashes_and_keys(hashes: list, keys: list) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(np.concatenate(a) if a else np.empty(0, np.uint64) for a in (hashes, keys))
 
 
 def _documents_for(docs: list, budget: float) -> int:
@@ -227,12 +228,12 @@ def _tokens(read: Read) -> int:
 
 def _entry_files(read: Read, dtype: np.dtype) -> dict[str, bytes]:
     """A stream's holdout documents as the files of its cache entry: their tokens and lengths (named as a unit's
-    are) and, as the read has them, their texts' hashes and lengths (decontamination) and origins (provenance)."""
+    are) and, as the read has them, their texts' hashes and keys (decontamination) and origins (provenance)."""
     files = {TOKENS: np.concatenate([ids for _, ids, _ in read.docs]).astype(dtype, copy=False).tobytes(),
              LENGTHS: np.array([len(ids) for _, ids, _ in read.docs], np.int64).tobytes(),
              UTF8: read.utf8.astype(np.int64).tobytes()}
     if len(read.hashes) == len(read.docs):
-        files["hash"], files["chars"] = read.hashes.astype(np.uint64).tobytes(), read.chars.tobytes()
+        files["hash"], files["keys"] = read.hashes.astype(np.uint64).tobytes(), read.keys.tobytes()
     if read.docs[0][2] is not None:
         files["origin"] = np.array([origin for _, _, origin in read.docs], np.int64).tobytes()
     return files
@@ -252,20 +253,20 @@ def _held(found: tuple[dict, dict[str, bytes]] | None, stream: str, dtype: np.dt
         ids, lengths = np.frombuffer(files[TOKENS], dtype), np.frombuffer(files[LENGTHS], np.int64)
         utf8 = np.frombuffer(files[UTF8], np.int64)
         hashes = np.frombuffer(files.get("hash", b""), np.uint64)
-        chars = np.frombuffer(files.get("chars", b""), np.int64)
+        keys = np.frombuffer(files.get("keys", b""), np.uint64)
         origins = np.frombuffer(files["origin"], np.int64).reshape(-1, 3).tolist() if provenance else None
     except ValueError:  # a size that is no whole number of its items
         return None
     count = len(lengths)
     if (not int(lengths.sum()) == len(ids) == record["unit"]["tokens"] or count != record["unit"]["documents"]
             or len(utf8) != count or (count and int(utf8.min()) < 0)
-            or (decontaminate and not len(hashes) == len(chars) == count)
+            or (decontaminate and not len(hashes) == len(keys) == count)
             or (origins is not None and len(origins) != count)):
         return None
     ends = np.cumsum(lengths).tolist()
     docs = [(stream, ids[end - n:end], tuple(origins[i]) if origins is not None else None)
             for i, (n, end) in enumerate(zip(lengths.tolist(), ends))]
-    return Read(docs, hashes, chars, record["complete"], utf8)
+    return Read(docs, hashes, keys, record["complete"], utf8)
 
 
 def stream_reads(recipe: Recipe, domain: str) -> dict[str, float]:
@@ -300,14 +301,14 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
     recipe = ctx.recipe
     need = recipe.holdout.tokens + 1
     names = recipe.streams_of(domain)
-    docs, hashes, lengths, utf8, from_cache = [], [], [], [], {}
+    docs, hashes, keys, utf8, from_cache = [], [], [], [], {}
     for name in names:
         if isinstance(reads[name], Exception):
             raise reads[name]
         read, from_cache[name] = reads[name]
         docs += read.docs
         hashes.append(read.hashes)
-        lengths.append(read.chars)
+        keys.append(read.keys)
         utf8.append(read.utf8)
     numbered = [(name, ids, k) for k, (name, ids, _) in enumerate(docs)]  # shuffled as the documents would be
     chunks, by_stream, n = draw(numbered, names, need, recipe.seed)
@@ -330,7 +331,7 @@ def build_domain(ctx: Context, domain: str, reads: dict[str, tuple[Read, dict | 
         docs_entry = write_holdout_documents(ctx, domain, taken, sizes)
     spelled = SpelledBytes(tokens, sizes, [len(ids) for _, ids, _ in taken], np.concatenate(utf8)[order], byte_len,
                            ctx.delimiters)
-    digests = {lengths_path(ctx, domain).name: write_npy(lengths_path(ctx, domain), np.unique(np.concatenate(lengths))),
+    digests = {keys_path(ctx, domain).name: write_npy(keys_path(ctx, domain), np.unique(np.concatenate(keys))),
                hashes_path(ctx, domain).name: write_npy(hashes_path(ctx, domain), np.unique(np.concatenate(hashes)))}
     # with a token cache, what the reads took from it: index.json's cache entry gathers it (holdout_cache)
     write_record(record_path(ctx, domain), {**digests, **({"cache": from_cache} if ctx.cache is not None else {})})

@@ -28,7 +28,7 @@ from tokmix.faults import fault_point
 from tokmix.lock import RunWriter, writing
 from tokmix.provenance import UNIT_DOC_DTYPE, check_place, text_crc32
 from tokmix.shards import DamagedFile, read_json, write_record
-from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes
+from tokmix.sources import HugeText, Places, Unit, batches, plan_units, read_texts, stream_files, text_hashes, text_keys
 from tokmix.sources.parquet import unit_text_lists
 from tokmix.sources.units import BATCH_BYTES, BATCH_DOCS
 from tokmix.stages import (
@@ -64,7 +64,7 @@ class UnitTask:
     # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
     limit: int | None = None
-    lengths_path: str | None = None  # the holdout documents' lengths, when recorded: only texts of those are hashed
+    keys_path: str | None = None  # the holdout documents' text_keys, when recorded: only texts of those are hashed
     delimiters: Delimiters = REFERENCE_DELIMITERS
     provenance: bool = False  # write the unit's documents' places and text checksums (NNNNNN.src)
     writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
@@ -90,15 +90,16 @@ def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter, del
     return n
 
 
-def holdout_copies(texts: list[str | HugeText], hashes: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
-    """Which texts are exact copies of a holdout document (their hash is among `hashes`). With `lengths` (the
-    holdout documents' lengths in characters) only a text of one of those lengths can be one, so only those
-    are hashed: on the bench corpus 17% of the text, where hashing all of it cost ~30% of the encoding's CPU.
-    `hashes` and `lengths` are sorted and without repeats (_holdout_array)."""
-    if lengths is None:
+def holdout_copies(texts: list[str | HugeText], hashes: np.ndarray, held_keys: np.ndarray | None,
+                   keys: np.ndarray | None = None) -> np.ndarray:
+    """Which texts are exact copies of a holdout document (their hash is among `hashes`). With `held_keys` (the
+    holdout documents' text_keys) only a text whose key is one of those can be one, so only those are hashed
+    (`keys`: the texts' own, when the caller has them): on the bench corpus almost none, where hashing every text
+    cost ~30% of the encoding's CPU, and those of a holdout document's length ~10%. `hashes` and `held_keys` are
+    sorted and without repeats (_holdout_array)."""
+    if held_keys is None:
         return among(text_hashes(texts), hashes)
-    chars = np.fromiter((-1 if isinstance(t, HugeText) else len(t) for t in texts), np.int64, len(texts))
-    candidates = np.flatnonzero((chars < 0) | among(chars, lengths))  # a HugeText is hashed whatever its size
+    candidates = np.flatnonzero(among(text_keys(texts, text_crc32(texts)) if keys is None else keys, held_keys))
     is_copy = np.zeros(len(texts), dtype=bool)
     if len(candidates):
         is_copy[candidates] = among(text_hashes([texts[i] for i in candidates]), hashes)
@@ -220,23 +221,41 @@ def _unit_batches(task: UnitTask, places: Places | None, max_chars: Callable[[in
 
 
 def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminated: list, task: UnitTask,
-                   encoder) -> tuple[list, np.ndarray]:
+                   encoder) -> list[int] | None:
     """Record the batch's documents that a benchmark item contaminates ([kept documents before it, piece,
-    place, tokens, items...]); with action "drop" they leave the batch (their tokens counted by encoding them
-    alone), with "report" they stay (their tokens filled in once the unit is encoded: -1 until then)."""
+    place, tokens, items...]); returns the positions of the documents that stay, None for all of them. With
+    action "drop" the contaminated ones leave the batch (their tokens counted by encoding them alone), with
+    "report" they stay (their tokens filled in once the unit is encoded: -1 until then)."""
     items = bench.contaminating(batch)
     hits = [i for i, found in enumerate(items) if found]
     if not hits:
-        return batch, where
+        return None
     before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
     for i in hits:
         piece, place = where[i, :2].tolist() if len(where) else (0, 0)
         tokens = _document_tokens(encoder, batch[i], task.delimiters) if task.drop_contaminated else -1
         contaminated.append([kept + int(before[i]), piece, place, tokens, *items[i]])
     if not task.drop_contaminated:
-        return batch, where
-    keep = [i for i in range(len(batch)) if not items[i]]
-    return [batch[i] for i in keep], where[keep] if len(where) else where
+        return None
+    return [i for i in range(len(batch)) if not items[i]]
+
+
+def _take(keep: list[int], batch: list, where: np.ndarray, keys: np.ndarray | None
+          ) -> tuple[list, np.ndarray, np.ndarray | None]:
+    """The documents at positions `keep` of a batch, their places (none: none) and their keys (None: none)."""
+    return ([batch[i] for i in keep], where[keep] if len(where) else where,
+            None if keys is None else keys[keep])
+
+
+def _batch_keys(batch: list, where: np.ndarray) -> np.ndarray:
+    """The batch's text_keys, from the CRC-32s the reader gave in `where` (provenance: a parquet column's); the
+    others are computed, and put in `where` for the unit's provenance (UnitDocuments) too."""
+    if not len(where):
+        return text_keys(batch, text_crc32(batch))
+    crcs = where[:, 2]
+    if (missing := np.flatnonzero(crcs < 0)).size:
+        crcs[missing] = text_crc32([batch[i] for i in missing.tolist()])
+    return text_keys(batch, crcs)
 
 
 def _document_tokens(encoder, text, delimiters: Delimiters) -> int:
@@ -329,10 +348,11 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     documents, from a partial cache entry: those documents are read again (holdout copies, benchmark items and
     provenance as without it) but not encoded. `before_record(record, complete, copies)` runs once the unit's
     files are in place, before its record commits it: `complete`, whether it holds every document of its pieces
-    (not cut at its limit); `copies`, its documents' hashes for the cache (_same_copies)."""
+    (not cut at its limit); `copies`, its documents' keys and its dropped copies' hashes for the cache
+    (_same_copies)."""
     unit, files = task.unit, UnitFiles.of(task.unit_dir, task.unit.name)  # a local folder, or a prefix on a store
     encoder = shared_encoder(task.tokenizer_path, task.backend)
-    hashes, held_lengths = _holdout_array(task.hashes_path), _holdout_array(task.lengths_path)
+    hashes, held_keys = _holdout_array(task.hashes_path), _holdout_array(task.keys_path)
     # sha256 as the tokens are written, checked when a later stage process reads the unit
     writer = files.token_writer(np.dtype(task.dtype), fault="streams:unit-mid-write")
     lengths, dropped_at, kept, encode_seconds = [], [], 0, 0.0
@@ -345,18 +365,18 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     contaminated: list[list] = []  # [kept documents before it, piece, place, tokens, items...] of each
     documents = UnitDocuments(unit)
     complete = True
-    # for the cache: every kept document's hash and the dropped ones', so that a run with another holdout set can
-    # tell whether this unit's bytes are its own (_same_copies)
-    kept_hashes = [] if task.cache_key is not None and hashes is not None else None
+    # for the cache: every kept document's key (text_keys) and the dropped ones' hashes, so that a run with another
+    # holdout set can tell whether this unit's bytes are its own (_same_copies)
+    kept_keys = [] if task.cache_key is not None and hashes is not None else None
     dropped_hashes: list[int] = []
     replay = _Replay(*prefix) if prefix is not None else None
 
-    def add_kept(batch: list, where: np.ndarray, lens: np.ndarray) -> None:
+    def add_kept(batch: list, where: np.ndarray, lens: np.ndarray, keys: np.ndarray | None) -> None:
         nonlocal kept
         if task.provenance:
             documents.add(where, batch)
-        if kept_hashes is not None:
-            kept_hashes.append(text_hashes(batch))
+        if kept_keys is not None:
+            kept_keys.append(keys)
         lengths.append(lens.astype(LENGTH_DTYPE))
         kept += len(batch)
         chars[0] += sum(map(len, batch))
@@ -365,20 +385,22 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     try:
         for batch in unit_batches:
             where = places.take_kept(len(batch)) if places is not None else nowhere
+            keys = _batch_keys(batch, where) if held_keys is not None or kept_keys is not None else None
             if hashes is not None and len(hashes):
-                is_copy = holdout_copies(batch, hashes, held_lengths)
+                is_copy = holdout_copies(batch, hashes, held_keys, keys)
                 if is_copy.any():
                     dropped_at += (kept + np.cumsum(~is_copy)[is_copy]).tolist()
-                    if kept_hashes is not None:
+                    if kept_keys is not None:
                         dropped_hashes += text_hashes([t for t, c in zip(batch, is_copy.tolist()) if c]).tolist()
-                    batch = [t for t, c in zip(batch, is_copy.tolist()) if not c]
-                    where = where[~is_copy] if len(where) else where
+                    batch, where, keys = _take(np.flatnonzero(~is_copy).tolist(), batch, where, keys)
             if bench is not None:
-                batch, where = _decontaminate(bench, batch, where, kept, contaminated, task, encoder)
+                keep = _decontaminate(bench, batch, where, kept, contaminated, task, encoder)
+                if keep is not None:
+                    batch, where, keys = _take(keep, batch, where, keys)
             if replay is not None and replay.left:  # documents the cache holds the tokens of
                 r = min(replay.left, len(batch))
-                add_kept(batch[:r], where[:r], replay.write(r, writer))
-                batch, where = batch[r:], where[r:]
+                add_kept(batch[:r], where[:r], replay.write(r, writer), None if keys is None else keys[:r])
+                batch, where, keys = batch[r:], where[r:], None if keys is None else keys[r:]
             if not batch:
                 continue
             t0 = time.perf_counter()
@@ -392,10 +414,10 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
                     keep = int(np.searchsorted(np.cumsum(lens), task.limit - writer.tokens)) + 1
                     complete &= keep == len(batch)
                     batch, lens, ids = batch[:keep], lens[:keep], ids[: int(lens[:keep].sum()) - keep * extra]
-                    where = where[:keep]
+                    where, keys = where[:keep], None if keys is None else keys[:keep]
                 writer.write(delimiters.frame(ids, lens - extra, writer.dtype))
             encode_seconds += time.perf_counter() - t0
-            add_kept(batch, where, lens)
+            add_kept(batch, where, lens, keys)
             if task.limit is not None and writer.tokens >= task.limit:
                 complete = False  # stopped at its limit (had it read all, it cannot tell without reading on)
                 break
@@ -437,8 +459,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     }
     if before_record is not None:
         copies = None
-        if kept_hashes is not None:
-            copies = {"hash": (np.concatenate(kept_hashes) if kept_hashes else np.empty(0, np.uint64)).tobytes(),
+        if kept_keys is not None:
+            copies = {"keys": (np.concatenate(kept_keys) if kept_keys else np.empty(0, np.uint64)).tobytes(),
                       "dropped": np.array(dropped_hashes, dtype=np.uint64).tobytes()}
         before_record(record, complete, copies)
     files.commit(record)
@@ -467,16 +489,21 @@ class _Replay:
 
 
 def _same_copies(task: UnitTask) -> Callable[[dict, Callable[[str], bytes]], bool] | None:
-    """Whether a cached unit is this run's under its holdout set: none of its kept documents is a holdout
-    document now, and every one it dropped still is. (Another holdout set, e.g. other shares of a domain's
-    streams, mostly leaves a unit's bytes as they were: the set is checked per unit, not put in the key.)"""
+    """Whether a cached unit is this run's under its holdout set: none of its kept documents may be a holdout
+    document now (no kept key is a holdout document's: text_keys), and every one it dropped still is (by hash).
+    A kept key that is a holdout document's refuses the entry even where the texts differ: the unit is then
+    tokenized again, and its new entry replaces this one. (Another holdout set, e.g. other shares of a
+    domain's streams, mostly leaves a unit's bytes as they were: the set is checked per unit, not put in the
+    key.)"""
     if task.hashes_path is None:
         return None
 
     def accept(entry: dict, read: Callable[[str], bytes]) -> bool:
-        held = _holdout_array(task.hashes_path)
-        kept, dropped = (np.frombuffer(read(part), np.uint64) for part in ("hash", "dropped"))
-        return not among(kept, held).any() and bool(among(dropped, held).all())
+        if task.keys_path is None:  # no keys to judge its documents by: tokenized again
+            return False
+        held_keys, held = _holdout_array(task.keys_path), _holdout_array(task.hashes_path)
+        kept, dropped = (np.frombuffer(read(part), np.uint64) for part in ("keys", "dropped"))
+        return not among(kept, held_keys).any() and bool(among(dropped, held).all())
 
     return accept
 
@@ -637,14 +664,14 @@ class StreamRun:
         self.repeating = False
         self.upcoming: Unit | None = None
         self.started = time.perf_counter()
-        self.hashes = self.lengths = None
+        self.hashes = self.keys = None
         self.benchmarks = str(ctx.layout.benchmark_set) if ctx.benchmarks is not None else None
         # the token cache's key parts every unit of the run shares, built once: they ask importlib.metadata for the
         # oracle library's version, ~0.7 ms on the coordinator's thread, holding the GIL the workers need
         self.key_base = cache_key_base(ctx) if ctx.cache is not None else None
         if ctx.recipe.holdout.decontaminate:
             self.hashes = str(ctx.layout.holdout_copies("hashes"))
-            self.lengths = str(ctx.layout.holdout_copies("lengths"))
+            self.keys = str(ctx.layout.holdout_copies("keys"))
         committed = f", {len(self.records)} units already committed" if self.records else ""
         ctx.log(f"{stream}: budget {self.budget:,} tokens{committed}")
         ctx.progress.start(stream, self.budget, self.committed_tokens)
@@ -738,7 +765,7 @@ class StreamRun:
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
-                        limit=limit, lengths_path=self.lengths, delimiters=self.ctx.delimiters,
+                        limit=limit, keys_path=self.keys, delimiters=self.ctx.delimiters,
                         provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
                         benchmarks=self.benchmarks,
                         drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop",
