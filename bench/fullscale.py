@@ -12,6 +12,8 @@ the layout.
 prompt + canonical_solution, 13-grams), and prints the streams stage's seconds of each, the ratio of the medians,
 the peak tree RSS, what the benchmark dropped, and whether the runs' shards are the same (index.json's sha256):
 decontamination's cost at the full layout, where a run's fixed costs do not weigh as at bench scale.
+--holdout-copies writes `[holdout] decontaminate = true` (tokmix's default) instead of gpt-u-20m.toml's false, in
+every run: what dropping the holdout documents' copies costs a default recipe at this scale.
 
 Build the bench corpus first (python bench/corpus.py bench/work/corpus). Everything else goes to
 bench/work/fullscale/:
@@ -113,7 +115,8 @@ BENCHMARKS = {"none": "", "humaneval": ('[decontaminate]\n[decontaminate.benchma
                                         'id_field = "task_id"\n')}
 
 
-def write_recipe(recipe: dict, interleave: str = "global", benchmarks: str = "none") -> Path:
+def write_recipe(recipe: dict, interleave: str = "global", benchmarks: str = "none", holdout_copies: bool = False
+                 ) -> Path:
     lay, hold = dict(recipe["layout"]), recipe["holdout"]
     if interleave != "global":
         lay["interleave"] = f'"{interleave}"'
@@ -122,14 +125,15 @@ def write_recipe(recipe: dict, interleave: str = "global", benchmarks: str = "no
              f"seed = {recipe['seed']}", "", "[tokenizer]", 'path = "tokenizer/tokenizer.json"', "", "[layout]"]
     lines += [f"{k} = {v}" for k, v in lay.items()]
     lines += ["", "[holdout]", f"tokens = {hold['tokens']}", f"eval_windows = {hold['eval_windows']}",
-              'splits = "file_splits.json"', f"holdout_files = {hold['holdout_files']}", "decontaminate = false"]
+              'splits = "file_splits.json"', f"holdout_files = {hold['holdout_files']}",
+              f"decontaminate = {str(holdout_copies).lower()}"]
     for name, spec in recipe["streams"].items():
         lines += ["", f"[streams.{name}]", f'domain = "{spec["domain"]}"', f"share = {spec['share']}",
                   f'files = ["{WORK / "corpus" / FOLDER[name]}/*.parquet"]']
     if benchmarks != "none":
         lines += ["", BENCHMARKS[benchmarks]]
     name = "recipe" + (f"-{interleave}" if interleave != "global" else "") + (
-        f"-{benchmarks}" if benchmarks != "none" else "")
+        f"-{benchmarks}" if benchmarks != "none" else "") + ("-holdout-copies" if holdout_copies else "")
     path = WORK / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -248,6 +252,10 @@ def main() -> None:
     ap.add_argument("--interleave", default="global",
                     help="comma-separated interleaves, each a whole run in turn (e.g. global,balanced: their "
                          "assemble times as a ratio; the previous run's output is deleted first)")
+    ap.add_argument("--holdout-copies", action="store_true",
+                    help="[holdout] decontaminate = true (tokmix's default; gpt-u-20m.toml's is false, as the "
+                         "reference): every train document checked against the holdout documents, and with the "
+                         "token cache each unit's kept documents recorded for the check")
     ap.add_argument("--reuse-cache", action="store_true",
                     help="with several interleaves: the later runs take every unit from the first run's token cache "
                          "(their streams stage is a remix's, not a tokenization; assemble is unchanged)")
@@ -270,13 +278,13 @@ def main() -> None:
     tokenizer = cr.tokenizer_once(cr.Setup(recipe["seed"], recipe["layout"], recipe["holdout"], base_streams,
                                            _base_split(args.corpus.resolve(), split)), args.tokenizer_mb)
     if args.decontaminate:
-        compare_decontamination(recipe, args.decontaminate.split(","))
+        compare_decontamination(recipe, args.decontaminate.split(","), args.holdout_copies)
         return
     kinds = args.interleave.split(",")
     if kinds != ["global"]:
         compare_interleaves(recipe, kinds, args.reuse_cache)
         return
-    recipe_path = write_recipe(recipe)
+    recipe_path = write_recipe(recipe, holdout_copies=args.holdout_copies)
     mem = psutil.virtual_memory().total / GIB
     print(f"{os.cpu_count()} cores, {mem:.0f} GiB; tokmix run {recipe_path.name} --out DIR (default flags); "
           f"free disk {shutil.disk_usage(WORK).free / GIB:,.0f} GiB", flush=True)
@@ -323,7 +331,7 @@ def main() -> None:
         sys.exit(1)
 
 
-def compare_decontamination(recipe: dict, names: list[str]) -> None:
+def compare_decontamination(recipe: dict, names: list[str], holdout_copies: bool = False) -> None:
     """One whole run per name of BENCHMARKS, in turn (a name given twice runs twice): the streams stage's seconds
     of each against the runs without, the peak tree RSS, what the benchmarks took, and the shards' sha256."""
     unknown = sorted(set(names) - set(BENCHMARKS))
@@ -332,7 +340,7 @@ def compare_decontamination(recipe: dict, names: list[str]) -> None:
     results: dict[str, list[dict]] = {name: [] for name in dict.fromkeys(names)}
     for name in names:
         before = _load()
-        run = run_tokmix(write_recipe(recipe, benchmarks=name), WORK / "runs" / "tokmix")
+        run = run_tokmix(write_recipe(recipe, benchmarks=name, holdout_copies=holdout_copies), WORK / "runs" / "tokmix")
         after = _load()
         index = run["index"]
         found = index.get("benchmark_decontamination") or {}
