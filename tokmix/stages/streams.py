@@ -369,6 +369,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     # holdout set can tell whether this unit's bytes are its own (_same_copies)
     kept_keys = [] if task.cache_key is not None and hashes is not None else None
     dropped_hashes: list[int] = []
+    checks_copies = hashes is not None and len(hashes) > 0
+    with_keys = kept_keys is not None or (checks_copies and held_keys is not None)  # (else no batch's keys are read)
     replay = _Replay(*prefix) if prefix is not None else None
 
     def add_kept(batch: list, where: np.ndarray, lens: np.ndarray, keys: np.ndarray | None) -> None:
@@ -385,8 +387,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
     try:
         for batch in unit_batches:
             where = places.take_kept(len(batch)) if places is not None else nowhere
-            keys = _batch_keys(batch, where) if held_keys is not None or kept_keys is not None else None
-            if hashes is not None and len(hashes):
+            keys = _batch_keys(batch, where) if with_keys else None
+            if checks_copies:
                 is_copy = holdout_copies(batch, hashes, held_keys, keys)
                 if is_copy.any():
                     dropped_at += (kept + np.cumsum(~is_copy)[is_copy]).tolist()
