@@ -548,3 +548,41 @@ def test_a_stale_or_broken_extension_falls_back_to_numpy_and_says_why(native, tm
     out, err = in_copy(tmp_path, "broken", broken, "")
     assert not out["compiled"] and "tokmix._scan does not load (" in out["note"] and "\n" not in out["note"]
     assert err.count("tokmix._scan does not load (") == 1
+
+
+def block_text(rng: random.Random, wide: bool) -> str:
+    """Runs of 1-150 bytes between separators of 1-140 (a run over whole 64-byte blocks, a block without one, a
+    run that ends at a block's first byte), non-ASCII characters in some runs (`wide`) or none."""
+    out = []
+    for _ in range(rng.randrange(1, 40)):
+        run = "".join(rng.choice("abcXYZ09") for _ in range(rng.randrange(1, 150)))
+        if wide and rng.random() < 0.3:
+            at = rng.randrange(len(run) + 1)
+            run = run[:at] + rng.choice(["\u00e9", "\u2014", "\u043e", "\u4e2d", "\U0001f600"]) + run[at:]
+        out.append(run + rng.choice([" ", ".", "\n"]) * rng.choice([1, 1, 2, 63, 64, 65, 140]))
+    return "".join(out)[:rng.randrange(1, 4000)]
+
+
+def test_runs_across_blocks_and_cached_utf8_equal_numpy(native, monkeypatch):
+    """The compiled loop's runs (two edges of a block's mask an iteration, a run on across blocks) and a str's
+    UTF-8 read from CPython's cache instead of encoded: scan's arrays and run_candidates' pieces the same as
+    numpy's, and candidates' output the same with the cache filled (PyUnicode_AsUTF8AndSize) as without."""
+    import ctypes
+    fill = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+    fill.argtypes, fill.restype = [ctypes.py_object, ctypes.c_void_p], ctypes.c_void_p
+    rng = random.Random(47)
+    for _ in range(60):
+        texts = [block_text(rng, rng.random() < 0.6) for _ in range(rng.randrange(1, 6))]
+        assert_same_scan(native, texts)
+        for table in TABLES:
+            shortest = rng.choice([2, 3, 13])
+            monkeypatch.delenv(ngrams.NATIVE_ENV, raising=False)
+            got = ngrams.run_candidates(texts, table, member_of(0), shortest)
+            monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
+            assert got == ngrams.run_candidates(texts, table, member_of(0), shortest), (texts, table.bits)
+            fresh = [text.encode().decode() for text in texts]  # (new strs, their cache empty)
+            plain = native.candidates(fresh, table.packed, table.bits, shortest)
+            for text in fresh:
+                if not text.isascii():
+                    fill(text, None)
+            assert native.candidates(fresh, table.packed, table.bits, shortest) == plain, (texts, table.bits)

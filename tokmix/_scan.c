@@ -83,7 +83,19 @@ typedef struct {
     const void *chars;
     Py_ssize_t length;        /* characters */
     int ascii;
+    const char *utf8;         /* its UTF-8 where CPython's cache holds it (NULL: encode() it) */
+    Py_ssize_t utf8_length;
 } Text;
+
+/* A str's UTF-8 cache (PyCompactUnicodeObject.utf8) read in place on CPython 3.10-3.13 (their headers' layout, as
+ * arrow_texts fills it): the streams stage's texts hold it (tokmix.sources.parquet's keep_utf8), and copying it
+ * costs less than encode() (0.035 CPU-s of candidates' 0.26 over the bench corpus). */
+#if !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030A0000 && \
+    PY_VERSION_HEX < 0x030E0000
+#define TOKMIX_UTF8_CACHE 1
+#else
+#define TOKMIX_UTF8_CACHE 0
+#endif
 
 /* A text's UTF-8 bytes at out (room enough): their count, or -1 for a surrogate (str.encode() refuses it) */
 static Py_ssize_t encode(const Text *t, unsigned char *out) {
@@ -167,26 +179,31 @@ typedef struct {
 } Words;
 
 /* bit k: whether q[k] is one of a word's bytes (an ASCII letter or digit, a byte >= 0x80, or a byte just before
- * one >= 0x80), k < 64; reads q[0..64]. *high: bit k, whether q[k] >= 0x80. */
-static inline uint64_t letters64(const unsigned char *q, uint64_t *high) {
+ * one >= 0x80), k < 64; reads q[0..64]. *high: bit k, whether q[k] >= 0x80. `ascii` (a constant: q holds no byte
+ * >= 0x80): the letters and digits alone, *high 0, q[64] not read. */
+static inline __attribute__((always_inline)) uint64_t letters64(const unsigned char *q, uint64_t *high,
+                                                               const int ascii) {
     uint64_t mask = 0, h = 0;
 #ifdef __SSE2__
     const __m128i lower = _mm_set1_epi8(0x20), a = _mm_set1_epi8('a'), z = _mm_set1_epi8(25);
     const __m128i zero = _mm_set1_epi8('0'), nine = _mm_set1_epi8(9);
     for (int j = 0; j < 4; j++) {
         __m128i v = _mm_loadu_si128((const __m128i *)(q + 16 * j));
-        __m128i next = _mm_loadu_si128((const __m128i *)(q + 16 * j + 1));
         __m128i x = _mm_sub_epi8(_mm_or_si128(v, lower), a);
         __m128i y = _mm_sub_epi8(v, zero);
         __m128i alnum = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(x, z), x), _mm_cmpeq_epi8(_mm_min_epu8(y, nine), y));
-        unsigned v_high = (unsigned)_mm_movemask_epi8(v);
-        unsigned m = (unsigned)_mm_movemask_epi8(alnum) | v_high | (unsigned)_mm_movemask_epi8(next);
+        unsigned m = (unsigned)_mm_movemask_epi8(alnum);
+        if (!ascii) {
+            __m128i next = _mm_loadu_si128((const __m128i *)(q + 16 * j + 1));
+            unsigned v_high = (unsigned)_mm_movemask_epi8(v);
+            m |= v_high | (unsigned)_mm_movemask_epi8(next);
+            h |= (uint64_t)v_high << (16 * j);
+        }
         mask |= (uint64_t)m << (16 * j);
-        h |= (uint64_t)v_high << (16 * j);
     }
 #else
     for (int k = 0; k < 64; k++) {
-        mask |= (uint64_t)(WORD_BYTE[q[k]] | (q[k + 1] >> 7)) << k;
+        mask |= (uint64_t)(WORD_BYTE[q[k]] | (ascii ? 0 : q[k + 1] >> 7)) << k;
         h |= (uint64_t)(q[k] >> 7) << k;
     }
 #endif
@@ -238,30 +255,41 @@ static inline uint64_t bits(int from, int to) {
 }
 
 /* The runs of the text p[a:b] (p[b] is the zero byte after it): the maximal runs of its bytes that letters64
- * marks, 64 bytes at a time (the edges of a block's mask), its last bytes one by one; RUN(s, e, high) for each
- * run p[s:e] in order (high: nonzero if it holds a byte >= 0x80). Reads p[a..b], nothing before p[a]. A macro:
- * each caller's loop keeps its state in registers. */
-#define FOR_EACH_RUN(p, a, b, RUN)                                                                              \
+ * marks, 64 bytes at a time (the edges of a block's mask: a run's start and its end, two edges an iteration),
+ * its last bytes one by one; RUN(s, e, high) for each run p[s:e] in order (high: nonzero if it holds a byte
+ * >= 0x80). Reads p[a..b], nothing before p[a]. ASCII (a constant): p[a:b] holds no byte >= 0x80. A macro: each
+ * caller's loop keeps its state in registers. */
+#define FOR_EACH_RUN(p, a, b, ASCII, RUN)                                                                       \
     do {                                                                                                        \
         Py_ssize_t k_ = (a), s_ = 0;                                                                           \
         int in_ = 0, high_ = 0; /* in a word (from s_); a byte >= 0x80 in it before this block */              \
         uint64_t before_ = 0;   /* the mask's bit of the byte before the block */                              \
         for (; k_ + 64 <= (b); k_ += 64) {                                                                     \
-            uint64_t h_, mask_ = letters64((p) + k_, &h_), edges_ = mask_ ^ ((mask_ << 1) | before_);          \
+            uint64_t h_, mask_ = letters64((p) + k_, &h_, (ASCII)), edges_ = mask_ ^ ((mask_ << 1) | before_); \
             before_ = mask_ >> 63;                                                                              \
+            if (in_) { /* the run from an earlier block: its end here, or none */                              \
+                if (!edges_) {                                                                                  \
+                    high_ = high_ || h_;                                                                        \
+                    continue;                                                                                   \
+                }                                                                                               \
+                int z_ = ctz64(edges_);                                                                         \
+                edges_ &= edges_ - 1;                                                                           \
+                in_ = 0;                                                                                        \
+                RUN(s_, k_ + z_, high_ || (h_ & bits(0, z_)));                                                 \
+            }                                                                                                   \
             while (edges_) {                                                                                    \
                 int z_ = ctz64(edges_);                                                                         \
                 edges_ &= edges_ - 1;                                                                           \
-                if (in_) {                                                                                      \
-                    int from_ = s_ > k_ ? (int)(s_ - k_) : 0;                                                  \
-                    RUN(s_, k_ + z_, high_ || (h_ & bits(from_, z_)));                                         \
-                } else {                                                                                        \
+                if (!edges_) { /* a run on into the next block */                                               \
                     s_ = k_ + z_;                                                                               \
-                    high_ = 0;                                                                                  \
+                    in_ = 1;                                                                                    \
+                    high_ = (h_ & bits(z_, 64)) != 0;                                                           \
+                    break;                                                                                      \
                 }                                                                                               \
-                in_ = !in_;                                                                                     \
+                int y_ = ctz64(edges_);                                                                         \
+                edges_ &= edges_ - 1;                                                                           \
+                RUN(k_ + z_, k_ + y_, h_ & bits(z_, y_));                                                       \
             }                                                                                                   \
-            if (in_) high_ = high_ || (h_ & bits(s_ > k_ ? (int)(s_ - k_) : 0, 64));                           \
         }                                                                                                       \
         for (; k_ < (b); k_++) {                                                                               \
             int letter_ = WORD_BYTE[(p)[k_]] | ((p)[k_ + 1] >> 7);                                             \
@@ -282,7 +310,7 @@ static int scan_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Words *
     do {                                                                                                        \
         if (emit(p, (S), (E), b, (HIGH) != 0, w)) return -1;                                                   \
     } while (0)
-    FOR_EACH_RUN(p, a, b, EMIT);
+    FOR_EACH_RUN(p, a, b, 0, EMIT);
 #undef EMIT
     return 0;
 }
@@ -461,26 +489,26 @@ static inline __attribute__((always_inline)) int chain_in(const unsigned char *p
             const uint64_t rat = (prev_cls << cbits) | rcls;                                                    \
             rlink = (table[rat >> 3] >> (rat & 7)) & 1;                                                         \
         }                                                                                                       \
-        if (!rlink || !any) {                                                                                   \
-            if (any && (seg_wild || seg_runs >= shortest)) {                                                    \
-                c->seg_start = seg_start;                                                                       \
-                c->last_end = last_end;                                                                         \
-                c->seg_wild = seg_wild;                                                                         \
-                if (close_segment(c)) return -1;                                                                \
-            }                                                                                                   \
-            any = 1;                                                                                            \
-            seg_start = rs;                                                                                     \
-            seg_runs = 0;                                                                                       \
-            seg_wild = 0;                                                                                       \
+        /* a new segment without a branch on the link (one pair of plain runs in ~9 of the bench corpus is    \
+         * linked: a branch on it mispredicted, after the table's read) */                                      \
+        const int rnew = !rlink | !any;                                                                         \
+        if (rnew & any & (seg_wild | (seg_runs >= shortest))) {                                                 \
+            c->seg_start = seg_start;                                                                           \
+            c->last_end = last_end;                                                                             \
+            c->seg_wild = seg_wild;                                                                             \
+            if (close_segment(c)) return -1;                                                                    \
         }                                                                                                       \
-        seg_runs += rwords;                                                                                     \
-        seg_wild |= rkind == 2;                                                                                 \
+        const Py_ssize_t rkeep = (Py_ssize_t)rnew - 1; /* all ones: the segment goes on */                      \
+        any = 1;                                                                                                \
+        seg_start = (seg_start & rkeep) | (rs & ~rkeep);                                                        \
+        seg_runs = (seg_runs & rkeep) + rwords;                                                                 \
+        seg_wild = (seg_wild & (int)rkeep) | (rkind == 2);                                                      \
         last_end = re;                                                                                          \
         prev_cls = rcls;                                                                                        \
         prev_kind = rkind;                                                                                      \
         prev_linked = rlinked;                                                                                  \
     } while (0)
-    FOR_EACH_RUN(p, a, b, RUN);
+    FOR_EACH_RUN(p, a, b, ascii, RUN);
 #undef RUN
     if (any && (seg_wild || seg_runs >= shortest)) {
         c->seg_start = seg_start;
@@ -654,7 +682,7 @@ static inline __attribute__((always_inline)) int skips_in(const unsigned char *p
         prev_prefix = rprefix;                                                                                  \
         m++;                                                                                                    \
     } while (0)
-    FOR_EACH_RUN(p, a, b, RUN);
+    FOR_EACH_RUN(p, a, b, ascii, RUN);
 #undef RUN
     const Py_ssize_t tri = m >= 2 ? m - 2 : 0, need = c->shortest - 2;
     signed char *may = r->may;
@@ -970,6 +998,12 @@ static PyObject *chains_of(PyObject *arg, Chains *c,
         texts[t].length = PyUnicode_GET_LENGTH(s);
         texts[t].ascii = PyUnicode_IS_ASCII(s);
         if (texts[t].ascii) continue;  /* read where it is (its data ends with a zero, as a compact str's does) */
+#if TOKMIX_UTF8_CACHE
+        if (PyUnicode_IS_COMPACT(s) && ((PyCompactUnicodeObject *)s)->utf8) {
+            texts[t].utf8 = ((PyCompactUnicodeObject *)s)->utf8;
+            texts[t].utf8_length = ((PyCompactUnicodeObject *)s)->utf8_length;
+        }
+#endif
         Py_ssize_t most = texts[t].kind == PyUnicode_1BYTE_KIND ? 2 : texts[t].kind == PyUnicode_2BYTE_KIND ? 3 : 4;
         if (texts[t].length > (PY_SSIZE_T_MAX - room - 1) / most) {
             PyErr_NoMemory();
@@ -989,7 +1023,9 @@ static PyObject *chains_of(PyObject *arg, Chains *c,
         if (texts[t].ascii) {
             r = chain(texts[t].chars, 0, texts[t].length, t, 0, c);
         } else {
-            Py_ssize_t n = encode(&texts[t], p + at);
+            Py_ssize_t n = texts[t].utf8_length;
+            if (texts[t].utf8) memcpy(p + at, texts[t].utf8, (size_t)n);  /* (valid UTF-8: no lone surrogate) */
+            else n = encode(&texts[t], p + at);
             if (n < 0) {  /* a lone surrogate: checked whole (run_candidates' forced) */
                 forced[t] = 1;
                 continue;
