@@ -27,6 +27,12 @@
 #include <emmintrin.h>
 #endif
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)0)
+#endif
+
 typedef struct {
     int64_t *data;
     Py_ssize_t size, cap;
@@ -83,13 +89,13 @@ typedef struct {
     const void *chars;
     Py_ssize_t length;        /* characters */
     int ascii;
-    const char *utf8;         /* its UTF-8 where CPython's cache holds it (NULL: encode() it) */
+    const char *utf8;         /* its UTF-8 where CPython's cache holds it (NULL: encode() it), read there */
     Py_ssize_t utf8_length;
 } Text;
 
-/* A str's UTF-8 cache (PyCompactUnicodeObject.utf8) read in place on CPython 3.10-3.13 (their headers' layout, as
- * arrow_texts fills it): the streams stage's texts hold it (tokmix.sources.parquet's keep_utf8), and copying it
- * costs less than encode() (0.035 CPU-s of candidates' 0.26 over the bench corpus). */
+/* A str's UTF-8 cache (PyCompactUnicodeObject.utf8, its zero byte after it) read in place on CPython 3.10-3.13
+ * (their headers' layout, as arrow_texts fills it) instead of encode()'s copy (0.035 CPU-s of candidates' 0.26
+ * over the bench corpus): the streams stage's texts hold it (tokmix.sources.parquet's keep_utf8). */
 #if !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030A0000 && \
     PY_VERSION_HEX < 0x030E0000
 #define TOKMIX_UTF8_CACHE 1
@@ -254,17 +260,36 @@ static inline uint64_t bits(int from, int to) {
     return (to == 64 ? ~0ull : (1ull << to) - 1) & ~((1ull << from) - 1);
 }
 
+/* FOR_EACH_RUN's runs that start in a block (edges_: its edges, the first a run's start), HIGH of z_ and y_ */
+#define RUNS_OF_BLOCK(RUN, HIGH)                                                                                \
+    while (edges_) {                                                                                            \
+        int z_ = ctz64(edges_);                                                                                 \
+        edges_ &= edges_ - 1;                                                                                   \
+        if (!edges_) { /* a run on into the next block */                                                       \
+            s_ = k_ + z_;                                                                                       \
+            in_ = 1;                                                                                            \
+            high_ = (h_ & bits(z_, 64)) != 0;                                                                   \
+            break;                                                                                              \
+        }                                                                                                       \
+        int y_ = ctz64(edges_);                                                                                 \
+        edges_ &= edges_ - 1;                                                                                   \
+        RUN(k_ + z_, k_ + y_, HIGH);                                                                            \
+    }
+
 /* The runs of the text p[a:b] (p[b] is the zero byte after it): the maximal runs of its bytes that letters64
  * marks, 64 bytes at a time (the edges of a block's mask: a run's start and its end, two edges an iteration),
  * its last bytes one by one; RUN(s, e, high) for each run p[s:e] in order (high: nonzero if it holds a byte
  * >= 0x80). Reads p[a..b], nothing before p[a]. ASCII (a constant): p[a:b] holds no byte >= 0x80. A macro: each
- * caller's loop keeps its state in registers. */
+ * caller's loop keeps its state in registers. A block without a byte >= 0x80 has its runs' high a constant 0
+ * (RUN's plain case alone); the text 512 bytes on is prefetched (an ASCII text is read where Python left it:
+ * 0.068 -> 0.063 CPU-s for the bench corpus's ASCII texts in candidates). */
 #define FOR_EACH_RUN(p, a, b, ASCII, RUN)                                                                       \
     do {                                                                                                        \
         Py_ssize_t k_ = (a), s_ = 0;                                                                           \
         int in_ = 0, high_ = 0; /* in a word (from s_); a byte >= 0x80 in it before this block */              \
         uint64_t before_ = 0;   /* the mask's bit of the byte before the block */                              \
         for (; k_ + 64 <= (b); k_ += 64) {                                                                     \
+            PREFETCH((p) + k_ + 512);                                                                           \
             uint64_t h_, mask_ = letters64((p) + k_, &h_, (ASCII)), edges_ = mask_ ^ ((mask_ << 1) | before_); \
             before_ = mask_ >> 63;                                                                              \
             if (in_) { /* the run from an earlier block: its end here, or none */                              \
@@ -277,18 +302,10 @@ static inline uint64_t bits(int from, int to) {
                 in_ = 0;                                                                                        \
                 RUN(s_, k_ + z_, high_ || (h_ & bits(0, z_)));                                                 \
             }                                                                                                   \
-            while (edges_) {                                                                                    \
-                int z_ = ctz64(edges_);                                                                         \
-                edges_ &= edges_ - 1;                                                                           \
-                if (!edges_) { /* a run on into the next block */                                               \
-                    s_ = k_ + z_;                                                                               \
-                    in_ = 1;                                                                                    \
-                    high_ = (h_ & bits(z_, 64)) != 0;                                                           \
-                    break;                                                                                      \
-                }                                                                                               \
-                int y_ = ctz64(edges_);                                                                         \
-                edges_ &= edges_ - 1;                                                                           \
-                RUN(k_ + z_, k_ + y_, h_ & bits(z_, y_));                                                       \
+            if ((ASCII) || !h_) {                                                                               \
+                RUNS_OF_BLOCK(RUN, 0);                                                                          \
+            } else {                                                                                            \
+                RUNS_OF_BLOCK(RUN, h_ & bits(z_, y_));                                                          \
             }                                                                                                   \
         }                                                                                                       \
         for (; k_ < (b); k_++) {                                                                               \
@@ -549,11 +566,6 @@ static int chain_text(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, int64_
  * bench corpus's 212M characters; not prefetched: 2.1-2.3.) */
 #ifndef TRIPLE_MERGE_GAP
 #define TRIPLE_MERGE_GAP MERGE_GAP
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define PREFETCH(address) __builtin_prefetch(address)
-#else
-#define PREFETCH(address) ((void)0)
 #endif
 
 /* a text's runs and its triples (skips_in's scratch, grown as needed) */
@@ -957,10 +969,11 @@ PyDoc_STRVAR(candidates_doc,
 "candidates(texts, bits_table, bits, shortest) -> (joined, spans, forced)\n\n"
 "ngrams.run_candidates' first pass with a pair table in one loop, no array per word: the texts' runs (as scan\n"
 "splits them) folded into segments of linked runs (the pair table between plain runs; a wild run linked to both\n"
-"its neighbours). `joined`: the UTF-8 of the texts that are not ASCII, each after a zero byte; `spans`: a\n"
-"bytearray of int64 quadruples (text, kind, begin, end) in text order: kind 0 a chain of `shortest` runs or\n"
-"more in an ASCII text (offsets in the str itself), 1 the same in joined, 2 a piece of joined holding wild runs\n"
-"for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of theirs).\n\n"
+"its neighbours). `joined`: the UTF-8 of the texts that are not ASCII and have a span, each after a zero byte;\n"
+"`spans`: a bytearray of int64 quadruples (text, kind, begin, end) in text order: kind 0 a chain of `shortest`\n"
+"runs or more in an ASCII text (offsets in the str itself), 1 the same in joined, 2 a piece of joined holding\n"
+"wild runs for run_candidates to split; `forced`: the texts with a lone surrogate or _JOINT, a list (no span of\n"
+"theirs).\n\n"
 "candidates(texts, bits_table, bits, shortest, forms, pool, word_filter, word_shift) -> (joined, spans, forced,\n"
 "missing): the same, each wild run whose characters all have a normal form (ngrams.normal_forms: `forms`, a\n"
 "uint32 per code point, and their `pool`) normalized in the loop and its words tested against the word filter\n"
@@ -1023,16 +1036,32 @@ static PyObject *chains_of(PyObject *arg, Chains *c,
         if (texts[t].ascii) {
             r = chain(texts[t].chars, 0, texts[t].length, t, 0, c);
         } else {
+            /* a text in joined only if a span is of it: the others' bytes written over by the next one's (most
+             * texts: joined's bytes stay in cache), a cached UTF-8 read in place and copied only then */
+            const Py_ssize_t mark = c->spans.size;
             Py_ssize_t n = texts[t].utf8_length;
-            if (texts[t].utf8) memcpy(p + at, texts[t].utf8, (size_t)n);  /* (valid UTF-8: no lone surrogate) */
-            else n = encode(&texts[t], p + at);
-            if (n < 0) {  /* a lone surrogate: checked whole (run_candidates' forced) */
-                forced[t] = 1;
-                continue;
+            if (texts[t].utf8) {  /* (valid UTF-8, its zero byte after it: no lone surrogate) */
+                r = chain((const unsigned char *)texts[t].utf8, 0, n, t, 1, c);
+                if (r == 0 && c->spans.size > mark) {
+                    memcpy(p + at, texts[t].utf8, (size_t)n);
+                    for (Py_ssize_t i = mark; i < c->spans.size; i += 4) {
+                        c->spans.data[i + 2] += at;
+                        c->spans.data[i + 3] += at;
+                    }
+                }
+            } else {
+                n = encode(&texts[t], p + at);
+                if (n < 0) {  /* a lone surrogate: checked whole (run_candidates' forced) */
+                    forced[t] = 1;
+                    continue;
+                }
+                p[at + n] = 0;
+                r = chain(p, at, at + n, t, 1, c);
             }
-            p[at + n] = 0;
-            r = chain(p, at, at + n, t, 1, c);
-            at += n + 1;
+            if (r == 0 && c->spans.size > mark) {
+                p[at + n] = 0;
+                at += n + 1;
+            }
         }
         if (r < 0) failed = 1;
         else if (r == 1) forced[t] = 1;
