@@ -198,15 +198,10 @@ static inline __attribute__((always_inline)) uint64_t letters64(const unsigned c
         __m128i x = _mm_sub_epi8(_mm_or_si128(v, lower), a);
         __m128i y = _mm_sub_epi8(v, zero);
         __m128i alnum = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(x, z), x), _mm_cmpeq_epi8(_mm_min_epu8(y, nine), y));
-        unsigned m = (unsigned)_mm_movemask_epi8(alnum);
-        if (!ascii) {
-            __m128i next = _mm_loadu_si128((const __m128i *)(q + 16 * j + 1));
-            unsigned v_high = (unsigned)_mm_movemask_epi8(v);
-            m |= v_high | (unsigned)_mm_movemask_epi8(next);
-            h |= (uint64_t)v_high << (16 * j);
-        }
-        mask |= (uint64_t)m << (16 * j);
+        mask |= (uint64_t)(unsigned)_mm_movemask_epi8(alnum) << (16 * j);
+        if (!ascii) h |= (uint64_t)(unsigned)_mm_movemask_epi8(v) << (16 * j);
     }
+    if (!ascii) mask |= h | (h >> 1) | ((uint64_t)(q[64] >> 7) << 63);  /* a byte >= 0x80, or just before one */
 #else
     for (int k = 0; k < 64; k++) {
         mask |= (uint64_t)(WORD_BYTE[q[k]] | (ascii ? 0 : q[k + 1] >> 7)) << k;
