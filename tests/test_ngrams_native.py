@@ -566,7 +566,8 @@ def block_text(rng: random.Random, wide: bool) -> str:
 def test_runs_across_blocks_and_cached_utf8_equal_numpy(native, monkeypatch):
     """The compiled loop's runs (two edges of a block's mask an iteration, a run on across blocks) and a str's
     UTF-8 read from CPython's cache instead of encoded: scan's arrays and run_candidates' pieces the same as
-    numpy's, and candidates' output the same with the cache filled (PyUnicode_AsUTF8AndSize) as without."""
+    numpy's, and candidates' and triple_candidates' output the same with the cache filled (PyUnicode_AsUTF8AndSize)
+    as without."""
     import ctypes
     fill = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
     fill.argtypes, fill.restype = [ctypes.py_object, ctypes.c_void_p], ctypes.c_void_p
@@ -581,8 +582,11 @@ def test_runs_across_blocks_and_cached_utf8_equal_numpy(native, monkeypatch):
             monkeypatch.setenv(ngrams.NATIVE_ENV, "0")
             assert got == ngrams.run_candidates(texts, table, member_of(0), shortest), (texts, table.bits)
             fresh = [text.encode().decode() for text in texts]  # (new strs, their cache empty)
-            plain = native.candidates(fresh, table.packed, table.bits, shortest)
+            triples = rng.choice(TRIPLES)
+            plain = (native.candidates(fresh, table.packed, table.bits, shortest),
+                     native.triple_candidates(fresh, triples.bits, triples.shift, max(3, shortest)))
             for text in fresh:
                 if not text.isascii():
                     fill(text, None)
-            assert native.candidates(fresh, table.packed, table.bits, shortest) == plain, (texts, table.bits)
+            assert (native.candidates(fresh, table.packed, table.bits, shortest),
+                    native.triple_candidates(fresh, triples.bits, triples.shift, max(3, shortest))) == plain, texts
