@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.corpus import make_inputs
-from tokmix.shards import Layout
+from tokmix.shards import Layout, read_json, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "20000"}  # several units per file
@@ -158,6 +158,29 @@ def test_damaged_holdout_hashes_are_remade(corpus, clean, streamed, tmp_path):
     proc = run(corpus, out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "holdout edu: damaged (sha256 of holdout_edu.hashes.npy differs from its record); remade" in proc.stdout
+    assert shards(out) == clean
+
+
+def test_holdouts_made_before_text_keys_are_remade_and_named_so(corpus, clean, streamed, tmp_path):
+    """A run an earlier tokmix began (its holdout records name a lengths file, not a keys file) resumes: each
+    holdout is made again, said so without calling it damaged, and the shards are the same."""
+    out = copy_of(streamed, tmp_path)
+    state = out / "tokmix-state"
+    for keys in sorted(state.glob("holdout_*.keys.npy")):
+        domain = keys.name[len("holdout_"):-len(".keys.npy")]
+        record_path = state / f"holdout_{domain}.json"
+        record = read_json(record_path, sealed=True)
+        lengths = state / f"holdout_{domain}.lengths.npy"
+        lengths.write_bytes(b"an earlier version's lengths")
+        record[lengths.name] = record.pop(keys.name)
+        write_record(record_path, record)
+        keys.unlink()
+    proc = run(corpus, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for domain in ("dclm", "edu", "code"):
+        assert f"holdout {domain}: made by an earlier tokmix, without its documents' text keys; remade" in proc.stdout
+        assert (state / f"holdout_{domain}.keys.npy").exists()
+    assert "damaged" not in proc.stdout
     assert shards(out) == clean
 
 

@@ -40,6 +40,14 @@ def keys_path(ctx: Context, domain: str) -> Path:
     return ctx.layout.holdout_state(domain, "keys")
 
 
+# why holdout_damage refuses a holdout made before text keys (0e9dc87: its record names a lengths file)
+EARLIER = "made by an earlier tokmix, without its documents' text keys"
+
+
+def lengths_name(domain: str) -> str:
+    return f"holdout_{domain}.lengths.npy"
+
+
 def record_path(ctx: Context, domain: str) -> Path:
     """The checksums of the domain's hashes and keys files (its val file's is in index.json)."""
     return ctx.layout.holdout_state(domain, "record")
@@ -60,6 +68,8 @@ def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None
         return f"its record {e.path.name}: {e.why}"
     if record is None:
         return f"{record_path(ctx, domain).name} is missing"
+    if keys_path(ctx, domain).name not in record and lengths_name(domain) in record:
+        return EARLIER
     return damage([Part(path, record.get(path.name)) for path in (hashes_path(ctx, domain), keys_path(ctx, domain))])
 
 
@@ -428,7 +438,7 @@ def run_holdout(ctx: Context, threads: Any) -> dict[str, HoldoutEntry]:
         if why is not None:
             todo.append(d)
             if d in val:
-                ctx.log(f"holdout {d}: damaged ({why}); remade")
+                ctx.log(f"holdout {d}: {why}; remade" if why == EARLIER else f"holdout {d}: damaged ({why}); remade")
     if not todo:
         if ctx.recipe.holdout.decontaminate:
             write_holdout_copies(ctx)
