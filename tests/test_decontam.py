@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
+from tokenizers import Tokenizer
 
 from tests.corpus import STREAMS, make_corpus, train_test_tokenizer, write_recipe, write_split
 from tokmix.inspect import contamination
@@ -206,6 +207,12 @@ def test_index_counts_what_was_dropped(planted):
     assert bench["items_found"] == len(record["items"])
     places = {(p["stream"], p["file"], p["place"]): p["tokens"] for i in record["items"] for p in i["places"]}
     assert entry["documents"] == len(places) and entry["tokens"] == sum(places.values()) > 0
+    # each dropped document's tokens: its source text encoded by the oracle (HF tokenizers), delimiters added
+    oracle = Tokenizer.from_file(str(planted["root"] / "tokenizer" / "tokenizer.json"))
+    per_document = len(index["delimiters"]["prefix"]) + len(index["delimiters"]["suffix"])
+    for (stream, path, row), tokens in places.items():
+        text = pq.read_table(path)["text"].to_pylist()[row]
+        assert tokens == len(oracle.encode(text, add_special_tokens=False).ids) + per_document, (stream, path, row)
     for stream, meta in index["mix"]["streams"].items():
         mine = {k: v for k, v in places.items() if k[0] == stream}
         assert meta["benchmark_contamination"]["documents"] == len(mine) == bench["by_stream"][stream]["documents"]

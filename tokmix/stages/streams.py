@@ -231,10 +231,11 @@ def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminate
     if not hits:
         return None
     before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
-    for i in hits:
+    tokens = (_documents_tokens(encoder, [batch[i] for i in hits], task.delimiters) if task.drop_contaminated
+              else [-1] * len(hits))
+    for i, count in zip(hits, tokens):
         piece, place = where[i, :2].tolist() if len(where) else (0, 0)
-        tokens = _document_tokens(encoder, batch[i], task.delimiters) if task.drop_contaminated else -1
-        contaminated.append([kept + int(before[i]), piece, place, tokens, *items[i]])
+        contaminated.append([kept + int(before[i]), piece, place, count, *items[i]])
     if not task.drop_contaminated:
         return None
     return [i for i in range(len(batch)) if not items[i]]
@@ -258,10 +259,13 @@ def _batch_keys(batch: list, where: np.ndarray) -> np.ndarray:
     return text_keys(batch, crcs)
 
 
-def _document_tokens(encoder, text, delimiters: Delimiters) -> int:
-    """The tokens a document would have had in the stream, delimiters included."""
-    pieces = text.pieces() if isinstance(text, HugeText) else [text]
-    return delimiters.per_document + sum(int(encoder.encode_batch([piece])[1].sum()) for piece in pieces)
+def _documents_tokens(encoder, texts: list, delimiters: Delimiters) -> list[int]:
+    """The tokens each document would have had in the stream, delimiters included: the strs encoded in one batch
+    (0.08 against 0.10 CPU-s for 1,800 web documents one call each), a HugeText piece by piece."""
+    strs = [t for t in texts if not isinstance(t, HugeText)]
+    counts = iter((encoder.encode_batch(strs)[1] + delimiters.per_document).tolist() if strs else [])
+    return [delimiters.per_document + sum(int(encoder.encode_batch([piece])[1].sum()) for piece in t.pieces())
+            if isinstance(t, HugeText) else next(counts) for t in texts]
 
 
 def tokenize_unit(task: UnitTask) -> dict:
