@@ -224,8 +224,9 @@ def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminate
                    encoder) -> list[int] | None:
     """Record the batch's documents that a benchmark item contaminates ([kept documents before it, piece,
     place, tokens, items...]); returns the positions of the documents that stay, None for all of them. With
-    action "drop" the contaminated ones leave the batch (their tokens counted by encoding them alone), with
-    "report" they stay (their tokens filled in once the unit is encoded: -1 until then)."""
+    action "drop" the contaminated ones leave the batch (their tokens counted by encoding them apart:
+    _documents_tokens), with "report" they stay (their tokens filled in once the unit is encoded: -1 until
+    then)."""
     items = bench.contaminating(batch)
     hits = [i for i, found in enumerate(items) if found]
     if not hits:
