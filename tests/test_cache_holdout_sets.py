@@ -14,13 +14,10 @@ import pytest
 
 import tokmix
 from tests.corpus import make_inputs
+from tests.test_cache import outputs
 from tokmix.sources import text_hashes
 
 SMALL, LARGE = 3000, 9000  # holdout tokens: edu's holdout (a domain of its own) reads more of its file with LARGE
-
-
-def outputs(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted([*out.glob("*.bin"), *out.glob("*.docs")])}
 
 
 def held(out: Path) -> set[int]:

@@ -185,8 +185,9 @@ class Layout:
 
     def holdout_state(self, domain: str, kind: str) -> Path:
         """What the holdout stage keeps of a domain: its documents' "hashes" and "keys" (tokmix.sources.text_keys),
-        and the "record" of their checksums."""
-        suffix = {"hashes": "hashes.npy", "keys": "keys.npy", "record": "json"}[kind]
+        and the "record" of their checksums; "lengths", what an earlier tokmix kept in place of the keys (only
+        named, to tell its holdouts: tokmix.stages.holdout.holdout_damage)."""
+        suffix = {"hashes": "hashes.npy", "keys": "keys.npy", "lengths": "lengths.npy", "record": "json"}[kind]
         return self.state / f"holdout_{domain}.{suffix}"
 
     @property

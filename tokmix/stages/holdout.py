@@ -44,10 +44,6 @@ def keys_path(ctx: Context, domain: str) -> Path:
 EARLIER = "made by an earlier tokmix, without its documents' text keys"
 
 
-def lengths_name(domain: str) -> str:
-    return f"holdout_{domain}.lengths.npy"
-
-
 def record_path(ctx: Context, domain: str) -> Path:
     """The checksums of the domain's hashes and keys files (its val file's is in index.json)."""
     return ctx.layout.holdout_state(domain, "record")
@@ -68,7 +64,7 @@ def holdout_damage(ctx: Context, domain: str, entry: HoldoutEntry) -> str | None
         return f"its record {e.path.name}: {e.why}"
     if record is None:
         return f"{record_path(ctx, domain).name} is missing"
-    if keys_path(ctx, domain).name not in record and lengths_name(domain) in record:
+    if keys_path(ctx, domain).name not in record and ctx.layout.holdout_state(domain, "lengths").name in record:
         return EARLIER
     return damage([Part(path, record.get(path.name)) for path in (hashes_path(ctx, domain), keys_path(ctx, domain))])
 
