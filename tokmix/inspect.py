@@ -17,9 +17,10 @@ from rich.text import Text
 from tokmix.errors import TokmixError
 from tokmix.format.records import Index
 from tokmix.provenance import Source
-from tokmix.shards import as_path, block_tokens, read_index, read_json
+from tokmix.shards import as_path, block_tokens, read_index
 from tokmix.summary import holdout_table, mix_table
 from tokmix.tokens import Delimiters, read_array
+from tokmix.trace import contamination_record
 
 DOC_MARKER = "⟦doc⟧"  # stands for the token that marks where documents meet (the reference's <|endoftext|>)
 
@@ -75,9 +76,7 @@ def contamination(out_dir: str | os.PathLike) -> Table:
     entry = index.benchmark_decontamination
     if entry is None:
         raise TokmixError(f"{out_dir}: the run has no [decontaminate] (index.json has no benchmark_decontamination)")
-    record = read_json(Path(out_dir) / entry["file"], sealed=True)
-    if record is None:
-        raise TokmixError(f"{Path(out_dir) / entry['file']}: missing")
+    record = contamination_record(as_path(out_dir), entry)  # whole, and the file index.json names
     what = "dropped: not in the shards" if entry["action"] == "drop" else "kept, counted"
     table = Table(title=f"contaminated items ({what})", title_justify="left")
     for col in ("benchmark", "item", "id", "stream", "document", "tokens"):

@@ -28,7 +28,6 @@ from tokmix.ownership import Ownership
 from tokmix.provenance import RunDocuments
 from tokmix.shards import (
     REMAKE_REMEDY,
-    DamagedFile,
     Layout,
     NotAFile,
     as_path,
@@ -41,6 +40,7 @@ from tokmix.shards import (
 from tokmix.store import storage
 from tokmix.summary import passes
 from tokmix.tokens import LENGTH_DTYPE, Delimiters, iter_token_chunks
+from tokmix.trace import contamination_record
 from tokmix.unit_files import LENGTHS, UnitFiles
 
 REPORT_MARK = '<meta name="generator" content="tokmix report">'  # in its first bytes: a report tokmix wrote
@@ -786,11 +786,11 @@ def _contamination_tables(out_dir: Path, index: Index) -> list[str]:
     parts.append(_table(["benchmark", "stream", "items", "n-grams", "items found", "documents", "tokens"], rows,
                         left=2))
     try:
-        record = read_json(out_dir / entry["file"], sealed=True)
-    except DamagedFile as e:
+        record = contamination_record(out_dir, entry)  # whole, and the file index.json names
+    except TokmixError as e:  # damaged, missing, or not the file index.json names
         return [*parts, f'<p class="note">{_e(e)}</p>']
     sources: dict[tuple[str, str], set] = {}
-    for item in (record or {}).get("items", []):
+    for item in record["items"]:
         for place in item["places"]:
             sources.setdefault((place["stream"], place["file"]), set()).add((item["benchmark"], item["index"]))
     top = sorted(sources.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:TOP_SOURCES]

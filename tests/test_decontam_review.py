@@ -1,0 +1,69 @@
+"""Cases of #29 (benchmark decontamination) an adversarial review tried through the CLI on a small real run:
+HumanEval problems planted verbatim into two streams' first train files, one run, then what the readers of its
+record (inspect, report, trace) make of it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.corpus import make_inputs
+from tests.test_decontam import ENV, HUMANEVAL, decontaminate_section
+from tokmix.shards import read_json, write_record
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("review")
+    recipe = make_inputs(root, doc_limit=300, rows_per_group=16)
+    with gzip.open(HUMANEVAL, "rt") as f:
+        problems = [json.loads(line) for line in f][:5]
+    for stream, rows in (("dclm", {2: 3, 10: 4}), ("edu", {1: 3})):
+        path = root / "corpus" / stream / "part-0.parquet"
+        table = pq.read_table(path)
+        texts = table["text"].to_pylist()
+        for row, k in rows.items():
+            texts[row] = problems[k]["prompt"] + problems[k]["canonical_solution"]
+        pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), path,
+                       row_group_size=16)
+    recipe.write_text(recipe.read_text() + decontaminate_section())
+    out = root / "out"
+    done = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--no-cache"],
+                          capture_output=True, text=True, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(read_json(out / "contamination.json", sealed=True)["items"]) == 2
+    return {"root": root, "recipe": recipe, "out": out}
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from tokmix.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})
+
+
+def test_a_resealed_contamination_json_that_is_not_index_jsons_is_not_shown(planted, tmp_path):
+    """contamination.json edited (a place moved) with its seal made again to match is whole, but not the file
+    index.json names by its sha256: inspect --contamination and the report refuse to show its places, as trace
+    and validate do, rather than list documents the run never dropped."""
+    out = tmp_path / "out"
+    shutil.copytree(planted["out"], out)
+    path = out / "contamination.json"
+    record = read_json(path, sealed=True)
+    record["items"][0]["places"][0]["place"] = 77
+    write_record(path, record)
+    shown = cli("inspect", str(out), "--contamination")
+    assert shown.exit_code != 0 and ":row 77" not in shown.output
+    assert "sha256 differs from index.json's benchmark_decontamination" in " ".join(shown.output.split())
+    html = cli("report", str(out), "--html", str(tmp_path / "r.html"))
+    assert html.exit_code == 0, html.output[-2000:]
+    page = (tmp_path / "r.html").read_text()
+    assert "items found in it" not in page and "sha256 differs from index.json" in page
