@@ -234,6 +234,24 @@ def test_post_processor_tokens_are_never_added(tmp_path, tokenizer_path, documen
         assert ids.tolist() == want and counts.tolist() == [len(want), 0]
 
 
+def test_a_tokenizer_json_saved_with_truncation_and_padding_is_neither(tmp_path, tokenizer_path, documents):
+    """A tokenizer.json saved after enable_truncation / enable_padding (many on the Hub are: max_length 512) holds
+    settings for a model's inputs, not its tokenization: no backend cuts a document or pads one (HF, the oracle,
+    did both, and auto then chose a backend that cut too); every backend still serves."""
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    want = [e.ids for e in tok.encode_batch_fast(documents[:20] + [""], add_special_tokens=False)]
+    tok.enable_truncation(max_length=8)
+    tok.enable_padding(length=16, pad_id=0, pad_token="<|endoftext|>")
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert len(Tokenizer.from_file(str(path)).encode_batch_fast([documents[0], ""])[1].ids) == 16  # as saved
+    for backend in [b for b in installed_backends() if b in BACKENDS]:
+        assert choose_backend(path, backend, documents[:20])[0] == backend
+        ids, counts = make_encoder(path, backend).encode_batch(documents[:20] + [""])
+        assert split_docs(ids, counts) == want, backend
+    assert choose_backend(path, "auto", documents[:20]) == choose_backend(tokenizer_path, "auto", documents[:20])
+
+
 def merge_order_tokenizer(path: Path) -> Path:
     """Byte-level BPE whose merges are b+c, a+b, ab+c. HF encodes "abc" as [a, bc] (no merge joins a and bc);
     tiktoken, which merges any adjacent pair whose concatenation is in the vocabulary, gives [abc]."""

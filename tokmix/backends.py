@@ -172,7 +172,8 @@ def _size_thread_pools(threads: int | None) -> None:
 class HFEncoder:
     """HF `tokenizers` (the oracle of a tokenizer.json), with a literal special token ("<|endoftext|>") inside a
     document encoded as plain text, and no post-processor tokens (a template's BOS): the recipe's delimiters are
-    the only tokens added."""
+    the only tokens added. A file's truncation and padding (a model's input length, saved with it) are not
+    applied either: a document is never cut nor padded."""
 
     name = "hf"
 
@@ -184,6 +185,8 @@ class HFEncoder:
             raise NotApplicable("it is not a tokenizer.json")
         self._tok = Tokenizer.from_file(str(tokenizer_path))
         self._tok.encode_special_tokens = True
+        self._tok.no_truncation()
+        self._tok.no_padding()
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -269,6 +272,8 @@ class FastokensEncoder:
             text = json.dumps(spec)
         spec = None  # the parsed file freed before fastokens builds its tables (docs/benchmarks.md: a peak lower)
         self._tok = fastokens.Tokenizer.from_json_str(text)
+        self._tok.no_truncation()  # as HFEncoder: a file's settings for a model's inputs
+        self._tok.no_padding()
         self.vocab_size = self._tok.vocab_size
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
