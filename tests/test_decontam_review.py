@@ -35,11 +35,12 @@ def planted(tmp_path_factory):
                        row_group_size=16)
     recipe.write_text(recipe.read_text() + decontaminate_section())
     out = root / "out"
-    done = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--no-cache"],
+    done = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--cache",
+                           str(root / "cache")],
                           capture_output=True, text=True, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(read_json(out / "contamination.json", sealed=True)["items"]) == 2
-    return {"root": root, "recipe": recipe, "out": out}
+    return {"root": root, "recipe": recipe, "out": out, "cache": root / "cache"}
 
 
 def cli(*args: str):
@@ -67,3 +68,28 @@ def test_a_resealed_contamination_json_that_is_not_index_jsons_is_not_shown(plan
     assert html.exit_code == 0, html.output[-2000:]
     page = (tmp_path / "r.html").read_text()
     assert "items found in it" not in page and "sha256 differs from index.json" in page
+
+
+def test_cache_verify_checks_the_cache_named_before_the_subcommand(planted, tmp_path):
+    """`tokmix cache --cache DIR verify` (the group's option, as `tokmix cache --help` shows it) checks DIR, not
+    the default cache: the run's built benchmark set damaged there is found and removed, exit 1; a prune option
+    before `verify` is refused, not silently dropped."""
+    cache = tmp_path / "cache"
+    shutil.copytree(planted["cache"], cache)
+    [record] = [p for p in cache.glob("entries/*/*/entry.json") if '"kind": "benchmark-set"' in p.read_text()]
+    [grams] = record.parent.glob("*.grams")
+    data = bytearray(grams.read_bytes())
+    data[-5] ^= 1
+    grams.write_bytes(bytes(data))
+    env = {**ENV, "TOKMIX_CACHE": str(tmp_path / "default")}
+
+    def tokmix_cache(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tokmix.cli", "cache", *args], capture_output=True, text=True,
+                              env=env)
+
+    refused = tokmix_cache("--cache", str(cache), "--max-size", "1GiB", "verify")
+    assert refused.returncode == 2 and "--max-size" in refused.stderr and grams.exists()
+    checked = tokmix_cache("--cache", str(cache), "verify")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"sha256 of {grams.name} differs from its record; removed" in " ".join(checked.stderr.split())
+    assert not record.exists() and not (tmp_path / "default").exists()

@@ -489,7 +489,13 @@ def cache(
 ) -> None:
     """Show the token cache's size and entries by kind, tokenizer and source; prune it. Entries a running run
     holds are never removed."""
-    if ctx.invoked_subcommand is not None:
+    if ctx.invoked_subcommand is not None:  # `tokmix cache --cache DIR verify`: the subcommand's cache is DIR
+        pruning = [name for name, value in (("--max-size", max_size), ("--older-than", older_than),
+                                            ("--tokenizer", tokenizer)) if value is not None]
+        if pruning:
+            _fail(TokmixError(f"{', '.join(pruning)}: prunes with `tokmix cache` alone, not with "
+                              f"`{ctx.invoked_subcommand}`"), debug)
+        ctx.obj = cache
         return
     from rich.table import Table
 
@@ -523,10 +529,11 @@ def cache(
 
 
 @cache_app.command("verify")
-def cache_verify(cache: str | None = CACHE_OPTION, debug: bool = typer.Option(False, "--debug")) -> None:
+def cache_verify(ctx: typer.Context, cache: str | None = CACHE_OPTION,
+                 debug: bool = typer.Option(False, "--debug")) -> None:
     """Check every entry of the token cache against its sha256; a damaged one is removed (exit 1)."""
     try:
-        whole, problems = _the_cache(cache).verify()
+        whole, problems = _the_cache(cache if cache is not None else ctx.obj).verify()
     except (TokmixError, OSError) as e:
         _fail(e, debug)
     for problem in problems:
