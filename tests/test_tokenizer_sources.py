@@ -106,6 +106,19 @@ def test_an_encoding_name_is_read_from_tiktokens_cache_only(tmp_path, gpt2, r50k
         tokenizer_file(recipe(tmp_path, tiktoken="nope_base"), tmp_path / "own3" / "tokenizer.json")
 
 
+def test_a_rank_file_beside_the_recipe_under_any_name_is_read_as_a_file(tmp_path):
+    """Llama 3 keeps its tiktoken ranks as `tokenizer.model`, Kimi K2 as `tiktoken.model`: a name with a dot is a
+    file, beside the recipe (an encoding's name has no dot), as `sentencepiece = "tokenizer.model"`'s message
+    for such a file says to give it (tokenizer.tiktoken)."""
+    gpt2_tiktoken(tmp_path).rename(tmp_path / "tokenizer.model")
+    path = tokenizer_file(recipe(tmp_path, tiktoken="tokenizer.model"), tmp_path / "out" / "tokenizer.tiktoken.json")
+    assert make_encoder(path, "tiktoken").encode_batch(["Hello world"])[0].tolist() == [15496, 995]
+    with pytest.raises(TokmixError, match=r"give it as tokenizer.tiktoken"):
+        load_vocabulary(str(tmp_path / "tokenizer.model"), "sentencepiece")
+    with pytest.raises(TokmixError, match=r"tiktoken.model: file not found"):
+        tokenizer_file(recipe(tmp_path, tiktoken="tiktoken.model"), tmp_path / "o" / "tokenizer.json")
+
+
 def test_bad_tiktoken_files_are_one_line(tmp_path):
     (tmp_path / "bad.tiktoken").write_text("IQ== 0\nnot base64!! 1\n")
     with pytest.raises(TokmixError, match=r"bad.tiktoken: line 2 is not '<base64 token> <rank>'"):

@@ -47,8 +47,10 @@ class TokenizerTrain(_Strict):
 
 
 def is_tiktoken_file(source: str) -> bool:
-    """A tiktoken source that is a file (else it is an encoding name such as "cl100k_base")."""
-    return source.endswith(".tiktoken") or "/" in source or "\\" in source
+    """A tiktoken source that is a file (else it is an encoding name such as "cl100k_base"): a name with a dot or
+    a folder; a file's name need not end in .tiktoken (Llama 3's ranks are `tokenizer.model`), an encoding's
+    has no dot."""
+    return "." in source or "/" in source or "\\" in source
 
 
 REFERENCE_PREFIX = [EOT_TOKEN]  # the reference's layout: its end-of-text token before each document

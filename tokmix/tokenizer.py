@@ -500,8 +500,8 @@ def _local_encoding(name: str):
         if "Unknown encoding" not in str(e):
             raise TokmixError(f"tokenizer tiktoken = {name!r}: {first_line(e)}") from None
         known = ", ".join(tiktoken.list_encoding_names())
-        raise TokmixError(f"tokenizer tiktoken = {name!r}: no such encoding ({known}) and not a .tiktoken "
-                          "file") from None
+        raise TokmixError(f"tokenizer tiktoken = {name!r}: no such encoding ({known}), and not a file (a file's "
+                          "name has a dot or a folder)") from None
     except FileNotFoundError:
         raise TokmixError(f"tokenizer tiktoken = {name!r}: its ranks are not in tiktoken's cache "
                           "(TIKTOKEN_CACHE_DIR); put them there or give the .tiktoken file") from None
