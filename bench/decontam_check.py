@@ -66,7 +66,9 @@ PIECES = [("tokmix.stages.decontam", "BenchmarkSet.contaminating"), ("tokmix.sta
           ("tokmix.ngrams", "normalized_bytes"), ("tokmix.stages.decontam", "BenchmarkSet._matches"),
           ("tokmix.stages.decontam", "BenchmarkSet.member"), ("tokmix.ngrams", "Words.grams"),
           ("tokmix.stages.decontam", "BenchmarkSet.candidates"), ("tokmix.stages.decontam", "BenchmarkSet._holding"),
-          ("tokmix.ngrams", "add_normal_forms")]
+          ("tokmix.ngrams", "add_normal_forms"), ("tokmix.stages.decontam", "bucket_search"),
+          ("tokmix.stages.decontam", "in_filter"), ("tokmix.stages.decontam", "BenchmarkSet._runs"),
+          ("tokmix.stages.decontam", "Found.all_items"), ("tokmix.stages.decontam", "Found.add_run")]
 
 
 def timed_pieces() -> dict[str, list[float]]:

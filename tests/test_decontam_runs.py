@@ -138,7 +138,7 @@ def test_a_run_is_checked_at_once_and_a_miss_one_by_one(tmp_path):
         rest = bench._runs(group, starts, group.text_of(starts), hashes[cand], lo, hi, kept)
         assert len(rest) == left
         bench._matches(group, kept := Found(1, bench.items))
-        assert len(kept.by_text[0]) == found and kept.items(0) == [4]
+        assert len(kept.by_text[0]) == found and kept.all_items(1) == [[4]]
     assert np.array_equal(bench.mixed_hashes, np.sort(bench.mixed_hashes))
 
 
@@ -158,3 +158,29 @@ def test_one_word_ngrams_runs_stop_at_a_texts_end(tmp_path, min_matches):
                 for d in docs]
     assert all(expected[:2]) and expected[3] == []
     assert bench.contaminating(docs) == expected
+
+
+@pytest.mark.parametrize("count", [0, 1, 8, 9, 1000, 200_000])
+def test_the_bucketed_search_is_numpys(count):
+    """bucket_search over gram_buckets gives np.searchsorted's index for every key: keys that are values (one of
+    many copies too, and values on buckets' bounds), keys between them, below the first and above the last, keys
+    of empty buckets, and a bucket that holds a thousand copies of one hash (the search takes its bits' steps
+    there)."""
+    from tokmix.stages.decontam import bucket_search, gram_buckets
+
+    pick = np.random.default_rng(count)
+    values = pick.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
+    if count >= 1000:
+        values[: count // 4] = values[0]  # a quarter of them one hash
+        values[count // 4: count // 2] >>= np.uint64(8)  # and a quarter in the lowest buckets
+        values[-3:] = [0, 2**62, 2**63]  # on the bounds of buckets
+    values = np.sort(values)
+    shift, buckets = gram_buckets(values)
+    assert buckets[0] == 0 and buckets[-1] == count and np.all(np.diff(buckets.astype(np.int64)) >= 0)
+    assert len(buckets) - 1 == 1 << (64 - shift) and (count <= 8 or (count + 15) // 16 <= len(buckets) - 1 <= count)
+    keys = np.concatenate([values[pick.integers(0, count, 5000)] if count else np.empty(0, np.uint64),
+                           values[pick.integers(0, count, 5000)] + np.uint64(1) if count else np.empty(0, np.uint64),
+                           pick.integers(0, 2**64, 5000, dtype=np.uint64, endpoint=False),
+                           np.array([0, 1, 2**64 - 1, 2**63], np.uint64)])
+    for part in (keys, keys[:10], keys[::-1]):  # (under 64 keys: np.searchsorted itself)
+        assert np.array_equal(bucket_search(values, buckets, np.uint64(shift), part), np.searchsorted(values, part))
