@@ -14,7 +14,13 @@ import tiktoken
 from tests.corpus import _documents
 from tests.test_tokenizer_layouts import LLAMA3_PATTERN
 from tests.vocab import MISTRAL_IDS, gpt2_tiktoken, mistral_tokenizer_json, tiktoken_cache
-from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
+from tokmix.backends import (
+    ADVERSARIAL_TEXTS,
+    TIKTOKEN_GPT2_PATTERN,
+    choose_backend,
+    make_encoder,
+    read_tiktoken_file,
+)
 from tokmix.errors import TokmixError
 from tokmix.recipe import recipe_from_dict
 from tokmix.text import clean_surrogates
@@ -119,6 +125,28 @@ def test_a_rank_file_beside_the_recipe_under_any_name_is_read_as_a_file(tmp_path
         tokenizer_file(recipe(tmp_path, tiktoken="tiktoken.model"), tmp_path / "o" / "tokenizer.json")
 
 
+def test_ranks_that_no_tokenizer_json_can_say_run_on_tiktoken(tmp_path, documents):
+    """GPT-2's ranks less " the" (a vocabulary pruned by hand): tiktoken, the oracle, encodes with them (it joins
+    any two adjacent parts whose concatenation has a rank), but " they" is no longer the merge of two tokens of
+    lower rank, so there is no tokenizer.json view of them for fastokens. The run reads them with tiktoken, and
+    auto says why in one line."""
+    import base64
+
+    lines = gpt2_tiktoken(tmp_path).read_text().splitlines()
+    kept = [line for line in lines if base64.b64decode(line.split()[0]) != b" the"]
+    (tmp_path / "pruned.tiktoken").write_text("\n".join(kept) + "\n")
+    ranks = {base64.b64decode(t): int(r) for t, r in map(str.split, kept)}
+    oracle = tiktoken.Encoding("pruned", pat_str=TIKTOKEN_GPT2_PATTERN, mergeable_ranks=ranks,
+                               special_tokens={"<|endoftext|>": 50256})
+    path = tokenizer_file(recipe(tmp_path, tiktoken="pruned.tiktoken"), tmp_path / "out" / "tokenizer.tiktoken.json")
+    backend, notices = choose_backend(path, "auto", documents)
+    assert backend == "tiktoken" and notices == [
+        "fastokens: not applicable: its ranks have no tokenizer.json view (rank 484 (b' they') is not the merge of "
+        "two tokens of lower rank) — falling back to tiktoken"]
+    ids, counts = make_encoder(path, backend).encode_batch(documents)
+    assert ids.tolist() == [i for text in documents for i in oracle.encode_ordinary(text)]
+
+
 def test_bad_tiktoken_files_are_one_line(tmp_path):
     (tmp_path / "bad.tiktoken").write_text("IQ== 0\nnot base64!! 1\n")
     with pytest.raises(TokmixError, match=r"bad.tiktoken: line 2 is not '<base64 token> <rank>'"):
@@ -126,6 +154,9 @@ def test_bad_tiktoken_files_are_one_line(tmp_path):
     (tmp_path / "short.tiktoken").write_text("IQ== 0\n")
     with pytest.raises(TokmixError, match=r"short.tiktoken: byte 0x00 has no rank"):
         tokenizer_file(recipe(tmp_path, tiktoken="short.tiktoken"), tmp_path / "o" / "tokenizer.json")
+    (tmp_path / "twice.tiktoken").write_text("IQ== 0\nIg== 1\nIw== 1\n")  # tiktoken panics on it
+    with pytest.raises(TokmixError, match=r"twice.tiktoken: line 3 gives rank 1 again \(line 2 has it\)"):
+        tokenizer_file(recipe(tmp_path, tiktoken="twice.tiktoken"), tmp_path / "o" / "tokenizer.json")
     with pytest.raises(TokmixError, match=r"missing.tiktoken: file not found"):
         tokenizer_file(recipe(tmp_path, tiktoken="missing.tiktoken"), tmp_path / "o" / "tokenizer.json")
 

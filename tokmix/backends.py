@@ -47,6 +47,7 @@ SERVES = {"hf": ("fastokens", "tiktoken", "hf"), "tiktoken": ("fastokens", "tikt
           "sentencepiece": ("fastokens", "sentencepiece")}
 ORACLE_LIBRARY = {"hf": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 TIKTOKEN_KEY = "tiktoken"  # the first key of the run's tokenizer.tiktoken.json (tokmix.tokenizer)
+NO_VIEW = "no_view"  # its key, beside the ranks' pattern, for why they have no tokenizer.json view (else absent)
 
 
 def tokenizer_format(path: str | Path) -> str:
@@ -254,6 +255,9 @@ class FastokensEncoder:
         fmt = tokenizer_format(tokenizer_path)
         if fmt == "tiktoken":  # its tokenizer.json view of the ranks
             text, spec = read_tiktoken_file(tokenizer_path, "tokenizer_json"), {}
+            if not text:
+                why = read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY][NO_VIEW]
+                raise NotApplicable(f"its ranks have no tokenizer.json view ({why})")
         elif fmt == "sentencepiece":  # the view of the model sentencepiece itself gives
             text, spec = sentencepiece_tokenizer_json(tokenizer_path), {}
         else:

@@ -25,10 +25,12 @@ from tokmix.backends import (
     ADVERSARIAL_TEXTS,
     GPT2_PATTERNS,
     HF_CL100K,
+    NO_VIEW,
     ORACLE,
     TIKTOKEN_CL100K,
     TIKTOKEN_GPT2_PATTERN,
     TIKTOKEN_KEY,
+    NotApplicable,
     bytes_to_unicode,
     first_line,
     parse_ranks,
@@ -469,7 +471,7 @@ def _read_tiktoken_file(path: str) -> dict[bytes, int]:
     except UnicodeDecodeError:
         raise TokmixError(f"tokenizer tiktoken = {path}: not a .tiktoken file (not ASCII)"
                           + format_hint(path, "tiktoken")) from None
-    ranks = {}
+    ranks, line_of = {}, {}
     for n, line in enumerate(lines, 1):
         try:
             token, rank = line.split()
@@ -477,6 +479,9 @@ def _read_tiktoken_file(path: str) -> dict[bytes, int]:
         except ValueError:  # binascii.Error is a ValueError
             raise TokmixError(f"tokenizer tiktoken = {path}: line {n} is not '<base64 token> <rank>'"
                               + format_hint(path, "tiktoken")) from None
+        if line_of.setdefault(int(rank), n) != n:  # two tokens of one id: tiktoken panics building its table
+            raise TokmixError(f"tokenizer tiktoken = {path}: line {n} gives rank {rank} again (line "
+                              f"{line_of[int(rank)]} has it)")
     return ranks
 
 
@@ -577,11 +582,17 @@ def tiktoken_source(recipe: Recipe) -> tuple[dict[bytes, int], str, dict[str, in
 def tiktoken_run_file(recipe: Recipe) -> bytes:
     """The run's tokenizer.tiktoken.json (backends.read_tiktoken_file): the ranks as tiktoken reads them, with
     their split pattern and special tokens, for tiktoken, the oracle; and the same vocabulary as a tokenizer.json
-    (ranks_tokenizer_json) for the backends that read that format, used only where they give tiktoken's ids."""
+    (ranks_tokenizer_json) for the backends that read that format, used only where they give tiktoken's ids;
+    ranks it cannot say (a token that is no merge of two of lower rank, which tiktoken still reaches) get none,
+    and the reason (NO_VIEW): tiktoken alone reads them."""
     ranks, pattern, specials, source = tiktoken_source(recipe)
     lines = "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
-    return write_tiktoken_file({"source": source, "pat_str": pattern, "special_tokens": specials}, lines,
-                               ranks_tokenizer_json(ranks, pattern, specials, source))
+    meta = {"source": source, "pat_str": pattern, "special_tokens": specials}
+    try:
+        view = ranks_tokenizer_json(ranks, pattern, specials, source)
+    except NotApplicable as e:
+        meta[NO_VIEW], view = str(e), ""
+    return write_tiktoken_file(meta, lines, view)
 
 
 def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[str, int], source: str) -> str:
@@ -611,9 +622,8 @@ def ranks_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: dict[s
         splits = [(token[:i], token[i:]) for i in range(1, len(token))
                   if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
         parts = list(splits[0]) if len(splits) == 1 else _bpe_parts(ranks, token, rank)
-        if len(parts) != 2:
-            raise TokmixError(f"tokenizer tiktoken = {source}: rank {rank} ({token!r}) is not the merge of two "
-                              "tokens of lower rank")
+        if len(parts) != 2:  # tiktoken joins any two adjacent parts a rank has; HF's BPE only its merges
+            raise NotApplicable(f"rank {rank} ({token!r}) is not the merge of two tokens of lower rank")
         merges.append([text(parts[0]), text(parts[1])])
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     if pattern in GPT2_PATTERNS:
