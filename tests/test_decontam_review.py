@@ -93,3 +93,20 @@ def test_cache_verify_checks_the_cache_named_before_the_subcommand(planted, tmp_
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert f"sha256 of {grams.name} differs from its record; removed" in " ".join(checked.stderr.split())
     assert not record.exists() and not (tmp_path / "default").exists()
+
+
+def test_a_benchmark_url_on_a_server_that_does_not_answer_is_unreachable_not_missing(planted, tmp_path):
+    """A benchmark file over HTTP whose server refuses the connection (nothing listens on port 9): fsspec raises
+    FileNotFoundError for it, which is not what the user must fix; the one line says the URL is unreachable,
+    with the benchmark, before any stage writes."""
+    url = "http://127.0.0.1:9/HumanEval.jsonl.gz"
+    recipe = planted["root"] / "unreachable.toml"  # beside the run's: its relative paths hold
+    recipe.write_text(planted["recipe"].read_text().replace(f'"{HUMANEVAL}"', f'"{url}"'))
+    for command in (["plan", str(recipe), "--no-cache"], ["run", str(recipe), "--out", str(tmp_path / "o"),
+                                                          "--no-cache"]):
+        done = subprocess.run([sys.executable, "-m", "tokmix.cli", *command], capture_output=True, text=True,
+                              env=ENV)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and lines[-1].startswith(f"error: benchmark humaneval: {url}: unreachable ("), \
+            done.stderr[-2000:]
+    assert not (tmp_path / "o" / "index.json").exists()

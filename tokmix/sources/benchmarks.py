@@ -48,6 +48,8 @@ def _opened(path: str, name: str, mirrors) -> Iterator:
             yield f
     except FileNotFoundError:
         raise TokmixError(f"benchmark {name}: file {path}: not found") from None
+    except TokmixError as e:  # a URL's failure (tokmix.sources.files.remote_errors), which names it
+        raise TokmixError(f"benchmark {name}: {e}") from None
     except OSError as e:
         raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e}") from None
 

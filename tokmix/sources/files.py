@@ -34,18 +34,29 @@ def remote_errors(url: str, mirrors: list[tuple[str, str]]):
     tokmix's own errors pass through."""
     try:
         yield
-    except (TokmixError, FileNotFoundError):
+    except TokmixError:
         raise
+    except FileNotFoundError as e:  # fsspec's http raises it for a server that does not answer, from the cause
+        cause = e.__cause__
+        if cause is None or not _is_remote(remap(url, mirrors)) or not _offline(cause):
+            raise
+        raise _remote_failure(url, cause) from None
     except Exception as e:
         if not _is_remote(remap(url, mirrors)):
             raise
-        kinds = " ".join(c.__name__ for c in type(e).__mro__)
-        offline = isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or "Connect" in kinds \
-            or "Timeout" in kinds
-        how = "unreachable" if offline else "cannot be read"
-        detail = (str(e).splitlines() or [""])[0][:200]
-        raise TokmixError(f"{url}: {how} ({type(e).__name__}: {detail}); check the network, or read a local copy "
-                          f"with --mirror {_mirror_hint(url)}=LOCAL_DIR") from None
+        raise _remote_failure(url, e) from None
+
+
+def _offline(e: BaseException) -> bool:
+    kinds = " ".join(c.__name__ for c in type(e).__mro__)
+    return isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or "Connect" in kinds or "Timeout" in kinds
+
+
+def _remote_failure(url: str, e: BaseException) -> TokmixError:
+    how = "unreachable" if _offline(e) else "cannot be read"
+    detail = (str(e).splitlines() or [""])[0][:200]
+    return TokmixError(f"{url}: {how} ({type(e).__name__}: {detail}); check the network, or read a local copy "
+                       f"with --mirror {_mirror_hint(url)}=LOCAL_DIR")
 
 
 def open_file(url: str, mirrors: list[tuple[str, str]], mode: str = "rb"):
