@@ -110,3 +110,14 @@ def test_a_benchmark_url_on_a_server_that_does_not_answer_is_unreachable_not_mis
         assert done.returncode != 0 and lines[-1].startswith(f"error: benchmark humaneval: {url}: unreachable ("), \
             done.stderr[-2000:]
     assert not (tmp_path / "o" / "index.json").exists()
+
+
+def test_text_without_spaces_is_one_word_between_separators(tmp_path):
+    """docs/recipe.md's normalization: words are not segmented, so an item in Chinese or Thai is found where a
+    document holds it between separators (CJK and ASCII punctuation, spaces), not inside a longer run."""
+    from tests.test_edge_cases_27_29 import built_set
+
+    _, bench = built_set(tmp_path, ["中华人民共和国成立于1949年，首都是北京。", "ประเทศไทยมีเมืองหลวงคือกรุงเทพมหานคร"])
+    docs = ["据记载中华人民共和国成立于1949年，首都是北京。", "中华人民共和国成立于1949年, 首都是北京",
+            "เราทราบว่าประเทศไทยมีเมืองหลวงคือกรุงเทพมหานคร", "(ประเทศไทยมีเมืองหลวงคือกรุงเทพมหานคร)"]
+    assert bench.contaminating(docs) == [[], [0], [], [1]]
