@@ -121,3 +121,17 @@ def test_text_without_spaces_is_one_word_between_separators(tmp_path):
     docs = ["据记载中华人民共和国成立于1949年，首都是北京。", "中华人民共和国成立于1949年, 首都是北京",
             "เราทราบว่าประเทศไทยมีเมืองหลวงคือกรุงเทพมหานคร", "(ประเทศไทยมีเมืองหลวงคือกรุงเทพมหานคร)"]
     assert bench.contaminating(docs) == [[], [0], [], [1]]
+
+
+def test_trace_source_of_a_file_of_many_documents_asks_for_one(planted):
+    """`trace --source FILE` of a parquet file (no row) took every document of it at once and said of the first
+    row that decontamination dropped it, when another row was the dropped one; `FILE:line N` of a parquet file
+    was row N-1. Both are refused, naming the form that finds one document; `FILE:row N` says what it said."""
+    path = planted["root"] / "corpus" / "dclm" / "part-0.parquet"
+    for where in (str(path), f"{path}:line 3"):
+        said = cli("trace", str(planted["out"]), "--source", where)
+        assert said.exit_code == 2 and "dropped" not in said.output, said.output
+        assert f"{where}: a parquet file holds many documents, one a row: name one as {path}:row N" in " ".join(
+            said.output.split()), said.output
+    dropped = cli("trace", str(planted["out"]), "--source", f"{path}:row 2")
+    assert dropped.exit_code == 0 and "row 2: dropped by benchmark decontamination" in dropped.output

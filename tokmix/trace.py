@@ -224,6 +224,13 @@ def find_source(out_dir: str | os.PathLike, where: str) -> SourceDocument:
     if wanted not in files and "://" not in wanted and os.path.abspath(wanted) in files:
         where = os.path.abspath(wanted) + where[len(wanted):]  # relative to the working directory, as trace prints it
         wanted = os.path.abspath(wanted)
+    kinds = {source.kind for *_, sources in entries for source in sources if source.file == wanted}
+    kinds |= {p["kind"] for item in (record or {"items": []})["items"] for p in item["places"] if p["file"] == wanted}
+    said = where.rpartition(":")[2].partition(" ")[0] if place is not None else None
+    for kind, word in (("parquet", "row"), ("jsonl", "line")):  # a document of it is `file:row N` / `file:line N`
+        if kind in kinds and said != word:
+            raise TokmixError(f"{where}: a {kind} file holds many documents, one a {word}: name one as "
+                              f"{wanted}:{word} N")
     for k, entry, sources in entries:
         mine = [i for i, source in enumerate(sources) if source.file == wanted]
         if not mine:
