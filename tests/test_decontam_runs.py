@@ -122,7 +122,7 @@ def test_a_run_is_checked_at_once_and_a_miss_one_by_one(tmp_path):
     """What _runs leaves to the one-by-one check: nothing of a passage that is an item's, the whole run of one
     whose words another word of the same hash changed (then only its n-grams without that word are found)."""
     from tokmix.ngrams import split_words
-    from tokmix.stages.decontam import BenchmarkSet, Found, build_set
+    from tokmix.stages.decontam import BenchmarkSet, Found, _spaced, build_set
 
     path = tmp_path / "items.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ITEMS))
@@ -135,7 +135,7 @@ def test_a_run_is_checked_at_once_and_a_miss_one_by_one(tmp_path):
         starts = at[cand]
         assert len(cand) == 49
         kept = Found(1, bench.items)
-        rest = bench._runs(group, starts, group.text_of(starts), hashes[cand], lo, hi, kept)
+        rest = bench._runs(group, _spaced(group), starts, group.text_of(starts), hashes[cand], lo, hi, kept)
         assert len(rest) == left
         bench._matches(group, kept := Found(1, bench.items))
         assert len(kept.by_text[0]) == found and kept.all_items(1) == [[4]]

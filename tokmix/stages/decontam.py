@@ -13,7 +13,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -769,7 +768,12 @@ def pair_table(words: np.ndarray, word_starts: np.ndarray) -> PairTable | None:
     return PairTable.of(table, PAIR_TABLE_BITS) if table.mean() <= PAIR_TABLE_DENSEST else None
 
 
-_SEPARATORS = re.compile(b"\0+")
+def _spaced(group: Words) -> tuple[bytes, np.ndarray]:
+    """The group's mapped bytes with each run of zeros (separators) made one zero, and where each byte is in them:
+    the words p[s:e] (s a word's first byte, e a word's end) one zero apart are spaced[at[s]:at[e - 1] + 1]."""
+    keep = group.data != 0
+    keep[1:] |= group.data[:-1] != 0  # a run of zeros' first
+    return group.data[keep].tobytes(), np.cumsum(keep) - 1
 
 
 def gram_buckets(hashes: np.ndarray) -> tuple[int, np.ndarray]:
@@ -924,6 +928,7 @@ class BenchmarkSet:
         """Add to `found` the n-grams each text of the group shares with an item, every candidate compared byte
         for byte with the item's words: a run of them at once where it can be (_runs), else one by one."""
         member = self.member(group.hashes)  # words of some item (or a few more)
+        spaced = None
         for k in self.lengths:
             hashes, at = group.grams(k, member)
             cand, lo, hi = self.candidates(hashes)
@@ -931,25 +936,28 @@ class BenchmarkSet:
                 continue
             starts, values = at[cand], hashes[cand]
             texts = group.text_of(starts)
+            spaced = spaced or _spaced(group)
             if k == self.n and len(cand) >= RUN_MIN:
-                left = self._runs(group, starts, texts, values, lo, hi, found)
+                left = self._runs(group, spaced, starts, texts, values, lo, hi, found)
                 starts, texts, values, lo, hi = (part[left] for part in (starts, texts, values, lo, hi))
-            first, last = group.starts[starts], group.ends[starts + k - 1]
+            data, place = spaced
+            first, last = place[group.starts[starts]], place[group.ends[starts + k - 1] - 1] + 1
             for text, value, a, b, s, e in zip(texts.tolist(), values.tolist(), lo.tolist(), hi.tolist(),
                                                first.tolist(), last.tolist()):
-                gram = b"\0" + _SEPARATORS.sub(b"\0", group.data[s:e].tobytes()) + b"\0"  # one zero between words
+                gram = b"\0" + data[s:e] + b"\0"  # one zero between words
                 held = self._holding(value, a, b, k, gram)
                 if held is not None:
                     found.add(text, *held)
 
-    def _runs(self, group: Words, starts: np.ndarray, texts: np.ndarray, values: np.ndarray, lo: np.ndarray,
-              hi: np.ndarray, found: Found) -> np.ndarray:
+    def _runs(self, group: Words, spaced: tuple[bytes, np.ndarray], starts: np.ndarray, texts: np.ndarray,
+              values: np.ndarray, lo: np.ndarray, hi: np.ndarray, found: Found) -> np.ndarray:
         """The candidate n-grams (of ngram words, in word order: `starts`, their first words) checked a run at a
         time: a run of candidates at consecutive words of one text whose hashes' first item is the same, none of
         them "mixed", is that item's n-grams all when the run's whole word sequence is in that item's words (each
         n-gram in the run is then one of the item's, and its hash's items are all that hold it: _holding's
         verdict for each). A planted passage of 110 words gives ~100 such candidates: one comparison instead of
-        a hundred. Returns the candidates left to check one by one (the runs that are not an item's)."""
+        a hundred. `spaced`: _spaced(group). Returns the candidates left to check one by one (the runs that are
+        not an item's)."""
         n = self.n
         first = self.items[lo]
         new = np.ones(len(starts), bool)  # a run starts here
@@ -965,12 +973,12 @@ class BenchmarkSet:
             return np.arange(len(starts))
         left = np.ones(len(starts), bool)
         heads, ends = heads[long], ends[long]
-        begin = group.starts[starts[heads]].tolist()  # the run's first word's first byte, its last word's end
-        finish = group.ends[starts[ends - 1] + n - 1].tolist()
-        data = group.data
+        data, place = spaced  # the run's first word's first byte, its last word's end
+        begin = place[group.starts[starts[heads]]].tolist()
+        finish = (place[group.ends[starts[ends - 1] + n - 1] - 1] + 1).tolist()
         for a, b, s, e, item, text in zip(heads.tolist(), ends.tolist(), begin, finish, first[heads].tolist(),
                                           texts[heads].tolist()):
-            words = b"\0" + _SEPARATORS.sub(b"\0", data[s:e].tobytes()) + b"\0"
+            words = b"\0" + data[s:e] + b"\0"
             if words in self._item_bytes(item)[0]:  # (more words than ngram: the item has more too)
                 found.add_run(text, lo[a:b].tolist(), hi[a:b].tolist())
                 left[a:b] = False
@@ -981,21 +989,31 @@ class BenchmarkSet:
         found = Found(self.min_matches, self.items)
         group: list[int] = []
         chars = 0
+        pieces: list[str] = []  # what the groups' first passes kept, checked together (GROUP_CHARS at a time)
+        owners: list[int] = []
 
         def check(group: list[int]) -> None:
-            pieces, owners = [texts[i] for i in group], group
-            if self._first_pass_pays():
-                size = sum(map(len, pieces))
-                pieces, owners = [], []
+            nonlocal pieces, owners
+            if not self._first_pass_pays():
+                pieces += [texts[i] for i in group]
+                owners += group
+            else:
+                size, kept = sum(len(texts[i]) for i in group), len(pieces)
                 for at, spans in run_candidates([texts[i] for i in group], self.first_pass_pairs(), self.word_bits,
                                                 self.lengths[0]):
                     spans = [texts[group[at]]] if spans is None else spans  # (None: the whole text)
                     pieces += spans
                     owners += [group[at]] * len(spans)
                 with self._pass_lock:
-                    self._first_pass.append((size, sum(map(len, pieces))))
+                    self._first_pass.append((size, sum(map(len, pieces[kept:]))))
+            if sum(map(len, pieces)) >= GROUP_CHARS:
+                match()
+
+        def match() -> None:
+            nonlocal pieces, owners
             if pieces:  # a text's pieces: its n-grams are their n-grams (a key the same in each, counted once)
                 self._matches(split_words(pieces), found.renumbered(owners))
+            pieces, owners = [], []
 
         for i, text in enumerate(texts):
             if isinstance(text, HugeText):
@@ -1008,6 +1026,7 @@ class BenchmarkSet:
                 group, chars = [], 0
         if group:
             check(group)
+        match()
         return found.all_items(len(texts))
 
     def _first_pass_pays(self) -> bool:
