@@ -64,8 +64,11 @@ def test_a_stream_short_once_its_contaminated_documents_are_dropped_is_named_sho
                              str(tmp_path / "run"), "--no-cache"], capture_output=True, text=True, env=env,
                             timeout=300)
     assert failed.returncode != 0 and "Traceback" not in failed.stderr
-    assert (f"stream code_py: source files ran out at {code.train.tokens:,} tokens of a budget of {code.budget:,}"
-            in failed.stderr), failed.stderr[-2000:]
+    said = re.search(rf"stream code_py: source files ran out at {code.train.tokens:,} tokens of a budget of "
+                     rf"{code.budget:,} \(benchmark decontamination dropped ([\d,]+) of its documents, ([\d,]+) "
+                     r"tokens\); about", failed.stderr)
+    assert said, failed.stderr[-2000:]  # what the run took, as the plan counted it
+    assert int(said[1].replace(",", "")) == drop.contamination["code_py"][2] and int(said[2].replace(",", "")) > 0
 
     # "report" keeps them: the supply is the plain recipe's
     report = make_plan(load_recipe(recipes["report"]), out=tmp_path / "report")

@@ -546,12 +546,14 @@ def _committed(directory: Path | ObjectPath, log: Callable[[str], None]) -> dict
     return records
 
 
-def _out_of_source(stream: str, got: int, budget: int, records: list[dict], max_epochs: int) -> TokmixError:
+def _out_of_source(stream: str, got: int, budget: int, records: list[dict], max_epochs: int,
+                   drops_contaminated: bool) -> TokmixError:
     """The stream's train documents, all of them `got` tokens, fall short of its budget even in `max_epochs`
-    passes."""
+    passes (and what the run dropped of them: _dropped)."""
+    taken = _dropped(records, drops_contaminated)
     if max_epochs > 1 and got:
         return TokmixError(
-            f"stream {stream}: its train documents hold {got:,} tokens, its budget of {budget:,} needs "
+            f"stream {stream}: its train documents hold {got:,} tokens{taken}, its budget of {budget:,} needs "
             f"{passes_needed(budget, got)} passes over them and max_epochs is {max_epochs}: raise max_epochs, add "
             "train files or lower the stream's share or the number of blocks"
         )
@@ -563,9 +565,24 @@ def _out_of_source(stream: str, got: int, budget: int, records: list[dict], max_
         more = f"; about {size} more text ({100 * (budget - got) / got:.0f}% more) is needed"
         repeat = f", or let its documents repeat (max_epochs = {passes_needed(budget, got)})"
     return TokmixError(
-        f"stream {stream}: source files ran out at {got:,} tokens of a budget of {budget:,}{more}: "
+        f"stream {stream}: source files ran out at {got:,} tokens of a budget of {budget:,}{taken}{more}: "
         f"add train files or lower the stream's share or the number of blocks{repeat}"
     )
+
+
+def _dropped(records: list[dict], drops_contaminated: bool) -> str:
+    """What the run dropped of the units' documents, said after the tokens they hold: the documents a benchmark
+    item contaminates (action "drop") and the copies of holdout documents ("" for none)."""
+    said = []
+    contaminated = [entry for record in records for entry in record.get("contaminated", [])] if drops_contaminated \
+        else []
+    if contaminated:
+        said.append(f"benchmark decontamination dropped {len(contaminated):,} of its documents, "
+                    f"{sum(entry[3] for entry in contaminated):,} tokens")
+    if copies := sum(len(record["dropped_at"]) for record in records):
+        said.append("1 copy of a holdout document dropped" if copies == 1 else
+                    f"{copies:,} copies of holdout documents dropped")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _changed_source(stream: str, unit: Unit, record: dict) -> TokmixError | None:
@@ -798,7 +815,8 @@ class StreamRun:
     def out_of_source(self) -> TokmixError | None:
         if self.exhausted and not self.in_flight and self.prefix_tokens < self.budget:
             return _out_of_source(self.name, self.prefix_tokens, self.budget,
-                                  [self.records[i] for i in range(self.prefix)], self.max_epochs)
+                                  [self.records[i] for i in range(self.prefix)], self.max_epochs,
+                                  self.benchmarks is not None and self.ctx.recipe.decontaminate.action == "drop")
         return None
 
     def finish(self) -> dict:
