@@ -135,3 +135,14 @@ def test_trace_source_of_a_file_of_many_documents_asks_for_one(planted):
             said.output.split()), said.output
     dropped = cli("trace", str(planted["out"]), "--source", f"{path}:row 2")
     assert dropped.exit_code == 0 and "row 2: dropped by benchmark decontamination" in dropped.output
+
+
+def test_a_benchmark_file_that_is_a_loop_of_links_is_named_with_its_benchmark(tmp_path):
+    """A benchmark path that is a loop of symbolic links fails its stat with ELOOP, which passed as a bare OSError
+    (the CLI printed the path and strerror, no benchmark); it is named as an unreadable file is."""
+    from tests.test_edge_cases_27_29 import read_items
+
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    assert read_items(tmp_path / "a.jsonl", ["text"]) == (
+        f"benchmark b: file {tmp_path / 'a.jsonl'}: cannot read: Too many levels of symbolic links")

@@ -42,7 +42,10 @@ def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
 @contextmanager
 def _opened(path: str, name: str, mirrors) -> Iterator:
     """A benchmark file open for reading its bytes; a missing or unreadable one (also while it is read) named."""
-    check_input_file(remap(path, mirrors), f"benchmark {name}: file")  # stat only: opening a FIFO waits for a writer
+    try:
+        check_input_file(remap(path, mirrors), f"benchmark {name}: file")  # stat only: a FIFO's open waits
+    except OSError as e:  # (a loop of links; a NotAFile names the benchmark itself)
+        raise TokmixError(f"benchmark {name}: file {path}: cannot read: {e.strerror or e}") from None
     try:
         with open_file(path, mirrors) as f:
             yield f
