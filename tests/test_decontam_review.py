@@ -97,19 +97,18 @@ def test_cache_verify_checks_the_cache_named_before_the_subcommand(planted, tmp_
 
 def test_a_benchmark_url_on_a_server_that_does_not_answer_is_unreachable_not_missing(planted, tmp_path):
     """A benchmark file over HTTP whose server refuses the connection (nothing listens on port 9): fsspec raises
-    FileNotFoundError for it, which is not what the user must fix; the one line says the URL is unreachable,
-    with the benchmark, before any stage writes."""
-    url = "http://127.0.0.1:9/HumanEval.jsonl.gz"
+    FileNotFoundError for it, which is not what the user must fix; the one line says the URL (or the glob of URLs)
+    is unreachable, with the benchmark, before any stage writes."""
     recipe = planted["root"] / "unreachable.toml"  # beside the run's: its relative paths hold
-    recipe.write_text(planted["recipe"].read_text().replace(f'"{HUMANEVAL}"', f'"{url}"'))
-    for command in (["plan", str(recipe), "--no-cache"], ["run", str(recipe), "--out", str(tmp_path / "o"),
-                                                          "--no-cache"]):
-        done = subprocess.run([sys.executable, "-m", "tokmix.cli", *command], capture_output=True, text=True,
-                              env=ENV)
+    urls = ("http://127.0.0.1:9/HumanEval.jsonl.gz", "http://127.0.0.1:9/Human*.gz")  # a file, a glob
+    for url, command in [(u, c) for k, u in enumerate(urls) for c in (["plan"], ["run", "--out", f"{tmp_path}/o{k}"])]:
+        recipe.write_text(planted["recipe"].read_text().replace(f'"{HUMANEVAL}"', f'"{url}"'))
+        done = subprocess.run([sys.executable, "-m", "tokmix.cli", command[0], str(recipe), *command[1:],
+                               "--no-cache"], capture_output=True, text=True, env=ENV)
         lines = done.stderr.strip().splitlines()
         assert done.returncode != 0 and lines[-1].startswith(f"error: benchmark humaneval: {url}: unreachable ("), \
             done.stderr[-2000:]
-    assert not (tmp_path / "o" / "index.json").exists()
+        assert not (tmp_path / "o0" / "index.json").exists() and not (tmp_path / "o1" / "index.json").exists()
 
 
 def test_text_without_spaces_is_one_word_between_separators(tmp_path):

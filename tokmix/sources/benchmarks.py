@@ -33,7 +33,10 @@ class Item:
 
 
 def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
-    files = [f for p in patterns for f in expand(p, mirrors)]
+    try:
+        files = [f for p in patterns for f in expand(p, mirrors)]
+    except TokmixError as e:  # a glob's URL unreachable, a FIFO it matched: named with the benchmark
+        raise TokmixError(f"benchmark {name}: {e}") from None
     if not files:
         raise TokmixError(f"benchmark {name}: no file matches {', '.join(patterns)}")
     return files
