@@ -145,3 +145,26 @@ def test_a_benchmark_file_that_is_a_loop_of_links_is_named_with_its_benchmark(tm
     (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
     assert read_items(tmp_path / "a.jsonl", ["text"]) == (
         f"benchmark b: file {tmp_path / 'a.jsonl'}: cannot read: Too many levels of symbolic links")
+
+
+def test_a_set_of_other_rules_in_the_state_folder_is_built_again(planted, tmp_path):
+    """A run's state folder holding a whole set built by another recipe (3-grams of the same benchmark file: its
+    files' sha256 are the pinned ones) was taken, and the resume dropped by 3-grams under a recipe of 13; it is
+    built again, and the run ends as the uninterrupted one did."""
+    three = planted["root"] / "ngram3.toml"
+    three.write_text(planted["recipe"].read_text().replace("ngram = 13", "ngram = 3"))
+    env = {**ENV, "TOKMIX_FAULT": "holdout:after-write:1"}  # killed once the set is built and pinned
+    for recipe, out in ((planted["recipe"], tmp_path / "out"), (three, tmp_path / "three")):
+        subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--no-cache"],
+                       capture_output=True, env=env, start_new_session=True)
+    state = tmp_path / "out" / "tokmix-state" / "benchmarks"
+    shutil.rmtree(state)
+    shutil.copytree(tmp_path / "three" / "tokmix-state" / "benchmarks", state)
+    done = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(planted["recipe"]), "--out",
+                           str(tmp_path / "out"), "--no-cache"], capture_output=True, text=True,
+                          env={**ENV, "COLUMNS": "400"})  # its log lines unwrapped
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = done.stdout + done.stderr
+    assert "a set of ngram 3, not 13; built again" in said and " 3-grams" not in said, said[-2000:]
+    record = "contamination.json"
+    assert (tmp_path / "out" / record).read_bytes() == (planted["out"] / record).read_bytes()

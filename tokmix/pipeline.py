@@ -198,7 +198,7 @@ def early_benchmarks(ctx: Context, later) -> dict | None:
         return None
     if (note := first_pass_note()) is not None:
         log(note)
-    record = whole_set(directory, log)
+    record = whole_set(directory, log, recipe)
     if record is None and ctx.cache is None:
         record = prepare_benchmarks(recipe, directory, ctx.mirrors)
         pin = (NORMALIZATION, set_checksums(record))

@@ -604,19 +604,35 @@ def arrays_damage(directory: Path, record: dict) -> str | None:
     return None
 
 
-def whole_set(directory: Path, log) -> dict | None:
-    """The record of the set built in `directory` when it is there whole; damaged arrays: the record removed,
-    said, None (built again)."""
+def whole_set(directory: Path, log, recipe: Recipe) -> dict | None:
+    """The record of the set built in `directory` when it is there whole and of the recipe's rules; damaged
+    arrays or another recipe's set (a state folder's set put there from another run): the record removed, said,
+    None (built again). Its files' bytes are the caller's to check (set_checksums)."""
     path = directory / "set.json"
     record = read_json(path, sealed=True)  # damaged: its one line (what it recorded cannot be remade)
     if record is None:
         return None
     damage = arrays_damage(directory, record)
+    if damage is None and (other := _other_rules(record, recipe)) is not None:
+        damage = f"{path}: a set of {other}"
     if damage is None:
         return record
     log(f"benchmark n-grams: {damage}; built again")
     path.unlink()
     return None
+
+
+def _other_rules(record: dict, recipe: Recipe) -> str | None:
+    """What of the recipe's [decontaminate] a built set's record has otherwise, in words; None when none."""
+    spec = recipe.decontaminate
+    want = {"normalization": NORMALIZATION, "ngram": spec.ngram, "min_matches": spec.min_matches,
+            "action": spec.action,
+            "benchmarks": [[name, b.fields, b.id_field] for name, b in spec.benchmarks.items()]}
+    have = {"normalization": record["normalization"], "ngram": record["ngram"], "min_matches": record["min_matches"],
+            "action": record["action"],
+            "benchmarks": [[name, b.get("fields"), b.get("id_field")] for name, b in record["benchmarks"].items()]}
+    changed = [f"{key} {json.dumps(have[key])}, not {json.dumps(want[key])}" for key in want if have[key] != want[key]]
+    return "; ".join(changed) or None
 
 
 def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, cache: str | None = None,
@@ -629,7 +645,7 @@ def prepare_set(recipe: Recipe, directory: Path, mirrors, log, build=build_set, 
     nothing of the set kept) and kept in the cache for the next run: by `later(keep)` when the cache is on a
     store (`later`: e.g. a thread's, beside the streams stage: the upload of the 100k set's 273 MiB is not
     waited for), else at once (links)."""
-    record = whole_set(directory, log)
+    record = whole_set(directory, log, recipe)
     if record is None and cache is not None:
         checksums = checksums if checksums is not None else benchmark_checksums(recipe, mirrors)
         key, parts = set_key(recipe, checksums, mirrors)
