@@ -168,3 +168,13 @@ def test_a_set_of_other_rules_in_the_state_folder_is_built_again(planted, tmp_pa
     assert "a set of ngram 3, not 13; built again" in said and " 3-grams" not in said, said[-2000:]
     record = "contamination.json"
     assert (tmp_path / "out" / record).read_bytes() == (planted["out"] / record).read_bytes()
+
+
+def test_a_plain_text_benchmark_line_that_is_not_utf8_is_named_by_its_line(tmp_path):
+    """A plain-text benchmark (one item a line) with a Latin-1 byte in its third line: the one line names that
+    line (the item), as a JSONL file's bad line is, not only the byte offset."""
+    from tests.test_edge_cases_27_29 import read_items
+
+    path = tmp_path / "items.txt"
+    path.write_bytes(b"first item\r\nsecond item\ncaf\xe9 third\n")
+    assert read_items(path, ["text"]) == f"benchmark b: file {path}: line 3: byte 27 is not UTF-8 text"

@@ -96,7 +96,7 @@ def test_a_plain_text_benchmark_file_with_a_byte_order_mark(tmp_path):
     path.write_bytes(b"\xef\xbb\xbfalpha bravo charlie\r\nsecond item\r\n")
     assert read_items(path, ["text"]) == [("0", "alpha bravo charlie"), ("1", "second item")]
     path.write_bytes(b"\xef\xbb\xbfalpha\xff")
-    assert read_items(path, ["text"]) == f"benchmark b: file {path}: byte 8 is not UTF-8 text"
+    assert read_items(path, ["text"]) == f"benchmark b: file {path}: line 1: byte 8 is not UTF-8 text"
 
 
 def test_a_benchmark_file_that_is_a_fifo_is_named_not_opened(tmp_path):

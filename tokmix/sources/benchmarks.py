@@ -169,7 +169,9 @@ def _rows(path: str, data: bytes, name: str, id_field: str | None) -> Iterator[t
         try:
             text = str(memoryview(data)[bom:], "utf-8")
         except UnicodeDecodeError as e:
-            raise TokmixError(f"benchmark {name}: file {path}: byte {bom + e.start} is not UTF-8 text") from None
+            line = data.count(b"\n", 0, bom + e.start) + 1  # the item's, as a JSONL file's bad line is named
+            raise TokmixError(f"benchmark {name}: file {path}: line {line}: byte {bom + e.start} is not UTF-8 "
+                              "text") from None
         # lines end at \n (a \r before it goes with it), as a JSONL file's do: str.splitlines would also cut at
         # form feeds, U+2028 and other breaks inside a line, making short items that match as a whole
         for i, line in enumerate(text.split("\n")):
