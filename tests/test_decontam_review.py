@@ -178,3 +178,20 @@ def test_a_plain_text_benchmark_line_that_is_not_utf8_is_named_by_its_line(tmp_p
     path = tmp_path / "items.txt"
     path.write_bytes(b"first item\r\nsecond item\ncaf\xe9 third\n")
     assert read_items(path, ["text"]) == f"benchmark b: file {path}: line 3: byte 27 is not UTF-8 text"
+
+
+def test_a_benchmark_in_a_folder_with_brackets_in_its_name_is_told_how_to_write_it(tmp_path):
+    """`evals [v2]/items.jsonl`: "[v2]" is a glob's set of characters, so the path matched nothing and the one
+    line said "no file matches" of a file that is there; it says how to write it, as a stream's files are told,
+    and the path so written reads it."""
+    from tests.test_edge_cases_27_29 import read_items
+
+    folder = tmp_path / "evals [v2]"
+    folder.mkdir()
+    (folder / "items.jsonl").write_text('{"text": "one two"}\n')
+    path = str(folder / "items.jsonl")
+    written = path.replace("[", "[[]")
+    assert read_items(path, ["text"]) == (f"benchmark b: {path!r} matches no file: in a pattern [...] is a set of "
+                                          "characters, but the path with a literal [ exists; write [[] for each [ "
+                                          f"(files = [{written!r}])")
+    assert read_items(written, ["text"]) == [("0", "one two")]

@@ -21,7 +21,7 @@ from tokmix.errors import TokmixError
 from tokmix.mirrors import remap
 from tokmix.shards import check_input_file
 from tokmix.sources import jsonl, parquet
-from tokmix.sources.files import expand, open_file
+from tokmix.sources.files import expand, literal_brackets, matches_with_literal_brackets, open_file
 from tokmix.text import clean_surrogates
 
 
@@ -38,6 +38,10 @@ def benchmark_files(patterns: list[str], name: str, mirrors) -> list[str]:
     except TokmixError as e:  # a glob's URL unreachable, a FIFO it matched: named with the benchmark
         raise TokmixError(f"benchmark {name}: {e}") from None
     if not files:
+        for pattern in (p for p in patterns if matches_with_literal_brackets(p, mirrors)):  # as a stream's are
+            raise TokmixError(f"benchmark {name}: {pattern!r} matches no file: in a pattern [...] is a set of "
+                              "characters, but the path with a literal [ exists; write [[] for each [ (files = "
+                              f"[{literal_brackets(pattern)!r}])")
         raise TokmixError(f"benchmark {name}: no file matches {', '.join(patterns)}")
     return files
 
