@@ -389,3 +389,30 @@ def test_ids_that_are_no_token_are_recorded_and_refused_by_validate(finished, ti
         tokens[len(tokens) // 2] = id_
         tokens.tofile(run / file)
         assert any(p.startswith(f"{file}: token id {id_:,} is no token") for p in validate_dir(run)), file
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_the_worker_processes_a_budget_starts_hold_their_encoders(tiktoken_dir, tmp_path, name):
+    """`--executor processes`: each worker process holds its own encoder, and the stage process one more while
+    the workers start (its holdout stage encodes). A process that built fastokens on o200k's ranks measures ~350
+    MiB here, so the default 1 GiB holds it and one worker (three such, as before, made the memory guard restart
+    the run until it gave up); cl100k's ~220 MiB still leave three workers."""
+    import subprocess
+    import sys
+
+    from tokmix.executors import local_workers
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.tokenizer import load_vocabulary, tokenizer_file
+
+    recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": name}, "layout": {"steps": 1, "seqs_per_step": 1},
+                               "holdout": {"tokens": 1, "eval_windows": 0},
+                               "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+    path = tokenizer_file(recipe, tmp_path / f"{name}.tiktoken.json")
+    code = ("import sys, psutil; from tokmix.stages import shared_encoder; "
+            "shared_encoder(sys.argv[1], 'fastokens').encode_batch(['hello world, 1234 ' * 5000, '中文 🙂'] * 20); "
+            "print(psutil.Process().memory_info().rss)")
+    held = int(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              check=True).stdout)
+    workers = local_workers(3, 1 << 30, load_vocabulary(path, "tiktoken").size)
+    assert workers == (1 if name == "o200k_base" else 3)
+    assert (1 + workers) * held + (64 << 20) <= 1 << 30  # and the supervisor and multiprocessing's tracker

@@ -37,6 +37,11 @@ RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minu
 # unit's text and ids; what was measured of it, and the headroom for larger units: docs/benchmarks.md.
 WORKER_PROCESS_BYTES = 256 << 20
 STAGE_PROCESS_BYTES = 256 << 20  # the stage process itself, in the streams and assemble stages
+# A process holding an encoder of a large vocabulary holds more: fastokens' tables take ~1.3-1.4 KiB an id over
+# the ~85 MiB of an interpreter with numpy and pyarrow (RSS after building and encoding: cl100k's ranks 220 MiB,
+# o200k's 347, DeepSeek-V3's 128k tokenizer.json 217, GPT-2's 160)
+PROCESS_BASE_BYTES = 100 << 20
+ENCODER_BYTES_PER_ID = 1300
 
 
 class LocalExecutor:
@@ -322,20 +327,28 @@ def worker_memory(workers: int, max_memory: int) -> int:
     return (max_memory - STAGE_PROCESS_BYTES) // workers
 
 
-def local_workers(workers: int, max_memory: int) -> int:
-    """How many worker processes the memory budget holds, at most `workers` and at least one."""
-    return max(1, min(workers, (max_memory - STAGE_PROCESS_BYTES) // WORKER_PROCESS_BYTES))
+def encoder_process_bytes(vocab_size: int) -> int:
+    """What a process holding an encoder of `vocab_size` ids may hold at its peak (WORKER_PROCESS_BYTES at least)."""
+    return max(WORKER_PROCESS_BYTES, PROCESS_BASE_BYTES + vocab_size * ENCODER_BYTES_PER_ID)
+
+
+def local_workers(workers: int, max_memory: int, vocab_size: int = 0) -> int:
+    """How many worker processes the memory budget holds, at most `workers` and at least one. Each holds its
+    encoder, and so does the stage process while they start (its holdout stage encodes)."""
+    held = encoder_process_bytes(vocab_size)
+    return max(1, min(workers, (max_memory - max(STAGE_PROCESS_BYTES, held)) // held))
 
 
 def make_executor(kind: str, workers: int, address: str | None = None, max_memory: int | None = None,
-                  encoder: tuple[str, str] | None = None) -> LocalExecutor | RayExecutor:
+                  encoder: tuple[str, str] | None = None, vocab_size: int = 0) -> LocalExecutor | RayExecutor:
     """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs.
-    `max_memory` (the tree's budget) caps the worker processes (local_workers), which build `encoder`
-    (tokenizer path, backend) as they start."""
+    `max_memory` (the tree's budget) caps the worker processes (local_workers, by the encoder's `vocab_size`),
+    which build `encoder` (tokenizer path, backend) as they start."""
     if kind == "local":
         return LocalExecutor(workers)
     if kind == "processes":
-        return ProcessExecutor(workers if max_memory is None else local_workers(workers, max_memory), encoder)
+        return ProcessExecutor(workers if max_memory is None else local_workers(workers, max_memory, vocab_size),
+                               encoder)
     if kind == "ray":
         return RayExecutor(workers, address)
     raise _unknown(kind)

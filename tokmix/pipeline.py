@@ -25,7 +25,7 @@ from tokmix.backends import (
 from tokmix.cache import UnitCache, default_cap, gib
 from tokmix.errors import TokmixError, os_error_message
 from tokmix.executors import (
-    WORKER_PROCESS_BYTES,
+    encoder_process_bytes,
     holdout_threads,
     local_workers,
     make_executor,
@@ -339,12 +339,13 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
                                supervisor=psutil.Process().parent() if options.guard_counts_supervisor else None)
         try:
             ctx = build_context(recipe, layout, options, timings, progress)
-            if ctx.executor == "processes" and local_workers(ctx.workers, options.max_memory) < ctx.workers:
-                log(f"{local_workers(ctx.workers, options.max_memory)} worker processes fit in --max-memory "
-                    f"{options.max_memory / 2**30:,.1f} GiB (each may hold ~{WORKER_PROCESS_BYTES >> 20} MiB), "
-                    f"not {ctx.workers}: raise --max-memory to use more cores")
+            fit = local_workers(ctx.workers, options.max_memory, ctx.vocab_size)
+            if ctx.executor == "processes" and fit < ctx.workers:
+                log(f"{fit} worker processes fit in --max-memory {options.max_memory / 2**30:,.1f} GiB (each may "
+                    f"hold ~{encoder_process_bytes(ctx.vocab_size) >> 20} MiB with its encoder of "
+                    f"{ctx.vocab_size:,} ids), not {ctx.workers}: raise --max-memory to use more cores")
             with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
-                               (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
+                               (ctx.tokenizer_path, ctx.backend), ctx.vocab_size) as ctx.pool:
                 run_pipeline(ctx, timings, options.cache_size)
             progress.stage("done")
         finally:
