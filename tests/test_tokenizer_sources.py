@@ -121,6 +121,8 @@ def test_a_rank_file_beside_the_recipe_under_any_name_is_read_as_a_file(tmp_path
     assert make_encoder(path, "tiktoken").encode_batch(["Hello world"])[0].tolist() == [15496, 995]
     with pytest.raises(TokmixError, match=r"give it as tokenizer.tiktoken"):
         load_vocabulary(str(tmp_path / "tokenizer.model"), "sentencepiece")
+    with pytest.raises(TokmixError, match=r"tokenizer \S*/absent.model: file not found$"):  # not 'not a valid model'
+        load_vocabulary(str(tmp_path / "absent.model"), "sentencepiece")
     with pytest.raises(TokmixError, match=r"tiktoken.model: file not found"):
         tokenizer_file(recipe(tmp_path, tiktoken="tiktoken.model"), tmp_path / "o" / "tokenizer.json")
 

@@ -203,6 +203,8 @@ class SentencePieceVocabulary(Vocabulary):
         except ImportError:
             raise TokmixError(f"tokenizer {path}: a SentencePiece model needs the sentencepiece package "
                               "(pip install sentencepiece)") from None
+        if not os.path.exists(path):  # (sentencepiece would say NOT_FOUND inside "could not load")
+            raise TokmixError(f"tokenizer {path}: file not found")
         try:
             self.sp = sentencepiece.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as e:
