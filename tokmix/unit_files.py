@@ -98,9 +98,10 @@ class UnitFiles:
         why = damage(parts)
         return (record, None) if why is None else (None, why)
 
-    def discard(self, why: str, log: Callable[[str], None]) -> None:
-        """Remove a damaged unit, its record first (the record is the commit): its stream tokenizes it again."""
-        log(f"unit {self.directory / self.name}: damaged ({why}); remade from its source")
+    def discard(self, why: str, log: Callable[[str], None], damaged: bool = True) -> None:
+        """Remove a damaged unit (or, not `damaged`, one the run cannot use: `why`), its record first (the record is
+        the commit): its stream tokenizes it again."""
+        log(f"unit {self.directory / self.name}: {f'damaged ({why})' if damaged else why}; remade from its source")
         for kind in (RECORD, *CONTENT):
             self.path(kind).unlink(missing_ok=True)
 

@@ -77,6 +77,15 @@ class RepeatTask:
     limit: int | None = None  # as UnitTask.limit: stop after the document that reaches it
     provenance: bool = False  # copy the documents' places too (NNNNNN.src), marked with this pass
     writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
+    benchmark_set: str | None = None  # as UnitTask's: the fingerprint of the set pass 1 was checked against
+
+
+BENCHMARK_SET = "benchmark_set"  # a unit record's key: the fingerprint of the benchmark set its documents passed
+
+
+def benchmark_set_field(fingerprint: str | None) -> dict:
+    """A unit record's benchmark set field: none without a set (a record as before [decontaminate] existed)."""
+    return {BENCHMARK_SET: fingerprint} if fingerprint is not None else {}
 
 
 def passes_needed(budget: int, pass_tokens: int) -> int:
@@ -182,6 +191,7 @@ def _repeat_unit(task: RepeatTask) -> dict:
         "tok_sha256": tokens_sha256,
         "len_sha256": lengths_sha256,
         **src,
+        **benchmark_set_field(task.benchmark_set),
     }
     files.commit(record)  # checked as a tokenized unit's is
     return record

@@ -41,7 +41,15 @@ from tokmix.stages import (
     shared_encoder,
 )
 from tokmix.stages.decontam import benchmark_set, stream_contamination
-from tokmix.stages.passes import RepeatTask, RepeatUnit, passes_needed, repeat_unit, unit_damage
+from tokmix.stages.passes import (
+    BENCHMARK_SET,
+    RepeatTask,
+    RepeatUnit,
+    benchmark_set_field,
+    passes_needed,
+    repeat_unit,
+    unit_damage,
+)
 from tokmix.store import ObjectPath, as_path
 from tokmix.text import document_pieces
 from tokmix.tokens import LENGTH_DTYPE, REFERENCE_DELIMITERS, Delimiters, TokenFileWriter
@@ -69,6 +77,7 @@ class UnitTask:
     provenance: bool = False  # write the unit's documents' places and text checksums (NNNNNN.src)
     writer: RunWriter | None = None  # the run it writes for (tokmix.lock.writing)
     benchmarks: str | None = None  # the run's benchmark n-grams ([decontaminate], tokmix.stages.decontam)
+    benchmark_set: str | None = None  # their fingerprint, in the unit's record (StreamRun takes no unit of another)
     drop_contaminated: bool = True  # action "drop"; False: "report" (kept and counted)
     cache: str | None = None  # the token cache (tokmix.cache) the unit is taken from or added to
     cache_key: str | None = None
@@ -297,9 +306,10 @@ def tokenize_unit(task: UnitTask) -> dict:
         return record
 
 
-# a unit record's fields that are the run's, not the cached unit's
+# a unit record's fields that are the run's, not the cached unit's (the benchmark set's fingerprint is in the
+# entry's key)
 RUN_FIELDS = ("index", "name", "pieces", "size", "file_bytes", "limit", "from_cache", "tokens_from_cache",
-              "cache_problem")
+              "cache_problem", BENCHMARK_SET)
 
 
 def _entry_unit(record: dict) -> dict:
@@ -323,7 +333,7 @@ def _from_cache(task: UnitTask, cache: UnitCache) -> tuple[dict | None, bool]:
     complete = cached_unit.pop("complete", True)
     record = {"index": unit.index, "name": unit.name, "pieces": unit.describe(), "size": unit.size,
               "file_bytes": unit.file_bytes(), "limit": None if complete else cached_unit["tokens"],
-              **cached_unit, "from_cache": True}
+              **cached_unit, "from_cache": True, **benchmark_set_field(task.benchmark_set)}
     fault_point("streams:unit-before-record")
     UnitFiles(unit_dir, unit.name).commit(record)
     return record, False
@@ -463,6 +473,7 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
         "tok_sha256": tokens_sha256,
         "len_sha256": lengths_sha256,
         **src,
+        **benchmark_set_field(task.benchmark_set),
     }
     if before_record is not None:
         copies = None
@@ -534,12 +545,19 @@ def load_meta(ctx: Context, stream: str) -> dict | None:
         return None
 
 
-def _committed(directory: Path | ObjectPath, log: Callable[[str], None]) -> dict[int, dict]:
-    """The directory's committed units by index, each checked against its record; a damaged one is discarded."""
+def _committed(directory: Path | ObjectPath, log: Callable[[str], None], benchmark_set: str | None = None
+               ) -> dict[int, dict]:
+    """The directory's committed units by index, each checked against its record; a damaged one is discarded,
+    and so is one decontaminated against another benchmark set than the run's (`benchmark_set`, its fingerprint;
+    None: none), or against one when the run has none: its documents are not the ones this run drops."""
     records = {}
     for files in recorded(directory):
         record, why = unit_damage(directory, files.name)
-        if why is not None:
+        if why is None and record.get(BENCHMARK_SET) != benchmark_set:
+            files.discard(f"its documents were checked against {'another' if benchmark_set else 'a'} benchmark set "
+                          f"({str(record.get(BENCHMARK_SET, 'none'))[:12]}, not {str(benchmark_set)[:12]})", log,
+                          damaged=False)
+        elif why is not None:
             files.discard(why, log)
         else:
             records[record["index"]] = record
@@ -676,7 +694,8 @@ class StreamRun:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.records: dict[int, dict] = {}
         self.committed_tokens = self.whole_tokens = self.whole_bytes = 0  # running sums over self.records
-        for record in _committed(self.directory, ctx.log).values():
+        self.benchmark_set = ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None
+        for record in _committed(self.directory, ctx.log, self.benchmark_set).values():
             self._add(record)
         self.plan = plan_units(stream, stream_files(ctx.recipe, ctx.split, stream, "train"), ctx.mirrors,
                                ctx.unit_bytes)
@@ -784,14 +803,15 @@ class StreamRun:
         limit = self.budget - self.prefix_tokens if ready else None
         if isinstance(unit, RepeatUnit):
             return RepeatTask(unit, str(self.directory), self.ctx.dtype.str, self.ctx.recipe.seed,
-                              self.pass_units, limit, self.ctx.recipe.layout.provenance, self.ctx.writer)
+                              self.pass_units, limit, self.ctx.recipe.layout.provenance, self.ctx.writer,
+                              self.benchmark_set)
         key, parts = self._cache_key(unit)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
                         tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=limit, keys_path=self.keys, delimiters=self.ctx.delimiters,
                         provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
-                        benchmarks=self.benchmarks,
+                        benchmarks=self.benchmarks, benchmark_set=self.benchmark_set,
                         drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop",
                         cache=self.ctx.cache, cache_key=key, cache_parts=parts)
 
