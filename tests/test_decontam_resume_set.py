@@ -7,26 +7,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.corpus import HUMANEVAL, make_inputs, plant_humaneval
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(recipe: Path, out: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKMIX_UNIT_BYTES": "4000"}
-    env.pop("TOKMIX_CACHE", None)
-    env.pop("TOKMIX_FAULT", None)
-    if fault is not None:
-        env["TOKMIX_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(recipe), "--out", str(out), "--workers",
-                           "2", "--no-cache"], capture_output=True, text=True, env=env, start_new_session=True,
-                          timeout=600)
+from tests.test_decontam_kill import run
 
 
 def outputs(out: Path) -> dict:
