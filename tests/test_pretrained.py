@@ -416,3 +416,34 @@ def test_the_worker_processes_a_budget_starts_hold_their_encoders(tiktoken_dir, 
     workers = local_workers(3, 1 << 30, load_vocabulary(path, "tiktoken").size)
     assert workers == (1 if name == "o200k_base" else 3)
     assert (1 + workers) * held + (64 << 20) <= 1 << 30  # and the supervisor and multiprocessing's tracker
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base", "r50k_base"])
+def test_a_huge_document_of_an_openai_encoding_is_cut_where_its_ids_stay_tiktokens(tiktoken_dir, tmp_path, name):
+    """A document past HUGE_DOC_CHARS is encoded in pieces (one 200 MB document of a cl100k run took the tree to
+    1.6 GiB, encoded whole, and the memory guard gave up): cut only where a non-space, a space and a letter
+    meet, which every split pattern of tiktoken's encodings keeps apart, the pieces' ids are tiktoken's of the
+    whole text, also on text made of the cases between their alternatives."""
+    import random
+
+    from tokmix.backends import can_cut_documents
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.text import document_pieces, utf8_pieces
+    from tokmix.tokenizer import tokenizer_file
+
+    recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": name}, "layout": {"steps": 1, "seqs_per_step": 1},
+                               "holdout": {"tokens": 1, "eval_windows": 0},
+                               "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+    path = tokenizer_file(recipe, tmp_path / f"{name}.tiktoken.json")
+    assert can_cut_documents(path)
+    rng = random.Random(3)
+    parts = ["a", "B", "é", "中", "1", "22", "'s", "'T", ".", ",", "/", "\n", "\r\n", "\t", "  ", " ", "\u3000",
+             "\u0301", "🙂", "x y", "( a", "1 b", ". C", "'s d", "a\n b"]
+    text = "".join(rng.choice(parts) for _ in range(60_000)) + " ".join(_texts()["web"][:80])
+    pieces = list(document_pieces(text, 2048))
+    assert len(pieces) > 40 and "".join(pieces) == text
+    utf8 = list(utf8_pieces(text.encode(), 2048))  # a huge JSONL text's or parquet value's, cut as bytes
+    assert len(utf8) > 40 and "".join(utf8) == text
+    enc, encoder = tiktoken.get_encoding(name), make_encoder(path, "fastokens")
+    for cut in (pieces, utf8):
+        assert np.concatenate([encoder.encode_batch([p])[0] for p in cut]).tolist() == enc.encode_ordinary(text)

@@ -105,6 +105,14 @@ TIKTOKEN_CL100K = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,
                    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 HF_CL100K = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# o200k_base's split as tiktoken 0.14 spells it
+TIKTOKEN_O200K = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+                  r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+                  r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+                  r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+                  r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# the splits where a space after a non-space and before a letter always starts a pre-token (tokmix.text._cut)
+CUTTABLE_PATTERNS = (*GPT2_PATTERNS, TIKTOKEN_CL100K, HF_CL100K, TIKTOKEN_O200K)
 # GPT-2's regex after a Digits step, as the rest of one regex (_digits_in_split): its alternatives less numbers, a
 # whitespace run ending before a number as at a text's end
 GPT2_AFTER_DIGITS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
@@ -794,10 +802,11 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
     byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text
     here; post-processor tokens are never added) - pre-tokens never span such a cut and BPE works within
     pre-tokens. The same for tiktoken ranks split by GPT-2's pattern (r50k_base, p50k_base); not for cl100k's or
-    o200k's, whose punctuation pre-token takes the newlines after it, nor for SentencePiece."""
+    o200k's, whose punctuation pre-token takes the newlines after it, at such a place; but at an ASCII space
+    before a letter (where tokmix.text cuts) for those too (CUTTABLE_PATTERNS). Not for SentencePiece."""
     fmt = tokenizer_format(tokenizer_path)
     if fmt == "tiktoken":
-        return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in GPT2_PATTERNS
+        return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in CUTTABLE_PATTERNS
     if fmt != "hf":
         return False
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))

@@ -37,32 +37,49 @@ _SPACE_CLASS = "".join(re.escape(c) for c in sorted(_SPACE))
 _WORD_END = re.compile(f"[^{_SPACE_CLASS}](?=[{_SPACE_CLASS}])")
 
 
-def _word_end(text: str, lo: int, hi: int) -> int | None:
-    """The last p in (lo, hi] where a non-space is followed by a space: GPT-2's regex always ends a pre-token
-    there. Searched backwards from hi; in prose the first try or two succeed."""
+_SPACE_BEFORE = re.compile(f"(?<=[^{_SPACE_CLASS}]) ")
+
+
+def _cut(text: str, p: int, letter: bool) -> bool:
+    """Whether p is a place to cut `text`: a space after a non-space (GPT-2's regex always ends a pre-token
+    there), and with `letter` an ASCII space with a letter after it, where tiktoken's cl100k and o200k patterns
+    end one too (none of their alternatives takes a space after its first character) and start the next with
+    that space (a space and letters, in every one of them)."""
+    if letter:
+        return text[p] == " " and text[p - 1] not in _SPACE and p + 1 < len(text) and text[p + 1].isalpha()
+    return text[p] in _SPACE and text[p - 1] not in _SPACE
+
+
+def _word_end(text: str, lo: int, hi: int, letter: bool) -> int | None:
+    """The last p in (lo, hi] to cut at (_cut), searched backwards from hi; in prose the first tries succeed."""
     for p in range(min(hi, len(text) - 1), lo, -1):
-        if text[p] in _SPACE and text[p - 1] not in _SPACE:
+        if _cut(text, p, letter):
             return p
     return None
 
 
-def document_pieces(text: str, piece_chars: int = HUGE_DOC_CHARS) -> Iterator[str]:
-    """A long text in pieces of about piece_chars, each cut where a word ends and whitespace starts; a text with
-    no such place in a piece's second half is cut at the next one after it, or not at all (one 200 MB word)."""
+def _next_cut(text: str, at: int, letter: bool) -> int | None:
+    if not letter:
+        found = _WORD_END.search(text, at)
+        return None if found is None else found.end()
+    return next((m.start() for m in _SPACE_BEFORE.finditer(text, at) if _cut(text, m.start(), True)), None)
+
+
+def document_pieces(text: str, piece_chars: int = HUGE_DOC_CHARS, letter: bool = True) -> Iterator[str]:
+    """A long text in pieces of about piece_chars, each cut where a word ends and a space before a letter starts
+    (_cut; `letter` False: before any whitespace, for the tokenizer trainer's words, which these pieces it has
+    always been given keep); a text with no such place in a piece's second half is cut at the next one after
+    it, or not at all (one 200 MB word)."""
     start = 0
     while len(text) - start > piece_chars:
-        end = _word_end(text, start + piece_chars // 2, start + piece_chars)
+        end = _word_end(text, start + piece_chars // 2, start + piece_chars, letter)
         if end is None:
-            found = _WORD_END.search(text, start + piece_chars)
-            if found is None:
+            end = _next_cut(text, start + piece_chars, letter)
+            if end is None:
                 break
-            end = found.end()
         yield text[start:end]
         start = end
     yield text[start:]
-
-
-_ASCII_SPACE = frozenset(b"\t\n\v\f\r ")
 
 
 def _char_before(data, p: int) -> str:
@@ -73,20 +90,33 @@ def _char_before(data, p: int) -> str:
     return bytes(data[start:p]).decode("utf-8", "replace")[-1:]
 
 
+def _char_at(data, p: int) -> str:
+    """The character that starts at byte p of UTF-8 data ("" past its end, U+FFFD for a byte no character
+    starts with)."""
+    lead = data[p] if p < len(data) else 0
+    size = 1 if lead < 0x80 else 2 if 0xC0 <= lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return bytes(data[p : p + size]).decode("utf-8", "replace")[:1]
+
+
+def _byte_cut(view, p: int) -> bool:
+    """_cut with a letter, at byte p of UTF-8 data: an ASCII space after a non-space, before a letter."""
+    return view[p] == 0x20 and _char_before(view, p) not in _SPACE and _char_at(view, p + 1).isalpha()
+
+
 def utf8_pieces(data, piece_bytes: int = HUGE_DOC_CHARS) -> Iterator[str]:
-    """document_pieces for a document held as UTF-8 bytes (never one Python string): cut at an ASCII whitespace
-    byte that follows a non-space character, each piece decoded on its own (a cut at an ASCII byte is always
-    a character boundary). Raises UnicodeDecodeError on invalid UTF-8, with the offset of the piece in `.start`."""
+    """document_pieces for a document held as UTF-8 bytes (never one Python string): cut at an ASCII space that
+    follows a non-space character and comes before a letter, each piece decoded on its own (a cut at an ASCII
+    byte is always a character boundary). Raises UnicodeDecodeError on invalid UTF-8, with the offset of the
+    piece in `.start`."""
     view = memoryview(data)
     start, n = 0, len(view)
     while start < n:
         end = n
         if n - start > piece_bytes:
-            end = next((p for p in range(start + piece_bytes, start + piece_bytes // 2, -1)
-                        if view[p] in _ASCII_SPACE and _char_before(view, p) not in _SPACE), None)
+            end = next((p for p in range(start + piece_bytes, start + piece_bytes // 2, -1) if _byte_cut(view, p)),
+                       None)
             if end is None:
-                end = next((p for p in range(start + piece_bytes, n)
-                            if view[p] in _ASCII_SPACE and _char_before(view, p) not in _SPACE), n)
+                end = next((p for p in range(start + piece_bytes, n) if _byte_cut(view, p)), n)
         try:
             yield bytes(view[start:end]).decode("utf-8")
         except UnicodeDecodeError as e:

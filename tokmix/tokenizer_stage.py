@@ -75,7 +75,7 @@ def training_pieces(recipe: Recipe, split, mirrors, tell: Callable[[str], None] 
             docs += 1
             # a huge document's pieces already end where a word does
             for part in text.pieces() if isinstance(text, HugeText) else [text] if text else []:
-                yield from document_pieces(part, TRAINER_PIECE_CHARS)
+                yield from document_pieces(part, TRAINER_PIECE_CHARS, letter=False)
 
     readers = {name: pieces(name) for name in recipe.streams}
     while readers:
