@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 import tokmix
 from tests.corpus import _documents
+from tests.test_tokenizer_layouts import LLAMA3_PATTERN
 from tests.vocab import DATA, package_file, tiktoken_package_cache
 from tokmix.backends import ADVERSARIAL_TEXTS, choose_backend, make_encoder, read_tiktoken_file
 from tokmix.provenance import RunDocuments
@@ -447,3 +448,35 @@ def test_a_huge_document_of_an_openai_encoding_is_cut_where_its_ids_stay_tiktoke
     enc, encoder = tiktoken.get_encoding(name), make_encoder(path, "fastokens")
     for cut in (pieces, utf8):
         assert np.concatenate([encoder.encode_batch([p])[0] for p in cut]).tolist() == enc.encode_ordinary(text)
+
+
+def test_a_huge_document_of_a_llama3_layout_tokenizer_json_is_cut_where_its_ids_stay_hfs(tiktoken_dir, tmp_path):
+    """Llama-3's tokenizer.json layout (a Split by cl100k's regex as HF writes it, then byte-level): cut as a
+    cl100k run is, its pieces' ids are HF's of the whole text (a Split by any other regex is not cut)."""
+    import random
+
+    from tokmix.backends import can_cut_documents
+    from tokmix.recipe import recipe_from_dict
+    from tokmix.text import document_pieces
+    from tokmix.tokenizer import tokenizer_file
+
+    recipe = recipe_from_dict({"seed": 1, "tokenizer": {"tiktoken": "cl100k_base"}, "layout": {"steps": 1,
+                               "seqs_per_step": 1}, "holdout": {"tokens": 1, "eval_windows": 0},
+                               "streams": {"a": {"domain": "a", "share": 1.0, "files": ["x"]}}}, tmp_path)
+    spec = json.loads(read_tiktoken_file(tokenizer_file(recipe, tmp_path / "cl100k.tiktoken.json"), "tokenizer_json"))
+    assert spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == LLAMA3_PATTERN
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    assert can_cut_documents(path)
+    rng = random.Random(5)
+    parts = ["a", "B", "é", "中", "1", "22", "'s", ".", "\n", "\r\n", "\t", "  ", " ", "\u3000", "🙂", "x y", ". C"]
+    text = "".join(rng.choice(parts) for _ in range(30_000)) + " ".join(_texts()["web"][:40])
+    pieces = list(document_pieces(text, 2048))
+    assert len(pieces) > 20
+    tok = Tokenizer.from_file(str(path))
+    tok.encode_special_tokens = True
+    got = [i for p in pieces for i in tok.encode(p, add_special_tokens=False).ids]
+    assert got == tok.encode(text, add_special_tokens=False).ids
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = LLAMA3_PATTERN.replace("{1,3}", "+")
+    path.write_text(json.dumps(spec))
+    assert not can_cut_documents(path)

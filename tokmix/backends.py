@@ -803,18 +803,20 @@ def can_cut_documents(tokenizer_path: str | Path) -> bool:
     here; post-processor tokens are never added) - pre-tokens never span such a cut and BPE works within
     pre-tokens. The same for tiktoken ranks split by GPT-2's pattern (r50k_base, p50k_base); not for cl100k's or
     o200k's, whose punctuation pre-token takes the newlines after it, at such a place; but at an ASCII space
-    before a letter (where tokmix.text cuts) for those too (CUTTABLE_PATTERNS). Not for SentencePiece."""
+    before a letter (where tokmix.text cuts) for those too (CUTTABLE_PATTERNS), and for a tokenizer.json that
+    splits by one of them before a byte-level step (Llama-3's layout). Not for SentencePiece."""
     fmt = tokenizer_format(tokenizer_path)
     if fmt == "tiktoken":
         return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in CUTTABLE_PATTERNS
     if fmt != "hf":
         return False
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-    pre = spec.get("pre_tokenizer") or {}
+    try:
+        pattern = _split_pattern(spec.get("pre_tokenizer") or {})  # GPT-2's for a ByteLevel with its regex
+    except NotApplicable:
+        return False
     return (
-        pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True)
-        and not pre.get("add_prefix_space")
+        pattern in CUTTABLE_PATTERNS
         and not spec.get("normalizer")
         and all(t["special"] for t in spec.get("added_tokens") or [])
     )
