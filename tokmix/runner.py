@@ -27,8 +27,16 @@ from tokmix.mirrors import absolute_mirror
 from tokmix.outdir import check_output_dir
 from tokmix.ownership import Ownership
 from tokmix.process import RunOptions, interrupt, log
-from tokmix.recipe import Recipe
-from tokmix.shards import STATE_DIR, Layout, read_json, write_bytes, write_json
+from tokmix.recipe import Recipe, recipe_diff
+from tokmix.shards import (
+    OWN_TOKENIZER_NAMES,
+    STATE_DIR,
+    DamagedFile,
+    Layout,
+    read_json,
+    write_bytes,
+    write_json,
+)
 from tokmix.store import check_store_url, claim_object, is_url, local_path, work_dir
 from tokmix.unit_files import count_recorded
 
@@ -39,14 +47,25 @@ LOG_FORMATS = ("text", "json")
 
 
 # ---------------------------------------------------------------------------- the run's identity
-def _same_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -> None:
+def _same_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -> bool:
     """Refuse to resume a run of another recipe (--restart starts over) and, on a store, one that another working
     folder writes (a store holds no lock: the run's lock is the kernel's, in its local working folder, so the
     store names the folder whose lock guards it; --break-lock takes the prefix over once that run is known to
-    have stopped)."""
+    have stopped). A run of another recipe that wrote nothing yet (it stopped on bad input, a typo in a path,
+    before its first stage wrote) is started over with this one, said: returns whether the run starts over."""
     where = str(layout.root)
     if not restart:
-        identity.check(layout, "recipe", recipe.output_fields(), where)
+        try:
+            identity.check(layout, "recipe", recipe.output_fields(), where)
+        except DamagedFile:
+            raise
+        except TokmixError:
+            if not _nothing_written(layout):
+                raise
+            was = identity.recorded(layout, "recipe")["output_fields"]
+            log(f"{where}: started with another recipe, which wrote nothing yet "
+                f"({'; '.join(recipe_diff(was, recipe.output_fields()))}): started over with this one")
+            restart = True
     if layout.remote:
         _own_work_folder(layout)
         if identity.recorded(layout, "store owner") is None:  # a fresh prefix: claimed by a create-if-absent
@@ -55,6 +74,20 @@ def _same_run(layout: Layout, recipe: Recipe, restart: bool, break_lock: bool) -
             identity.check(layout, "store owner", (socket.gethostname(), str(layout.work)), where)
         if not restart:
             identity.check(layout, "store recipe", recipe.output_fields(), where)
+    return restart
+
+
+def _nothing_written(layout: Layout) -> bool:
+    """Whether a local run's folder holds none of the work of its stages: no output file, holdout, unit, built
+    benchmark set nor tokenizer of its own (a trained one is work), only the records of what it was started
+    with; so starting it over loses nothing."""
+    if layout.remote:
+        return False
+    state = layout.state
+    return (not any(layout.root.glob("*.bin")) and not any(layout.root.glob("*.docs"))
+            and count_recorded(layout.streams) == 0 and not any(state.glob("holdout*"))
+            and not (layout.benchmark_set / "set.json").exists()
+            and not any(layout.own_tokenizer(fmt).exists() for fmt in OWN_TOKENIZER_NAMES))
 
 
 def _store_owner(layout: Layout, recipe: Recipe) -> dict:
@@ -163,7 +196,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     with RunLock(layout, break_lock) as lock:
         if lock.took_over:
             log(f"took over the lock of {lock.took_over} that ended without releasing it")
-        _same_run(layout, recipe, restart, break_lock)
+        restart = _same_run(layout, recipe, restart, break_lock)
         _claim(layout, recipe, restart)
         _record_run(layout, recipe)
         write_json(layout.options, asdict(options))
