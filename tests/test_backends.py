@@ -20,9 +20,15 @@ from tokmix.backends import (
     choose_backend,
     installed_backends,
     make_encoder,
+    saves_model_inputs,
 )
 from tokmix.errors import TokmixError
+from tokmix.recipe import load_recipe
+from tokmix.stages import key_base
 from tokmix.text import clean_surrogates
+from tokmix.tokens import REFERENCE_DELIMITERS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 BACKENDS = SERVES["hf"]  # the backends that read a tokenizer.json
@@ -250,6 +256,13 @@ def test_a_tokenizer_json_saved_with_truncation_and_padding_is_neither(tmp_path,
         ids, counts = make_encoder(path, backend).encode_batch(documents[:20] + [""])
         assert split_docs(ids, counts) == want, backend
     assert choose_backend(path, "auto", documents[:20]) == choose_backend(tokenizer_path, "auto", documents[:20])
+    # a tokmix that applied them made other units of it: the token cache's key of its units is not theirs
+    assert saves_model_inputs(path) and not saves_model_inputs(tokenizer_path)
+    recipe = load_recipe(ROOT / "recipes" / "gpt-u-20m.toml")
+    bases = [key_base(recipe, "0" * 64, REFERENCE_DELIMITERS, np.dtype(np.uint16), 1 << 22, None, saves)
+             for saves in (False, True)]
+    assert bases[0].holdout_key("text", ["a"], [[1]]) != bases[1].holdout_key("text", ["a"], [[1]])
+    assert bases[0] == key_base(recipe, "0" * 64, REFERENCE_DELIMITERS, np.dtype(np.uint16), 1 << 22, None)
 
 
 def merge_order_tokenizer(path: Path) -> Path:

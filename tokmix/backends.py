@@ -797,6 +797,15 @@ def huge_doc_chars(tokenizer_path: str | Path) -> int:
     return HUGE_DOC_CHARS if can_cut_documents(tokenizer_path) else 1 << 62
 
 
+def saves_model_inputs(tokenizer_path: str | Path) -> bool:
+    """Whether a tokenizer.json holds a model's input settings, truncation or padding, which no encoder here applies
+    (HFEncoder): a tokmix before c612b6c cut its documents, so its units' cache key says so (stages.key_base)."""
+    if tokenizer_format(tokenizer_path) != "hf":
+        return False
+    spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+    return spec.get("truncation") is not None or spec.get("padding") is not None
+
+
 def can_cut_documents(tokenizer_path: str | Path) -> bool:
     """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
     byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text

@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokmix import identity
-from tokmix.backends import choose_backend, huge_doc_chars, make_encoder
+from tokmix.backends import choose_backend, huge_doc_chars, make_encoder, saves_model_inputs
 from tokmix.cache import KeyBase, UnitCache, default_cap
 from tokmix.errors import TokmixError
 from tokmix.ngrams import first_pass_note
@@ -705,7 +705,7 @@ def make_plan(
         cache_plan = CachePlan(cache, default_cap(cache), size, entries)
         if encoder is not None:
             base = key_base(recipe, tokenizer_checksum(tokenizer_path), delimiters, dtype,
-                            huge_doc_chars(tokenizer_path), benchmark_fingerprint)
+                            huge_doc_chars(tokenizer_path), benchmark_fingerprint, saves_model_inputs(tokenizer_path))
             _cached(recipe, split, mirrors, base, streams, unit_cache, run_unit_bytes(out))
             _cached_holdouts(recipe, split, mirrors, base, unit_cache, cache_plan)
     shards = recipe.shard_blocks

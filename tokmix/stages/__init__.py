@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokmix.backends import ORACLE_LIBRARY, Encoder, make_encoder
+from tokmix.backends import ORACLE_LIBRARY, Encoder, make_encoder, saves_model_inputs
 from tokmix.cache import KeyBase, tokenizer_oracle
 from tokmix.lock import RunWriter
 from tokmix.recipe import Recipe
@@ -170,7 +170,8 @@ def release_memory() -> None:
 def cache_key_base(ctx: Context) -> KeyBase:
     """What every unit of this run has in its token cache key (tokmix.cache.KeyBase)."""
     return key_base(ctx.recipe, ctx.tokenizer_sha256, ctx.delimiters, ctx.dtype, ctx.huge_doc_chars,
-                    ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None)
+                    ctx.benchmarks["fingerprint"] if ctx.benchmarks is not None else None,
+                    saves_model_inputs(ctx.tokenizer_path))
 
 
 # the token cache key's part for runs that drop their holdout documents' copies: how they are found, and how a
@@ -179,10 +180,16 @@ def cache_key_base(ctx: Context) -> KeyBase:
 HOLDOUT_COPIES = "holdout-exact 2"
 
 
+# the key's tokenizer part for a tokenizer.json that saves truncation or padding (backends.saves_model_inputs):
+# entries that an earlier tokmix, which applied them, made of its documents are not this one's
+NOT_TRUNCATED = " (its truncation and padding not applied)"
+
+
 def key_base(recipe: Recipe, tokenizer_sha256: str, delimiters: Delimiters, dtype: np.dtype, huge_doc_chars: int,
-             benchmark_fingerprint: str | None) -> KeyBase:
+             benchmark_fingerprint: str | None, saves_inputs: bool = False) -> KeyBase:
     """The key parts a recipe's units share, as a run (cache_key_base) and `tokmix plan` both build them."""
-    return KeyBase(tokenizer=tokenizer_sha256, oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
+    return KeyBase(tokenizer=tokenizer_sha256 + (NOT_TRUNCATED if saves_inputs else ""),
+                   oracle=tokenizer_oracle(ORACLE_LIBRARY[recipe.tokenizer.format]),
                    delimiters=delimiters.to_index(), dtype=dtype.str, huge_doc_chars=huge_doc_chars,
                    provenance=recipe.layout.provenance,
                    decontamination=HOLDOUT_COPIES if recipe.holdout.decontaminate else None,
