@@ -80,7 +80,7 @@ def assemble_once(run: Path, kind: str) -> dict:
     """One assemble stage (in this fresh process): the shards and what assemble keeps removed first."""
     import resource
 
-    from tokmix.executors import make_executor
+    from tokmix.executors import local_workers, make_executor
     from tokmix.lock import RunWriter
     from tokmix.pipeline import Timings, build_context
     from tokmix.process import RunOptions
@@ -97,7 +97,9 @@ def assemble_once(run: Path, kind: str) -> dict:
     ctx.writer = RunWriter.of(layout)
     metas = {n: load_meta(ctx, n) for n in recipe.streams}
     encoder = (ctx.tokenizer_path, ctx.backend)
-    with make_executor(ctx.executor, ctx.workers, None, options.max_memory, encoder) as ctx.pool:
+    processes = ctx.executor == "processes"
+    workers = local_workers(ctx.workers, options.max_memory, ctx.vocab_size) if processes else ctx.workers
+    with make_executor(ctx.executor, workers, None, encoder) as ctx.pool:
         before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         run_assemble(ctx, metas)

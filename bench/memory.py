@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -26,29 +25,18 @@ sys.path.insert(0, str(ROOT))
 import os  # noqa: E402
 
 from tests.corpus import make_corpus, train_test_tokenizer, write_recipe, write_split  # noqa: E402
+from tests.memory import tree_peak  # noqa: E402
 
 # measured without the token cache (a second run would take its units from it): bench/cache.py measures it
 os.environ.setdefault("TOKMIX_CACHE", "off")
 
 
 def peak_tree_rss(cmd: list[str], log: Path | None = None) -> tuple[int, float, int]:
-    """Run cmd (its output into `log`); sample the summed RSS of it and all its descendants every 20 ms.
+    """Run cmd (its output into `log`); the summed RSS of it and all its descendants sampled every 20 ms.
     (peak bytes, seconds, rc)"""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log.open("w") if log else subprocess.DEVNULL)
-    root, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        total = 0
-        try:
-            for p in [root, *root.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            break
-        peak = max(peak, total)
-        time.sleep(0.02)
+    peak = tree_peak(proc)
     return peak, time.perf_counter() - t0, proc.returncode
 
 

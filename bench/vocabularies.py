@@ -59,10 +59,11 @@ def hf_json(name: str) -> Path:
     return package_file(name)
 
 
-def recipe_for(corpus: Path, name: str, work: Path, steps: int | None) -> Path:
-    """The bench recipe with this tokenizer, its paths made absolute (nothing is written into the corpus)."""
+def recipe_for(corpus: Path, name: str | None, work: Path, steps: int | None) -> Path:
+    """The bench recipe with this tokenizer (None: its own, trained in the run), its paths made absolute (nothing
+    is written into the corpus)."""
     text = (corpus / "bench.toml").read_text()
-    text = re.sub(r"\[tokenizer\.train\]\nvocab_size = \d+\n", "[tokenizer]\n" + "\n".join(
+    text = text if name is None else re.sub(r"\[tokenizer\.train\]\nvocab_size = \d+\n", "[tokenizer]\n" + "\n".join(
         tokenizer_lines(name, work)) + "\n", text)
     text = re.sub(r'files = \["([^"]+)"\]', lambda m: f'files = ["{corpus / m.group(1)}"]', text)
     split = json.loads((corpus / "file_splits.json").read_text())

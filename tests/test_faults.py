@@ -241,6 +241,24 @@ def test_worker_processes_killed_or_stopped_leave_nothing_behind_and_resume(corp
     assert outputs(out) == clean
 
 
+def test_a_restart_for_memory_starts_one_worker_process_fewer(corpus, clean, tmp_path):
+    """The stage process of a run with two worker processes exits for a restart as the memory guard does (what
+    its workers held passed the budget, more than local_workers counted them for): the next start, in the same
+    command, runs one worker process, says so, and the output is an uninterrupted run's."""
+    out = tmp_path / "o"
+    env = {**ENV, "TOKMIX_UNIT_BYTES": str(UNIT_BYTES), "TOKMIX_FAULT": "streams:after-unit:2:restart",
+           "TOKMIX_FAULT_ONCE": str(tmp_path / "fired")}
+    proc = subprocess.run([sys.executable, "-m", "tokmix.cli", "run", str(corpus), "--out", str(out), "--workers",
+                           "2", "--executor", "processes"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "fired").exists()
+    said = proc.stdout + proc.stderr
+    assert "the next start runs 1 worker process instead of 2" in said
+    assert said.index("the next start runs 1") < said.index("restarting the stage process")
+    assert json.loads((out / "tokmix-state" / "options.json").read_text())["worker_processes"] == 1
+    assert outputs(out) == clean
+
+
 def test_a_second_run_on_the_same_directory_is_refused_and_a_stale_lock_taken_over(corpus, clean, tmp_path):
     state = tmp_path / "tokmix-state"
     state.mkdir()

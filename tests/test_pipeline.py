@@ -63,7 +63,7 @@ def test_worker_processes_write_what_threads_write_whatever_their_number(corpus,
 
 
 def test_the_memory_budget_caps_the_worker_processes():
-    assert local_workers(64, 1 << 30) == 3  # 64 cores, the default 1 GiB: 3 processes of up to 256 MiB
+    assert local_workers(64, 1 << 30) == 3  # 64 cores, the default 1 GiB: 3 processes of a small vocabulary
     assert local_workers(64, 32 << 30) == 64
     assert local_workers(2, 1 << 30) == 2
     assert local_workers(8, 300 << 20) == 1  # always one

@@ -33,14 +33,17 @@ EXECUTORS = ("local", "processes", "ray")
 NO_RAY = "the Ray executor needs Ray: pip install 'tokmix[ray]'"
 RAY_MAX_RETRIES = 3  # reruns of a task whose worker process or node died; its writes are idempotent
 RAY_CONNECT_SECONDS = 10  # ray.init retries an unreachable GCS address for minutes: check it first
-# What one local worker process may hold at its peak: interpreter, numpy, pyarrow, its encoder and a 16 MiB
-# unit's text and ids; what was measured of it, and the headroom for larger units: docs/benchmarks.md.
-WORKER_PROCESS_BYTES = 256 << 20
+# What the memory guard counts of the tree beside the stage process and its workers, when tokmix is the command:
+# the supervisor (~47 MiB) and multiprocessing's resource tracker (~13 MiB).
+SUPERVISOR_BYTES = 64 << 20
 STAGE_PROCESS_BYTES = 256 << 20  # the stage process itself, in the streams and assemble stages
-# A process holding an encoder of a large vocabulary holds more: fastokens' tables take ~1.3-1.4 KiB an id over
-# the ~85 MiB of an interpreter with numpy and pyarrow (RSS after building and encoding: cl100k's ranks 220 MiB,
-# o200k's 347, DeepSeek-V3's 128k tokenizer.json 217, GPT-2's 160)
+# What one local worker process may hold at its peak: an interpreter with numpy and pyarrow, its encoder's tables
+# (fastokens' take ~1.3 KiB an id), and a unit's text and ids. Measured (docs/benchmarks.md, "Worker processes'
+# memory"): the peak of a worker over a run, 183-226 MiB with a 32k BPE, 233-279 with cl100k's ranks, 356-366 with
+# o200k's.
+WORKER_PROCESS_BYTES = 224 << 20  # the least a worker is counted for
 PROCESS_BASE_BYTES = 100 << 20
+UNIT_WORK_BYTES = 80 << 20
 ENCODER_BYTES_PER_ID = 1300
 
 
@@ -158,14 +161,15 @@ def fresh_process() -> Iterator[ProcessPoolExecutor]:
 
 def _start_worker_process(parent: int, encoder: tuple[str, str] | None) -> None:
     """A local worker process (see _start_child_process). It builds its encoder (tokenizer path, backend) as it
-    starts, while the stage process runs the holdout stage."""
+    starts and encodes a line with it, so that what the memory guard sees of an idle worker is what it holds
+    (fastokens fills some tables on its first call)."""
     _start_child_process(parent, die_with_parent=False)
     os.environ.update(WORKER_ENV)
     if encoder is not None:
         from tokmix.stages import shared_encoder
 
         try:
-            shared_encoder(*encoder)
+            shared_encoder(*encoder).encode_batch(["tokmix 2026"])
         except Exception:  # noqa: BLE001 - the first unit builds it again and reports why it cannot
             pass
 
@@ -174,19 +178,37 @@ def _started() -> None:
     """A task that only makes the pool start a process."""
 
 
+_started_processes = 0  # worker processes of the running ProcessExecutor (one per stage process at most)
+
+
+def started_worker_processes() -> int:
+    """How many worker processes this stage process started (0 before its streams stage, or on another
+    executor): the memory guard lowers the next start's --workers below it."""
+    return _started_processes
+
+
 class ProcessExecutor(LocalExecutor):
     """Worker processes of this machine, each with its own encoder and its own GIL: per-core throughput does not
     depend on the number of cores (the stage process only hands out task descriptions of ~1 KB and gets
     records back: tokens go from a worker straight to its unit file). Started with `spawn`, never `fork`: the
     stage process has threads (the memory guard, the encoder's pools). Each worker costs its own encoder and
-    interpreter, WORKER_PROCESS_BYTES in all, so the memory budget bounds how many run (local_workers)."""
+    interpreter (encoder_process_bytes), so the memory budget bounds how many run (local_workers). They start
+    at the first task, in the streams stage: never while the stage process's holdout stage holds an encoder of
+    its own (it frees it before the streams stage)."""
 
     def __init__(self, workers: int, encoder: tuple[str, str] | None = None):
-        self.workers = workers
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker_process,
-                                        initargs=(os.getpid(), encoder))
-        for _ in range(workers):  # the pool starts a process per task while none is idle: start them all now
-            self.pool.submit(_started)
+        self.workers, self.encoder = workers, encoder
+        self.pool: ProcessPoolExecutor | None = None
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        global _started_processes
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                            initializer=_start_worker_process, initargs=(os.getpid(), self.encoder))
+            for _ in range(self.workers):  # the pool starts a process per task while none is idle: all of them now
+                self.pool.submit(_started)
+            _started_processes = self.workers
+        return self.pool.submit(fn, *args)
 
     def result(self, future: Future) -> Any:
         try:
@@ -198,10 +220,14 @@ class ProcessExecutor(LocalExecutor):
     def close(self, cancel: bool = False) -> None:
         """On an error the queued tasks are dropped and the workers killed at once: a unit or shard in flight
         leaves only its temporary file, which the next run removes."""
+        global _started_processes
+        if self.pool is None:
+            return
         if cancel:
             kill_pool(self.pool)
         else:
             self.pool.shutdown()
+        _started_processes = 0
 
 
 class RayExecutor:
@@ -328,27 +354,26 @@ def worker_memory(workers: int, max_memory: int) -> int:
 
 
 def encoder_process_bytes(vocab_size: int) -> int:
-    """What a process holding an encoder of `vocab_size` ids may hold at its peak (WORKER_PROCESS_BYTES at least)."""
-    return max(WORKER_PROCESS_BYTES, PROCESS_BASE_BYTES + vocab_size * ENCODER_BYTES_PER_ID)
+    """What a worker process holding an encoder of `vocab_size` ids may hold at its peak, a unit in hand."""
+    return max(WORKER_PROCESS_BYTES, PROCESS_BASE_BYTES + UNIT_WORK_BYTES + vocab_size * ENCODER_BYTES_PER_ID)
 
 
 def local_workers(workers: int, max_memory: int, vocab_size: int = 0) -> int:
-    """How many worker processes the memory budget holds, at most `workers` and at least one. Each holds its
-    encoder, and so does the stage process while they start (its holdout stage encodes)."""
+    """How many worker processes the memory budget holds, at most `workers` and at least one, beside the
+    supervisor and the stage process (which holds no encoder once they run: ProcessExecutor)."""
     held = encoder_process_bytes(vocab_size)
-    return max(1, min(workers, (max_memory - max(STAGE_PROCESS_BYTES, held)) // held))
+    return max(1, min(workers, (max_memory - SUPERVISOR_BYTES - STAGE_PROCESS_BYTES) // held))
 
 
-def make_executor(kind: str, workers: int, address: str | None = None, max_memory: int | None = None,
-                  encoder: tuple[str, str] | None = None, vocab_size: int = 0) -> LocalExecutor | RayExecutor:
-    """`address` is the Ray cluster to connect to; without it, Ray runs a local instance of `workers` CPUs.
-    `max_memory` (the tree's budget) caps the worker processes (local_workers, by the encoder's `vocab_size`),
-    which build `encoder` (tokenizer path, backend) as they start."""
+def make_executor(kind: str, workers: int, address: str | None = None,
+                  encoder: tuple[str, str] | None = None) -> LocalExecutor | RayExecutor:
+    """`workers` threads, worker processes (which build `encoder`, a tokenizer path and backend, as they start;
+    the caller caps them to the memory budget: local_workers) or Ray CPUs. `address` is the Ray cluster to
+    connect to; without it, Ray runs a local instance of `workers` CPUs."""
     if kind == "local":
         return LocalExecutor(workers)
     if kind == "processes":
-        return ProcessExecutor(workers if max_memory is None else local_workers(workers, max_memory, vocab_size),
-                               encoder)
+        return ProcessExecutor(workers, encoder)
     if kind == "ray":
         return RayExecutor(workers, address)
     raise _unknown(kind)

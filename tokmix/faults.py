@@ -1,20 +1,22 @@
 """Fault injection for the crash-safety tests: named points inside every stage where a run can be made to
 kill itself. `TOKMIX_FAULT=assemble:after-rename:3` SIGKILLs the whole process group (supervisor, stage
 process and workers) the 3rd time a process passes that point; `...:3:restart` instead exits the stage
-process with the restart code, as the memory guard does; `...:3:pause` writes "paused" to the FIFO named by
-TOKMIX_PAUSE_FIFO and waits for a signal; `...:3:hold` writes it too, then waits until the test writes "resume"
-into the FIFO (the run goes on from the point: a test changes the world at a known moment); and `...:3:die`
-SIGKILLs this process alone (a worker lost as the OOM killer loses one: its stage process or Ray carries on).
-A point may name where it is (`streams:after-unit@code_py:1` counts code_py's units only). With
-TOKMIX_FAULT_ONCE=PATH a fault fires in one process only, the first to create PATH (it writes its pid there): a
-Ray task rerun elsewhere passes the point again, and the test knows from the file that the fault was reached.
-Several specs may be given, comma-separated. Without TOKMIX_FAULT a fault point costs one dictionary lookup."""
+process with the restart code, as the memory guard does (its on_restart hooks too); `...:3:pause` writes
+"paused" to the FIFO named by TOKMIX_PAUSE_FIFO and waits for a signal; `...:3:hold` writes it too, then waits
+until the test writes "resume" into the FIFO (the run goes on from the point: a test changes the world at a
+known moment); and `...:3:die` SIGKILLs this process alone (a worker lost as the OOM killer loses one: its
+stage process or Ray carries on). A point may name where it is (`streams:after-unit@code_py:1` counts code_py's
+units only). With TOKMIX_FAULT_ONCE=PATH a fault fires in one process only, the first to create PATH (it writes
+its pid there): a Ray task rerun elsewhere passes the point again, and the test knows from the file that the
+fault was reached. Several specs may be given, comma-separated. Without TOKMIX_FAULT a fault point costs one
+dictionary lookup."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 RESTART_EXIT_CODE = 75
 # what a process must inherit for its fault points to fire (Ray tasks get them through their runtime env)
@@ -81,10 +83,20 @@ def end_descendants(seconds: float = 10.0, stop_tracker: bool = True) -> None:
         pass
 
 
+_before_restart: list[Callable[[], None]] = []
+
+
+def on_restart(hook: Callable[[], None]) -> None:
+    """Run `hook` before every exit_for_restart of this process (the memory guard's: fewer worker processes)."""
+    _before_restart.append(hook)
+
+
 def exit_for_restart() -> None:
-    """End this stage process at once for the supervisor to start a fresh one: workers first, so that none
-    is left holding the output pipes or memory. (The memory guard's thread calls it, and a fault point in any
-    thread: the tracker is left to end with this process.)"""
+    """End this stage process at once for the supervisor to start a fresh one, after the on_restart hooks:
+    workers first, so that none is left holding the output pipes or memory. (The memory guard's thread calls
+    it, and a fault point in any thread: the tracker is left to end with this process.)"""
+    for hook in _before_restart:
+        hook()
     end_descendants(stop_tracker=False)
     sys.stdout.flush()
     os._exit(RESTART_EXIT_CODE)

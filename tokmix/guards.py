@@ -21,7 +21,8 @@ MIN_AVAILABLE_BYTES = 256 << 20  # the machine itself running out: restart befor
 
 def start_memory_guard(limit: int, with_workers: bool = True, with_supervisor: bool = False) -> None:
     """Exit for a restart when this process and its workers pass `limit` bytes, or the machine runs low.
-    Units commit atomically, so exiting at any moment loses only the units in flight. With Ray the workers
+    Units commit atomically, so exiting at any moment loses only the units in flight (exit_for_restart runs
+    the hooks that make the next start leaner first: tokmix.pipeline.fewer_worker_processes). With Ray the workers
     are Ray's (its own memory monitor kills and retries a task past its node's budget): the guard then
     watches this process, the driver, alone. RSS as top shows it, file-backed mapped pages included."""
     # The supervisor is counted when it is the tokmix command (docs/benchmarks.md), so that the guard's figure is the

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
@@ -30,9 +31,10 @@ from tokmix.executors import (
     local_workers,
     make_executor,
     quiet_vanished_semaphores,
+    started_worker_processes,
     worker_memory,
 )
-from tokmix.faults import end_descendants, fault_point
+from tokmix.faults import end_descendants, fault_point, on_restart
 from tokmix.format.records import Index
 from tokmix.guards import start_memory_guard, watch_supervisor
 from tokmix.identity import load_recorded_recipe
@@ -340,12 +342,16 @@ def run_stages(layout: Layout, options: RunOptions) -> None:
         try:
             ctx = build_context(recipe, layout, options, timings, progress)
             fit = local_workers(ctx.workers, options.max_memory, ctx.vocab_size)
-            if ctx.executor == "processes" and fit < ctx.workers:
-                log(f"{fit} worker processes fit in --max-memory {options.max_memory / 2**30:,.1f} GiB (each may "
+            if ctx.executor == "processes" and options.worker_processes is not None:
+                fit = min(fit, options.worker_processes)
+                log(f"{fit} worker process{'es' if fit > 1 else ''}: what the memory guard left for this start")
+            elif ctx.executor == "processes" and fit < ctx.workers:
+                fits = f"{fit} worker process{'es fit' if fit > 1 else ' fits'}"
+                log(f"{fits} in --max-memory {options.max_memory / 2**30:,.1f} GiB (each may "
                     f"hold ~{encoder_process_bytes(ctx.vocab_size) >> 20} MiB with its encoder of "
                     f"{ctx.vocab_size:,} ids), not {ctx.workers}: raise --max-memory to use more cores")
-            with make_executor(ctx.executor, ctx.workers, options.ray_address, options.max_memory,
-                               (ctx.tokenizer_path, ctx.backend), ctx.vocab_size) as ctx.pool:
+            with make_executor(ctx.executor, fit if ctx.executor == "processes" else ctx.workers,
+                               options.ray_address, (ctx.tokenizer_path, ctx.backend)) as ctx.pool:
                 run_pipeline(ctx, timings, options.cache_size)
             progress.stage("done")
         finally:
@@ -385,6 +391,21 @@ def report_failure(message: str, layout: Layout, report_fd: int | None) -> None:
         pass
 
 
+def fewer_worker_processes(layout: Layout, options: RunOptions) -> None:
+    """Before a restart for memory: the next stage process starts one worker process fewer than this one did
+    (local_workers only estimates what a process holds; this machine's may hold more). Recorded in the run's
+    options, which the next start reads; the supervisor does not count such a restart as fruitless
+    (tokmix.runner), so a run goes down to one worker process before it gives up."""
+    started = started_worker_processes()
+    if started <= 1:
+        return
+    try:
+        write_json(layout.options, asdict(replace(options, worker_processes=started - 1)))
+    except OSError:  # a full disk: the next start tries as many again
+        return
+    log(f"the next start runs {started - 1} worker process{'es' if started > 2 else ''} instead of {started}")
+
+
 def child_main(work: str, report_fd: int | None = None) -> int:
     """`work`: the run's state folder's parent (the output directory, or a store's local working folder)."""
     options = RunOptions(**json.loads(Layout(work).options.read_text()))
@@ -394,7 +415,8 @@ def child_main(work: str, report_fd: int | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     watch_supervisor()
     start_memory_guard(options.max_memory, with_workers=options.executor != "ray",
-                        with_supervisor=options.guard_counts_supervisor)
+                       with_supervisor=options.guard_counts_supervisor)
+    on_restart(partial(fewer_worker_processes, layout, options))
     try:
         run_stages(layout, options)
         return 0

@@ -45,6 +45,9 @@ class RunOptions:
     # the token cache (tokmix.cache): a folder or URL, None for none; default TOKMIX_CACHE or ~/.cache/tokmix/units
     cache: str | None = field(default_factory=resolve_cache)
     cache_size: int | None = None  # the cache's cap in bytes (default: tokmix.cache.default_cap)
+    # --executor processes: at most this many worker processes (the memory guard lowers it for its restart:
+    # tokmix.pipeline.fewer_worker_processes); None for as many as --workers and --max-memory allow
+    worker_processes: int | None = None
 
 
 class _LogLines:

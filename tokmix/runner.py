@@ -207,13 +207,16 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
                 "--no-cache to turn it off)")
         fruitless = 0
         while True:
-            before = _progress_marker(layout)
+            before, processes = _progress_marker(layout), _recorded_workers(layout)
             code, message = _run_child(layout, lock)
             if code == 0:
                 break
             if code != RESTART_EXIT_CODE:
                 raise TokmixError(message or f"stage process exited with {code}")
-            fruitless = fruitless + 1 if _progress_marker(layout) == before else 0
+            # a restart with fewer worker processes (the memory guard's way down) is not fruitless: there are as
+            # many such as worker processes, and the last start, with one, is counted as any other
+            leaner = _recorded_workers(layout) < processes
+            fruitless = 0 if leaner or _progress_marker(layout) != before else fruitless + 1
             if fruitless >= MAX_FRUITLESS_RESTARTS:
                 raise TokmixError(f"the memory guard restarted the run {fruitless} times without progress: "
                                   f"raise --max-memory (now {options.max_memory / 2**20:,.0f} MiB) or lower --workers")
@@ -221,6 +224,13 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
             log("restarting the stage process (memory guard); resuming from committed work")
     index = layout.read_index()
     return index.to_json() if index is not None else {}
+
+
+def _recorded_workers(layout: Layout) -> float:
+    """The worker processes the next stage process may start (the memory guard lowers them for its restart;
+    unbounded until it does)."""
+    cap = json.loads(layout.options.read_text()).get("worker_processes")
+    return float("inf") if cap is None else cap
 
 
 def _check_cache_apart(cache: str, out: str) -> None:
