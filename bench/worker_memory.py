@@ -1,7 +1,7 @@
 """What `--executor processes` holds, process by process: the bench corpus's recipe (bench/corpus.py) run once per
-tokenizer with `--executor processes --workers W`, the tree sampled every 20 ms: its peak, its peak while worker
-processes ran, and each process's own peak (VmHWM: supervisor, resource tracker, stage process, workers, the
-short-lived trainer and backend check), with what local_workers counted each worker for and how many it started.
+tokenizer with `--executor processes --workers W`, the tree sampled every 20 ms: its peak, and each process's own
+peak (VmHWM: supervisor, resource tracker, stage process, workers, the short-lived trainer and backend check), with
+what local_workers counted each worker for and how many it started.
 "trained" is the recipe's own 32k BPE (trained in the run); the other names are bench/vocabularies.py's.
 
     .venv/bin/python bench/worker_memory.py [--only trained,cl100k_base,o200k_base] [--workers 3] [--steps N]
@@ -34,9 +34,9 @@ from tokmix.executors import encoder_process_bytes  # noqa: E402
 
 def role(p: psutil.Process) -> str:
     line = " ".join(p.cmdline())
-    if "resource_tracker" in line:
+    if "resource_tracker import" in line:
         return "resource tracker"
-    if "multiprocessing" in line:
+    if "spawn_main" in line:
         return "worker or short-lived process"
     if "tokmix.pipeline" in line:
         return "stage process"
@@ -54,10 +54,9 @@ def high_water(pid: int) -> int:
 def measure(cmd: list[str], log: Path) -> dict:
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    root, peak, with_workers, own, streams = psutil.Process(proc.pid), 0, 0, {}, False
+    root, peak, own = psutil.Process(proc.pid), 0, {}
     while proc.poll() is None:
-        total, workers = 0, 0
-        streams = streams or "stage streams: started" in log.read_text()  # the workers start there
+        total = 0
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
@@ -68,13 +67,10 @@ def measure(cmd: list[str], log: Path) -> dict:
             except (psutil.Error, OSError):
                 continue
             total += rss
-            workers += name.startswith("worker")
             own[p.pid] = (name, max(own.get(p.pid, ("", 0))[1], hwm))
         peak = max(peak, total)
-        if streams and workers:
-            with_workers = max(with_workers, total)
         time.sleep(0.02)
-    return {"rc": proc.returncode, "peak": peak, "with_workers": with_workers, "own": sorted(own.values())}
+    return {"rc": proc.returncode, "peak": peak, "own": sorted(own.values())}
 
 
 def main() -> None:
@@ -103,9 +99,8 @@ def main() -> None:
         vocab = index.get("vocab_size", 0)
         started = re.search(r"(\d+) worker process(?:es fit| fits) in", said)
         print(f"{name}: rc {got['rc']}, vocab {vocab:,}, worker processes {started[1] if started else args.workers} "
-              f"(counted {encoder_process_bytes(vocab) >> 20} MiB each), tree peak {got['peak'] >> 20} MiB, "
-              f"{got['with_workers'] >> 20} MiB while workers ran; memory guard restarts: "
-              f"{said.count('memory guard:')}")
+              f"(counted {encoder_process_bytes(vocab) >> 20} MiB each), tree peak {got['peak'] >> 20} MiB; "
+              f"memory guard restarts: {said.count('memory guard:')}")
         for what, hwm in got["own"]:
             print(f"    {what}: own peak {hwm >> 20} MiB")
         if not args.keep:

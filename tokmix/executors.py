@@ -39,10 +39,10 @@ SUPERVISOR_BYTES = 64 << 20
 STAGE_PROCESS_BYTES = 256 << 20  # the stage process itself, in the streams and assemble stages
 # What one local worker process may hold at its peak: an interpreter with numpy and pyarrow, its encoder's tables
 # (fastokens' take ~1.3 KiB an id), and a unit's text and ids. Measured (docs/benchmarks.md, "Worker processes'
-# memory"): the peak of a worker over a run, 183-226 MiB with a 32k BPE, 233-279 with cl100k's ranks, 356-366 with
-# o200k's.
+# memory"): a worker's peak over a run, 222-230 MiB with a 32k BPE, 273-289 with cl100k's ranks, 368-377 with
+# o200k's, 285-293 with DeepSeek-V3's tokenizer.json: 84-101% of what encoder_process_bytes counts.
 WORKER_PROCESS_BYTES = 224 << 20  # the least a worker is counted for
-PROCESS_BASE_BYTES = 100 << 20
+PROCESS_BASE_BYTES = 110 << 20
 UNIT_WORK_BYTES = 80 << 20
 ENCODER_BYTES_PER_ID = 1300
 
