@@ -207,7 +207,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
                 "--no-cache to turn it off)")
         fruitless = 0
         while True:
-            before, processes = _progress_marker(layout), _recorded_workers(layout)
+            before, processes = _progress_marker(layout), _worker_process_cap(layout)
             code, message = _run_child(layout, lock)
             if code == 0:
                 break
@@ -215,7 +215,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
                 raise TokmixError(message or f"stage process exited with {code}")
             # a restart with fewer worker processes (the memory guard's way down) is not fruitless: there are as
             # many such as worker processes, and the last start, with one, is counted as any other
-            leaner = _recorded_workers(layout) < processes
+            leaner = _worker_process_cap(layout) < processes
             fruitless = 0 if leaner or _progress_marker(layout) != before else fruitless + 1
             if fruitless >= MAX_FRUITLESS_RESTARTS:
                 raise TokmixError(f"the memory guard restarted the run {fruitless} times without progress: "
@@ -226,7 +226,7 @@ def run(recipe: Recipe, out: str | Path, *, blocks: int | None = None, backend: 
     return index.to_json() if index is not None else {}
 
 
-def _recorded_workers(layout: Layout) -> float:
+def _worker_process_cap(layout: Layout) -> float:
     """The worker processes the next stage process may start (the memory guard lowers them for its restart;
     unbounded until it does)."""
     cap = json.loads(layout.options.read_text()).get("worker_processes")
