@@ -4,7 +4,10 @@ huge document's ids equal encoding it whole (with fastokens, id-identical to HF;
 minutes).
 
     python bench/memory.py [--work bench/work/memory] [--doc-mb 200] [--files 10000] [--empty-files 50000]
-                           [--cases text,parquet,jsonl,files,empty]
+                           [--cases text,parquet,jsonl,files,empty] [--tokenizer trained|mistral|deepseek_v3]
+
+--tokenizer: the huge document's cases with the bench's trained BPE (default), Mistral 7B's SentencePiece model
+(tests/data/vocab) or DeepSeek-V3's tokenizer.json (from litellm's wheel, tests/vocab.py).
 """
 
 from __future__ import annotations
@@ -40,9 +43,27 @@ def peak_tree_rss(cmd: list[str], log: Path | None = None) -> tuple[int, float, 
     return peak, time.perf_counter() - t0, proc.returncode
 
 
-def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
+# [tokenizer] lines of a pretrained --tokenizer (its file, its document delimiter)
+PRETRAINED = {"mistral": ("sentencepiece", "<s>"), "deepseek_v3": ("path", "<｜begin▁of▁sentence｜>")}
+
+
+def pretrained_file(name: str, work: Path) -> Path:
+    import gzip
+
+    from tests.vocab import DATA, package_file
+
+    if name == "deepseek_v3":
+        return package_file(name)
+    path = work / "mistral.model"
+    path.write_bytes(gzip.decompress((DATA / "mistral-v1.model.gz").read_bytes()))
+    return path
+
+
+def huge_document_case(work: Path, doc_mb: int, fmt: str, tokenizer: str = "trained") -> dict:
     files = make_corpus(work)
     tok = train_test_tokenizer(files, work / "tokenizer" / "tokenizer.json")
+    if tokenizer != "trained":
+        tok = pretrained_file(tokenizer, work)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     text = "".join(p.read_text(errors="replace") for p in sorted(stdlib.rglob("*.py"))[:2000])
     huge = (text * (doc_mb * 2**20 // len(text) + 1))[: doc_mb * 2**20]
@@ -59,7 +80,12 @@ def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
         files["edu"].insert(0, path)
     del texts
     write_split(work, files)
-    recipe = write_recipe(work, "tokenizer/tokenizer.json", blocks=6_000)
+    # (a pretrained vocabulary writes fewer tokens of the corpus's text than the bench's small trained one)
+    recipe = write_recipe(work, "tokenizer/tokenizer.json", blocks=6_000 if tokenizer == "trained" else 3_000)
+    if tokenizer != "trained":
+        key, prefix = PRETRAINED[tokenizer]
+        recipe.write_text(recipe.read_text().replace('path = "tokenizer/tokenizer.json"',
+                                                     f'{key} = "{tok}"\ndoc_prefix = "{prefix}"'))
     if fmt != "parquet":
         recipe.write_text(recipe.read_text().replace('"corpus/edu/*.parquet"', '"corpus/edu/*.*"'))
     out = work / "out"
@@ -68,12 +94,15 @@ def huge_document_case(work: Path, doc_mb: int, fmt: str) -> dict:
     identical = None
     if rc == 0:
         from tokmix.backends import make_encoder
+        from tokmix.tokens import LENGTH_DTYPE
 
-        want, _ = make_encoder(tok, "fastokens").encode_batch([huge])
-        tokens = np.concatenate([np.fromfile(u, np.uint16) for u in sorted((out / "streams/edu/units").glob("*.tok"))])
-        starts = np.flatnonzero(tokens == 0)
-        lengths = np.diff(np.append(starts, len(tokens)))
-        at = np.flatnonzero(lengths == len(want) + 1)
+        want, _ = make_encoder(tok, "fastokens").encode_batch([huge])  # id-identical to the oracle, at its check
+        dtype = json.loads((out / "index.json").read_text())["dtype"]
+        units = sorted((out / "streams/edu/units").glob("*.tok"))
+        tokens = np.concatenate([np.fromfile(u, dtype) for u in units])
+        lengths = np.concatenate([np.fromfile(u.with_suffix(".len"), LENGTH_DTYPE) for u in units])
+        starts = np.cumsum(lengths) - lengths
+        at = np.flatnonzero(lengths == len(want) + 1)  # the one document of the huge one's length
         identical = bool(len(at) == 1 and np.array_equal(tokens[starts[at[0]] + 1:][: len(want)], want))
     alone = "runs alone" in (work / "run.log").read_text()  # tokmix.stages.alone_share
     return {"case": f"one {doc_mb} MB document ({fmt})", "peak_mib": peak / 2**20, "seconds": secs, "exit": rc,
@@ -127,13 +156,14 @@ def main() -> None:
     ap.add_argument("--doc-mb", type=int, default=200)
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--empty-files", type=int, default=50_000)
+    ap.add_argument("--tokenizer", default="trained", choices=["trained", *PRETRAINED])
     ap.add_argument("--cases", default="text,parquet,jsonl,files,empty",
                     help="which of text, parquet, jsonl (one huge document), files, empty (comma-separated)")
     args = ap.parse_args()
     cases = args.cases.split(",")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    rows = [huge_document_case(args.work / f"huge-{fmt}", args.doc_mb, fmt) for fmt in ("text", "parquet", "jsonl")
-            if fmt in cases]
+    rows = [huge_document_case(args.work / f"huge-{fmt}", args.doc_mb, fmt, args.tokenizer)
+            for fmt in ("text", "parquet", "jsonl") if fmt in cases]
     if "files" in cases:
         rows.append(many_files_case(args.work / "files", args.files))
     if "empty" in cases:

@@ -118,15 +118,18 @@ def oracle_of(name: str, root: Path):
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
-def run(corpus: Path, tmp_path_factory, name: str) -> Path:
+def tokenizer_lines(name: str, root: Path) -> list[str]:
+    """The recipe's [tokenizer] lines for a RUNS name (its model written under root)."""
     if name == "mistral":
-        lines = [f'sentencepiece = "{mistral_model(corpus)}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
-    elif name == "deepseek_v3":
-        lines = [f'path = "{package_file("deepseek_v3")}"', 'doc_prefix = "<｜begin▁of▁sentence｜>"']
-    else:
-        lines = [f'tiktoken = "{name}"']
+        return [f'sentencepiece = "{mistral_model(root)}"', 'doc_prefix = "<s>"', 'doc_suffix = "</s>"']
+    if name == "deepseek_v3":
+        return [f'path = "{package_file("deepseek_v3")}"', 'doc_prefix = "<｜begin▁of▁sentence｜>"']
+    return [f'tiktoken = "{name}"']
+
+
+def run(corpus: Path, tmp_path_factory, name: str) -> Path:
     out = tmp_path_factory.mktemp(name)
-    tokmix.run(tokmix.load_recipe(write_recipe(corpus, name, lines)), out, workers=2)
+    tokmix.run(tokmix.load_recipe(write_recipe(corpus, name, tokenizer_lines(name, corpus))), out, workers=2)
     return out
 
 
@@ -481,3 +484,123 @@ def test_a_huge_document_of_a_llama3_layout_tokenizer_json_is_cut_where_its_ids_
     spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = LLAMA3_PATTERN.replace("{1,3}", "+")
     path.write_text(json.dumps(spec))
     assert not can_cut_documents(path)
+
+
+# pieces of text where a cut could go wrong: a "▁" before the space (Mistral's whitespace pieces would join it to
+# the "▁" the space becomes), CJK after it (DeepSeek-V3 splits it off; Mistral has no "▁中"), digits, the added
+# tokens DeepSeek-V3 matches in text, control characters, a no-break space
+CUT_PARTS = ["a", "B", "é", "中", "文字", "ひら", "カタ", "1", "22", "333", "'s", "'T", ".", ",", "/", "\n", "\r\n",
+             "\t", "  ", " ", "\u3000", "\u0301", "🙂", "x y", "( a", "1 b", ". C", "'s d", "a\n b", "\u2581",
+             "\u2581 中", "\u2581\u2581 a", ".\u2581 文", "<｜User｜>", "<think> x", " <|EOT|> z", "\x00", "\u200b",
+             "ÿ", "!a", "-x", "  z", "\xa0b"]
+
+
+def _cut_text(seed: int, parts: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return "".join(rng.choice(CUT_PARTS) for _ in range(parts)) + " ".join(_texts()["web"][:60])
+
+
+def _tokenizer_path(name: str, root: Path) -> Path:
+    return mistral_model(root) if name == "mistral" else package_file("deepseek_v3")
+
+
+@pytest.mark.parametrize("name", ["mistral", "deepseek_v3"])
+def test_a_huge_document_of_a_sentencepiece_bpe_or_deepseek_v3_is_cut_where_its_ids_stay_the_oracles(tmp_path, name):
+    """Mistral's SentencePiece BPE and DeepSeek-V3's tokenizer.json are cut as the OpenAI encodings are (a 200 MB
+    document of either took the tree past 1 GiB encoded whole). Each piece after the first is given to Mistral's
+    model without the space it was cut at, which the "▁" the model puts before every text stands for; no cut
+    follows a "▁". The pieces' ids, by the oracle and by the fast backend, are the oracle's of the whole text, cut
+    as a str and as UTF-8 bytes."""
+    from tokmix.backends import can_cut_documents, cut_drops_space
+    from tokmix.text import document_pieces, utf8_pieces, without_cut_spaces
+
+    path = _tokenizer_path(name, tmp_path)
+    assert can_cut_documents(path) and cut_drops_space(path) == (name == "mistral")
+    encode, fast = oracle_of(name, tmp_path), make_encoder(path, "fastokens")
+    for seed in (1, 2, 3):
+        text = _cut_text(seed, 60_000)
+        want = encode(text)
+        for cut in (document_pieces(text, 2048), utf8_pieces(text.encode(), 2048)):
+            pieces = list(cut)
+            assert len(pieces) > 40 and "".join(pieces) == text
+            given = list(without_cut_spaces(pieces)) if name == "mistral" else pieces
+            assert [i for p in given for i in encode(p)] == want
+            assert np.concatenate([fast.encode_batch([p])[0] for p in given]).tolist() == want
+
+
+def test_only_tokenizers_that_keep_a_cut_apart_are_cut(tmp_path):
+    """What would let a token or a score span a cut keeps a document whole: a SentencePiece unigram model (its
+    best path is scored over the whole text), a piece with a "▁" after another character; in DeepSeek-V3's
+    layout another digit split, a normalizer, an added token that strips the whitespace beside it or holds a
+    space."""
+    import io
+    import struct
+
+    from tokmix.backends import can_cut_documents
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while n > 0x7F:
+            out, n = out + bytes([n & 0x7F | 0x80]), n >> 7
+        return out + bytes([n])
+
+    mistral = mistral_model(tmp_path).read_bytes()
+    piece = "x\u2581y".encode()
+    piece = b"\x0a" + varint(len(piece)) + piece + b"\x15" + struct.pack("<f", -1.0) + b"\x18\x04"  # user-defined
+    spanning = tmp_path / "spanning.model"
+    spanning.write_bytes(mistral + b"\x0a" + varint(len(piece)) + piece)
+    assert sentencepiece.SentencePieceProcessor(model_file=str(spanning)).piece_to_id("x\u2581y") == 32000
+    assert not can_cut_documents(spanning)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(_texts()["web"][:200]), model_writer=model,
+                                             vocab_size=500, model_type="unigram", minloglevel=2)
+    (tmp_path / "unigram.model").write_bytes(model.getvalue())
+    assert not can_cut_documents(tmp_path / "unigram.model")
+
+    spec = json.loads(package_file("deepseek_v3").read_text(encoding="utf-8"))
+    changes = {
+        "digits": lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\p{N}+"),
+        "normalizer": lambda s: s.update(normalizer={"type": "NFKC"}),
+        "rstrip": lambda s: next(t for t in s["added_tokens"] if not t["special"]).update(rstrip=True),
+        "space": lambda s: next(t for t in s["added_tokens"] if not t["special"]).update(content="<｜a b｜>"),
+    }
+    for what, change in changes.items():
+        changed = json.loads(json.dumps(spec))
+        change(changed)
+        path = tmp_path / f"deepseek-{what}.json"
+        path.write_text(json.dumps(changed, ensure_ascii=False), encoding="utf-8")
+        assert not can_cut_documents(path), what
+
+
+@pytest.mark.parametrize("name", ["mistral", "deepseek_v3"])
+def test_a_run_writes_the_oracles_ids_of_a_huge_document_it_encodes_in_pieces(tmp_path, name):
+    """A 4.6 Mi-character parquet value (read as UTF-8 bytes and cut, never one Python string) in a run of
+    Mistral's model and of DeepSeek-V3's tokenizer.json: its tokens in the stream's unit are the delimiters around
+    the oracle's ids of the whole text."""
+    from tokmix.tokens import LENGTH_DTYPE
+
+    texts = _texts()
+    huge = _cut_text(4, 40_000)
+    huge = (huge * (1 + 4_600_000 // len(huge)))[:4_600_000]
+    texts["web"].insert(0, huge)
+    split = {}
+    for stream, docs in texts.items():
+        (tmp_path / stream).mkdir()
+        paths = [f"{stream}/part-{k}.parquet" for k in range(2)]
+        pq.write_table(pa.table({"text": docs[:-20]}), tmp_path / paths[0], row_group_size=16)
+        pq.write_table(pa.table({"text": docs[-20:]}), tmp_path / paths[1])
+        split[stream] = {"train": paths[:1], "holdout": paths[1:]}
+    (tmp_path / "splits.json").write_text(json.dumps(split))
+    out = tmp_path / "out"
+    tokmix.run(tokmix.load_recipe(write_recipe(tmp_path, name, tokenizer_lines(name, tmp_path))), out, workers=2,
+               keep_streams=True)
+    index = json.loads((out / "index.json").read_text())
+    prefix, suffix = index["delimiters"]["prefix"], index["delimiters"]["suffix"]
+    unit = sorted((out / "streams" / "web" / "units").glob("*.tok"))[0]
+    lengths = np.fromfile(unit.with_suffix(".len"), dtype=LENGTH_DTYPE)
+    tokens = np.fromfile(unit, dtype=index["dtype"])
+    want = prefix + list(oracle_of(name, tmp_path)(huge)) + suffix
+    assert len(want) > 1_000_000 and int(lengths[0]) == len(want)
+    assert tokens[: len(want)].tolist() == want

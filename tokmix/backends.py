@@ -113,6 +113,17 @@ TIKTOKEN_O200K = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\
                   r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # the splits where a space after a non-space and before a letter always starts a pre-token (tokmix.text._cut)
 CUTTABLE_PATTERNS = (*GPT2_PATTERNS, TIKTOKEN_CL100K, HF_CL100K, TIKTOKEN_O200K)
+# DeepSeek-V3's tokenizer.json: Splits isolating runs of up to three digits, then runs of CJK ideographs and kana,
+# then words, punctuation and whitespace much as cl100k's, before a byte-level step without a regex. At a space
+# after a non-space and before a letter each of them keeps a pre-token boundary before the space: digits and CJK
+# never match a space; of the third's alternatives only whitespace runs take a space after their first character
+# (and never a non-space before it), and a space before a letter starts `[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+`.
+# Its one lookahead, `\s+(?!\S)`, sees the text's end as it sees that space.
+DEEPSEEK_V3_SPLITS = (
+    "\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
 # GPT-2's regex after a Digits step, as the rest of one regex (_digits_in_split): its alternatives less numbers, a
 # whitespace run ending before a number as at a text's end
 GPT2_AFTER_DIGITS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
@@ -807,25 +818,78 @@ def saves_model_inputs(tokenizer_path: str | Path) -> bool:
 
 
 def can_cut_documents(tokenizer_path: str | Path) -> bool:
-    """Whether cutting a document where a word ends and whitespace starts leaves its ids unchanged: true for a
-    byte-level BPE with GPT-2's regex, no normalizer and only special added tokens (which are encoded as text
-    here; post-processor tokens are never added) - pre-tokens never span such a cut and BPE works within
-    pre-tokens. The same for tiktoken ranks split by GPT-2's pattern (r50k_base, p50k_base); not for cl100k's or
-    o200k's, whose punctuation pre-token takes the newlines after it, at such a place; but at an ASCII space
-    before a letter (where tokmix.text cuts) for those too (CUTTABLE_PATTERNS), and for a tokenizer.json that
-    splits by one of them before a byte-level step (Llama-3's layout). Not for SentencePiece."""
+    """Whether cutting a document at an ASCII space after a non-space and before a letter (tokmix.text) leaves its
+    ids unchanged.
+
+    - tiktoken ranks split by GPT-2's, cl100k's or o200k's pattern (CUTTABLE_PATTERNS): a pre-token never spans
+      such a place, and one starts with that space.
+    - a tokenizer.json splitting that way before its byte-level BPE (GPT-2's ByteLevel regex, Llama-3's layout,
+      DeepSeek-V3's three Splits), with no normalizer, and added tokens that are special (encoded as text here;
+      post-processor tokens are never added) or matched without stripping and hold no space.
+    - a SentencePiece BPE model that keeps the text as it is (_sentencepiece_cuttable); the piece after a cut is
+      encoded without the space, which the "▁" the model puts before every text stands for (cut_drops_space).
+    Not a unigram model, whose best path is scored over the whole text."""
     fmt = tokenizer_format(tokenizer_path)
     if fmt == "tiktoken":
         return read_tiktoken_file(tokenizer_path)[TIKTOKEN_KEY]["pat_str"] in CUTTABLE_PATTERNS
-    if fmt != "hf":
-        return False
+    if fmt == "sentencepiece":
+        return _sentencepiece_cuttable(Path(tokenizer_path).read_bytes())
     spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-    try:
-        pattern = _split_pattern(spec.get("pre_tokenizer") or {})  # GPT-2's for a ByteLevel with its regex
-    except NotApplicable:
-        return False
+    splits = _splits_before_byte_level(spec.get("pre_tokenizer") or {})
+    normalizer = spec.get("normalizer") or {}
     return (
-        pattern in CUTTABLE_PATTERNS
-        and not spec.get("normalizer")
-        and all(t["special"] for t in spec.get("added_tokens") or [])
+        (splits is not None and len(splits) == 1 and splits[0] in CUTTABLE_PATTERNS or splits == DEEPSEEK_V3_SPLITS)
+        and (not normalizer or normalizer == {"type": "Sequence", "normalizers": []})
+        and all(t["special"] or not (t.get("lstrip") or t.get("rstrip") or " " in t["content"])
+                for t in spec.get("added_tokens") or [])
     )
+
+
+def _splits_before_byte_level(pre: dict) -> tuple[str, ...] | None:
+    """The regexes a pre-tokenizer splits text by before its byte-level step (GPT-2's for HF's ByteLevel with its
+    regex; the patterns of Splits isolating their matches, then a ByteLevel without one), or None."""
+    try:
+        return (_split_pattern(pre),)
+    except NotApplicable:
+        pass
+    *splits, last = pre.get("pretokenizers") or [{}]
+    if not (pre.get("type") == "Sequence" and splits and last.get("type") == "ByteLevel"
+            and not last.get("use_regex", True) and not last.get("add_prefix_space")):
+        return None
+    if not all(s.get("type") == "Split" and "Regex" in (s.get("pattern") or {}) and s.get("behavior") == "Isolated"
+               and not s.get("invert") for s in splits):
+        return None
+    return tuple(s["pattern"]["Regex"] for s in splits)
+
+
+_NORMAL, _UNUSED = 1, 5
+
+
+def _sentencepiece_cuttable(model: bytes) -> bool:
+    """A SentencePiece model whose ids are the same for a text cut at a space after a non-space (the piece after
+    it given without the space, where the model adds a dummy prefix): a BPE model (merges are local, and run in
+    the same order on each side of a place no piece spans), no normalization table, spaces written as "▁" and
+    put before words, a dummy prefix or whitespace kept as it is (else the piece after the cut would lose its
+    "▁"), and no piece, user-defined or unused included, holding a "▁" after another character: so no piece
+    spans the "c▁" such a space becomes."""
+    trainer, normalizer, pieces = {}, {}, []
+    for number, value in proto_fields(model):
+        if number in (2, 3):
+            (trainer if number == 2 else normalizer).update(proto_fields(value))
+        elif number == 1:
+            piece = dict(proto_fields(value))
+            if piece.get(3, _NORMAL) in (_NORMAL, _USER_DEFINED, _UNUSED):
+                pieces.append(piece.get(1, b"").decode("utf-8", "replace"))
+    layout = (trainer.get(3, _UNIGRAM) == _BPE and not normalizer.get(2) and normalizer.get(5, 1)
+              and not trainer.get(24, 0) and (normalizer.get(3, 1) or not normalizer.get(4, 1)))
+    return bool(layout) and not any("\u2581" in p.lstrip("\u2581") for p in pieces)
+
+
+def cut_drops_space(tokenizer_path: str | Path) -> bool:
+    """Whether the piece after a cut is encoded without the space it was cut at: a SentencePiece model that puts
+    "▁" before every text it encodes (add_dummy_prefix), which then stands for that space."""
+    if tokenizer_format(tokenizer_path) != "sentencepiece":
+        return False
+    normalizer = next((dict(proto_fields(v)) for n, v in proto_fields(Path(tokenizer_path).read_bytes()) if n == 3),
+                      {})
+    return bool(normalizer.get(3, 1))

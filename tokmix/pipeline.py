@@ -21,6 +21,7 @@ import psutil
 from tokmix import identity
 from tokmix.backends import (
     ORACLE_LIBRARY,
+    cut_drops_space,
     huge_doc_chars,
 )
 from tokmix.cache import UnitCache, default_cap, gib
@@ -146,6 +147,7 @@ def build_context(recipe: Recipe, layout: Layout, options: RunOptions, timings: 
     timings.add("tokenizer", time.perf_counter() - t0)
     return Context(recipe, layout, split, tokenizer_path, backend, dtype, vocab_size, workers, mirrors,
                    options.executor, progress.log, options.unit_bytes, progress, huge_doc_chars=huge,
+                   cut_drops_space=cut_drops_space(tokenizer_path),
                    tokenizer_sha256=checksum, token_bytes=token_bytes, delimiters=delimiters,
                    no_token_ids=no_token_ids or None,
                    writer=RunWriter.of(layout), oracle=oracle, libraries=libraries["libraries"],

@@ -5,7 +5,7 @@ which tokenizers give the same ids for the pieces as for the whole), and the CRC
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 # the provenance CRC-32s (tokmix.provenance, tokmix.sources.parquet): ISA-L's, zlib's values at ~4x its speed
 # (10.3 against 2.5 GB/s here: docs/benchmarks.md), or zlib's on a platform without isal's wheel
@@ -37,16 +37,21 @@ _SPACE_CLASS = "".join(re.escape(c) for c in sorted(_SPACE))
 _WORD_END = re.compile(f"[^{_SPACE_CLASS}](?=[{_SPACE_CLASS}])")
 
 
-_SPACE_BEFORE = re.compile(f"(?<=[^{_SPACE_CLASS}]) ")
+# nor is a cut made after a "▁", the character a SentencePiece model writes a space as (its whitespace pieces,
+# "▁▁", would join the two)
+_NOT_BEFORE_CUT = _SPACE | {"\u2581"}
+_SPACE_BEFORE = re.compile(f"(?<=[^{_SPACE_CLASS}\u2581]) ")
 
 
 def _cut(text: str, p: int, letter: bool) -> bool:
     """Whether p is a place to cut `text`: a space after a non-space (GPT-2's regex always ends a pre-token
-    there), and with `letter` an ASCII space with a letter after it, where tiktoken's cl100k and o200k patterns
-    end one too (none of their alternatives takes a space after its first character) and start the next with
-    that space (a space and letters, in every one of them)."""
+    there), and with `letter` an ASCII space with a letter after it and neither whitespace nor "▁" before it,
+    where tiktoken's cl100k and o200k patterns and DeepSeek-V3's splits end one too (none of their alternatives
+    takes a space after its first character) and start the next with that space (a space and letters, in every
+    one of them), and no piece of a SentencePiece model tokmix cuts spans it (backends.can_cut_documents)."""
     if letter:
-        return text[p] == " " and text[p - 1] not in _SPACE and p + 1 < len(text) and text[p + 1].isalpha()
+        return (text[p] == " " and text[p - 1] not in _NOT_BEFORE_CUT and p + 1 < len(text)
+                and text[p + 1].isalpha())
     return text[p] in _SPACE and text[p - 1] not in _SPACE
 
 
@@ -82,6 +87,13 @@ def document_pieces(text: str, piece_chars: int = HUGE_DOC_CHARS, letter: bool =
     yield text[start:]
 
 
+def without_cut_spaces(pieces: Iterable[str]) -> Iterator[str]:
+    """A document's pieces (document_pieces, utf8_pieces) as a tokenizer that puts "▁" before every text it
+    encodes is given them: each after the first without the space it was cut at, which that "▁" stands for."""
+    for i, piece in enumerate(pieces):
+        yield piece[1:] if i else piece  # (a cut is always at an ASCII space)
+
+
 def _char_before(data, p: int) -> str:
     """The character that ends just before byte p of UTF-8 data."""
     start = p - 1
@@ -99,8 +111,8 @@ def _char_at(data, p: int) -> str:
 
 
 def _byte_cut(view, p: int) -> bool:
-    """_cut with a letter, at byte p of UTF-8 data: an ASCII space after a non-space, before a letter."""
-    return view[p] == 0x20 and _char_before(view, p) not in _SPACE and _char_at(view, p + 1).isalpha()
+    """_cut with a letter, at byte p of UTF-8 data: an ASCII space after a non-space (nor "▁"), before a letter."""
+    return view[p] == 0x20 and _char_before(view, p) not in _NOT_BEFORE_CUT and _char_at(view, p + 1).isalpha()
 
 
 def utf8_pieces(data, piece_bytes: int = HUGE_DOC_CHARS) -> Iterator[str]:

@@ -64,6 +64,7 @@ class Context:
     # a document of more characters is read as bytes and encoded in pieces (1 << 62: never, for a tokenizer whose
     # ids would change where a piece is cut, see tokmix.backends.can_cut_documents)
     huge_doc_chars: int = HUGE_DOC_CHARS
+    cut_drops_space: bool = False  # its pieces after the first are encoded without the space at the cut
     tokenizer_sha256: str = ""  # of the tokenizer file's bytes, recorded in index.json
     # UTF-8 bytes each token id stands for (tokmix.tokenizer.token_byte_lengths), for the holdouts' bits per byte;
     # taken from the tokenizer build_context loads anyway (not loaded again: docs/benchmarks.md)

@@ -51,7 +51,7 @@ from tokmix.stages.passes import (
     unit_damage,
 )
 from tokmix.store import ObjectPath, as_path
-from tokmix.text import document_pieces
+from tokmix.text import document_pieces, without_cut_spaces
 from tokmix.tokens import LENGTH_DTYPE, REFERENCE_DELIMITERS, Delimiters, TokenFileWriter
 from tokmix.unit_files import UnitFiles, recorded
 
@@ -69,6 +69,7 @@ class UnitTask:
     hashes_path: str | None
     mirrors: tuple[tuple[str, str], ...]
     huge: int  # Context.huge_doc_chars
+    drops_space: bool = False  # Context.cut_drops_space
     # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
     limit: int | None = None
@@ -85,13 +86,21 @@ class UnitTask:
 
 
 # ---------------------------------------------------------------------------- worker side
-def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter, delimiters: Delimiters) -> int:
+def _pieces(text: str | HugeText, drops_space: bool) -> Iterator[str]:
+    """A huge document's pieces as its tokenizer is given them (tokmix.backends.can_cut_documents,
+    cut_drops_space)."""
+    pieces = text.pieces() if isinstance(text, HugeText) else document_pieces(text)
+    return without_cut_spaces(pieces) if drops_space else pieces
+
+
+def _write_in_pieces(encoder, text: str | HugeText, writer: TokenFileWriter, delimiters: Delimiters,
+                     drops_space: bool) -> int:
     """One huge document, encoded piece by piece (ids identical to encoding it whole, see document_pieces) and
     written as it goes, so memory holds the text and one piece's ids; returns its token count, delimiters
     included."""
     writer.write(np.array(delimiters.prefix, dtype=writer.dtype))
     n = delimiters.per_document
-    for piece in text.pieces() if isinstance(text, HugeText) else document_pieces(text):
+    for piece in _pieces(text, drops_space):
         ids, _ = encoder.encode_batch([piece])
         writer.write(ids)
         n += len(ids)
@@ -241,8 +250,8 @@ def _decontaminate(bench, batch: list, where: np.ndarray, kept: int, contaminate
     if not hits:
         return None
     before = np.cumsum([0] + [1 if not (items[i] and task.drop_contaminated) else 0 for i in range(len(batch))])
-    tokens = (_documents_tokens(encoder, [batch[i] for i in hits], task.delimiters) if task.drop_contaminated
-              else [-1] * len(hits))
+    tokens = (_documents_tokens(encoder, [batch[i] for i in hits], task.delimiters, task.drops_space)
+              if task.drop_contaminated else [-1] * len(hits))
     for i, count in zip(hits, tokens):
         piece, place = where[i, :2].tolist() if len(where) else (0, 0)
         contaminated.append([kept + int(before[i]), piece, place, count, *items[i]])
@@ -269,12 +278,13 @@ def _batch_keys(batch: list, where: np.ndarray) -> np.ndarray:
     return text_keys(batch, crcs)
 
 
-def _documents_tokens(encoder, texts: list, delimiters: Delimiters) -> list[int]:
+def _documents_tokens(encoder, texts: list, delimiters: Delimiters, drops_space: bool) -> list[int]:
     """The tokens each document would have had in the stream, delimiters included: the strs encoded in one batch
     (0.08 against 0.10 CPU-s for 1,800 web documents one call each), a HugeText piece by piece."""
     strs = [t for t in texts if not isinstance(t, HugeText)]
     counts = iter((encoder.encode_batch(strs)[1] + delimiters.per_document).tolist() if strs else [])
-    return [delimiters.per_document + sum(int(encoder.encode_batch([piece])[1].sum()) for piece in t.pieces())
+    return [delimiters.per_document + sum(int(encoder.encode_batch([piece])[1].sum())
+                                          for piece in _pieces(t, drops_space))
             if isinstance(t, HugeText) else next(counts) for t in texts]
 
 
@@ -422,7 +432,8 @@ def _tokenize_unit(task: UnitTask, prefix: tuple[np.ndarray, np.ndarray] | None 
                 continue
             t0 = time.perf_counter()
             if isinstance(batch[0], HugeText) or len(batch[0]) > huge:
-                lens = np.array([_write_in_pieces(encoder, batch[0], writer, delimiters)], dtype=np.int64)
+                n = _write_in_pieces(encoder, batch[0], writer, delimiters, task.drops_space)
+                lens = np.array([n], dtype=np.int64)
             else:
                 ids, lens = encoder.encode_batch(batch)
                 lens = lens + extra
@@ -808,7 +819,7 @@ class StreamRun:
         key, parts = self._cache_key(unit)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
-                        tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
+                        tuple(self.ctx.mirrors), self.ctx.huge_doc_chars, self.ctx.cut_drops_space,
                         limit=limit, keys_path=self.keys, delimiters=self.ctx.delimiters,
                         provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
                         benchmarks=self.benchmarks, benchmark_set=self.benchmark_set,
