@@ -69,7 +69,6 @@ class UnitTask:
     hashes_path: str | None
     mirrors: tuple[tuple[str, str], ...]
     huge: int  # Context.huge_doc_chars
-    drops_space: bool = False  # Context.cut_drops_space
     # The stream's budget minus the tokens of all units before this one, when those are committed: the unit
     # then stops after the document that reaches it, which is where the stream ends (no text read past it).
     limit: int | None = None
@@ -83,6 +82,7 @@ class UnitTask:
     cache: str | None = None  # the token cache (tokmix.cache) the unit is taken from or added to
     cache_key: str | None = None
     cache_parts: dict | None = None  # what `tokmix cache` lists the entry by: tokenizer, stream, source files
+    drops_space: bool = False  # Context.cut_drops_space: a huge document's pieces given without the cut's space
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -819,12 +819,13 @@ class StreamRun:
         key, parts = self._cache_key(unit)
         return UnitTask(unit, self.ctx.recipe.streams[self.name].text_field, self.ctx.tokenizer_path,
                         self.ctx.backend, self.ctx.dtype.str, str(self.directory), self.hashes,
-                        tuple(self.ctx.mirrors), self.ctx.huge_doc_chars, self.ctx.cut_drops_space,
+                        tuple(self.ctx.mirrors), self.ctx.huge_doc_chars,
                         limit=limit, keys_path=self.keys, delimiters=self.ctx.delimiters,
                         provenance=self.ctx.recipe.layout.provenance, writer=self.ctx.writer,
                         benchmarks=self.benchmarks, benchmark_set=self.benchmark_set,
                         drop_contaminated=self.benchmarks is None or self.ctx.recipe.decontaminate.action == "drop",
-                        cache=self.ctx.cache, cache_key=key, cache_parts=parts)
+                        cache=self.ctx.cache, cache_key=key, cache_parts=parts,
+                        drops_space=self.ctx.cut_drops_space)
 
     def _cache_key(self, unit: Unit) -> tuple[str | None, dict | None]:
         """The unit's key in the token cache (tokmix.cache.unit_key) and what `tokmix cache` lists it by."""
